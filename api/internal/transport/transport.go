@@ -1,0 +1,162 @@
+// Package transport is the HTTP plumbing shared by the typed agent clients:
+// addressing over TCP or a Unix socket, per-call timeouts, JSON bodies and
+// turning non-2xx answers into *api.StatusError.
+package transport
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// DefaultTimeout bounds each call, like the dstack server's 9 s.
+const DefaultTimeout = 9 * time.Second
+
+// maxErrorBody caps how much of an error body is read into a message.
+const maxErrorBody = 64 << 10
+
+// Client talks HTTP to one agent.
+type Client struct {
+	// BaseURL is "http://host:port" (for Unix sockets the host is a placeholder).
+	BaseURL string
+	// HTTP carries the requests; its Transport dials the socket when needed.
+	HTTP *http.Client
+	// Timeout bounds calls whose context has no deadline; 0 means DefaultTimeout.
+	Timeout time.Duration
+	// Dial is the dialer used for the address (needed by WebSocket clients).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// New parses addr: "host:port", "http://host:port" or "unix:///path.sock".
+func New(addr string) (*Client, error) {
+	var d net.Dialer
+	dial := d.DialContext
+	base := addr
+	switch {
+	case strings.HasPrefix(addr, "unix://"):
+		sock := strings.TrimPrefix(addr, "unix://")
+		if sock == "" {
+			return nil, fmt.Errorf("address %q: empty socket path", addr)
+		}
+		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return d.DialContext(ctx, "unix", sock)
+		}
+		base = "http://agent.sock"
+	case strings.HasPrefix(addr, "http://"):
+	case strings.Contains(addr, "://"):
+		return nil, fmt.Errorf("address %q: only http:// and unix:// are supported", addr)
+	default:
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, fmt.Errorf("address %q: %w", addr, err)
+		}
+		base = "http://" + addr
+	}
+	tr := &http.Transport{
+		DialContext:         dial,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+		// Agents are reached over loopback or SSH tunnels; never via a proxy.
+		Proxy: nil,
+	}
+	return &Client{BaseURL: strings.TrimRight(base, "/"), HTTP: &http.Client{Transport: tr}, Dial: dial}, nil
+}
+
+// Request describes one call.
+type Request struct {
+	Method, Path string
+	// JSON, if non-nil, is encoded as the body with Content-Type application/json.
+	JSON any
+	// Body and ContentType are used when JSON is nil.
+	Body        io.Reader
+	ContentType string
+	// Timeout overrides the client's for this call; negative means none.
+	Timeout time.Duration
+}
+
+// Do performs the call. On a 2xx answer the response is returned open; the
+// caller closes its body. Other answers become *api.StatusError.
+func (c *Client) Do(ctx context.Context, r Request) (*http.Response, context.CancelFunc, error) {
+	cancel := context.CancelFunc(func() {})
+	timeout := r.Timeout
+	if timeout == 0 {
+		timeout = c.Timeout
+	}
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	if _, has := ctx.Deadline(); !has && timeout > 0 {
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+	}
+	body, ctype := r.Body, r.ContentType
+	if r.JSON != nil {
+		b, err := json.Marshal(r.JSON)
+		if err != nil {
+			cancel()
+			return nil, nil, fmt.Errorf("encode %s %s: %w", r.Method, r.Path, err)
+		}
+		body, ctype = bytes.NewReader(b), "application/json"
+	}
+	req, err := http.NewRequestWithContext(ctx, r.Method, c.BaseURL+r.Path, body)
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("build %s %s: %w", r.Method, r.Path, err)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("%s %s: %w", r.Method, r.Path, err)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		defer cancel()
+		defer resp.Body.Close()
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+		return nil, nil, &api.StatusError{Method: r.Method, Path: r.Path, Code: resp.StatusCode, Message: strings.TrimRight(string(msg), "\n")}
+	}
+	return resp, cancel, nil
+}
+
+// JSON performs the call and decodes a JSON answer into out (nil: discard).
+func (c *Client) JSON(ctx context.Context, r Request, out any) error {
+	resp, cancel, err := c.Do(ctx, r)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if !IsJSON(resp) {
+		return fmt.Errorf("%s %s: expected a JSON answer, got %q", r.Method, r.Path, resp.Header.Get("Content-Type"))
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", r.Method, r.Path, err)
+	}
+	return nil
+}
+
+// IsJSON reports whether the answer declares a JSON body.
+func IsJSON(resp *http.Response) bool {
+	mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	return err == nil && mt == "application/json"
+}
+
+// IsTimeout reports whether err is a call that ran out of time.
+func IsTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}

@@ -1,0 +1,194 @@
+package api
+
+import "encoding/json"
+
+// SubmitBody is the body of the runner's POST /api/submit. Only the keys the
+// server's include-list sends are modelled; the deprecated top-level run_spec
+// and anything newer are ignored on decode.
+type SubmitBody struct {
+	Run             Run               `json:"run"`
+	JobSpec         JobSpec           `json:"job_spec"`
+	JobSubmission   JobSubmission     `json:"job_submission"`
+	ClusterInfo     ClusterInfo       `json:"cluster_info"`
+	Secrets         map[string]string `json:"secrets"`
+	RepoCredentials *RepoCredentials  `json:"repo_credentials"`
+	// LogQuotaHour is bytes per hour of job output; null or 0 means unlimited.
+	LogQuotaHour int64 `json:"log_quota_hour"`
+}
+
+// Run identifies the run a job belongs to.
+type Run struct {
+	ID      string  `json:"id"`
+	RunSpec RunSpec `json:"run_spec"`
+}
+
+// RunSpec is the subset of the run specification the runner reads.
+type RunSpec struct {
+	RunName           string           `json:"run_name"`
+	RepoID            string           `json:"repo_id"`
+	RepoData          *RepoData        `json:"repo_data"`
+	Configuration     RunConfiguration `json:"configuration"`
+	ConfigurationPath string           `json:"configuration_path"`
+}
+
+// RunConfiguration keeps the whole configuration object as sent, and its type.
+type RunConfiguration struct {
+	Type string
+	Raw  json.RawMessage
+}
+
+// UnmarshalJSON keeps the raw object and picks out `type`.
+func (c *RunConfiguration) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*c = RunConfiguration{}
+		return nil
+	}
+	var head struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return err
+	}
+	c.Type = head.Type
+	c.Raw = append(json.RawMessage(nil), b...)
+	return nil
+}
+
+// MarshalJSON writes the raw object back, or a minimal {"type": ...}.
+func (c RunConfiguration) MarshalJSON() ([]byte, error) {
+	if len(c.Raw) > 0 {
+		return c.Raw, nil
+	}
+	if c.Type == "" {
+		return []byte("null"), nil
+	}
+	return json.Marshal(struct {
+		Type string `json:"type"`
+	}{c.Type})
+}
+
+// JobSubmission identifies one submission (attempt) of a job.
+type JobSubmission struct {
+	ID string `json:"id"`
+}
+
+// JobSpec is what the runner executes.
+type JobSpec struct {
+	ReplicaNum     int               `json:"replica_num"`
+	JobNum         int               `json:"job_num"`
+	JobsPerReplica int               `json:"jobs_per_replica"`
+	User           *JobUser          `json:"user"`
+	Commands       []string          `json:"commands"`
+	Env            map[string]string `json:"env"`
+	SingleBranch   bool              `json:"single_branch"`
+	// MaxDuration is seconds; null or 0 means none.
+	MaxDuration int     `json:"max_duration"`
+	SSHKey      *SSHKey `json:"ssh_key"`
+	// WorkingDir null means the container's WORKDIR.
+	WorkingDir *string `json:"working_dir"`
+	// RepoDir null makes repo setup fail, as in dstack.
+	RepoDir          *string       `json:"repo_dir"`
+	RepoData         *RepoData     `json:"repo_data"`
+	RepoExistsAction string        `json:"repo_exists_action"`
+	FileArchives     []FileArchive `json:"file_archives"`
+}
+
+// JobUser selects the job's credentials; every field may be null.
+type JobUser struct {
+	UID       *int    `json:"uid"`
+	GID       *int    `json:"gid"`
+	Username  *string `json:"username"`
+	Groupname *string `json:"groupname"`
+}
+
+// SSHKey is the inter-node key pair of a multi-node job.
+type SSHKey struct {
+	Private string `json:"private"`
+	Public  string `json:"public"`
+}
+
+// FileArchive is one `files:` entry: an uploaded tar to extract at Path.
+type FileArchive struct {
+	ID   string `json:"id"`
+	Path string `json:"path"`
+}
+
+// Repo types (the repo_data discriminator).
+const (
+	RepoRemote  = "remote"
+	RepoLocal   = "local"
+	RepoVirtual = "virtual"
+)
+
+// RepoData describes the job's code; RepoType picks which fields apply.
+type RepoData struct {
+	RepoType        string `json:"repo_type"`
+	RepoName        string `json:"repo_name,omitempty"`
+	RepoBranch      string `json:"repo_branch,omitempty"`
+	RepoHash        string `json:"repo_hash,omitempty"`
+	RepoConfigName  string `json:"repo_config_name,omitempty"`
+	RepoConfigEmail string `json:"repo_config_email,omitempty"`
+	RepoDir         string `json:"repo_dir,omitempty"`
+}
+
+// ClusterInfo describes the nodes of a (possibly multi-node) job.
+type ClusterInfo struct {
+	JobIPs      []string `json:"job_ips"`
+	MasterJobIP string   `json:"master_job_ip"`
+	GPUsPerJob  int      `json:"gpus_per_job"`
+	GPUsPerNode []int    `json:"gpus_per_node"`
+}
+
+// RepoCredentials are used to clone a remote repo.
+type RepoCredentials struct {
+	CloneURL   string `json:"clone_url"`
+	PrivateKey string `json:"private_key,omitempty"`
+	OAuthToken string `json:"oauth_token,omitempty"`
+}
+
+// RunResponse answers the runner's POST /api/run.
+type RunResponse struct {
+	WorkingDir string `json:"working_dir"`
+	Username   string `json:"username"`
+}
+
+// PullResponse answers GET /api/pull. The three lists are [] when empty.
+type PullResponse struct {
+	JobStates         []JobStateEvent `json:"job_states"`
+	JobLogs           []LogEvent      `json:"job_logs"`
+	RunnerLogs        []LogEvent      `json:"runner_logs"`
+	LastUpdated       int64           `json:"last_updated"`
+	NoConnectionsSecs int64           `json:"no_connections_secs"`
+	HasMore           bool            `json:"has_more"`
+}
+
+// JobStateEvent is one entry of job_states. TerminationReason and
+// TerminationMessage are always present ("" when none).
+type JobStateEvent struct {
+	State              JobState          `json:"state"`
+	Timestamp          int64             `json:"timestamp"`
+	TerminationReason  TerminationReason `json:"termination_reason"`
+	TerminationMessage string            `json:"termination_message"`
+	ExitStatus         *int              `json:"exit_status"`
+}
+
+// LogEvent is one chunk of log output; Message travels as standard base64.
+type LogEvent struct {
+	Message   []byte `json:"message"`
+	Timestamp int64  `json:"timestamp"`
+}
+
+// MetricsResponse answers GET /api/metrics. GPUs is [] when there are none.
+type MetricsResponse struct {
+	TimestampMicro        int64        `json:"timestamp_micro"`
+	CPUUsageMicro         uint64       `json:"cpu_usage_micro"`
+	MemoryUsageBytes      uint64       `json:"memory_usage_bytes"`
+	MemoryWorkingSetBytes uint64       `json:"memory_working_set_bytes"`
+	GPUs                  []GPUMetrics `json:"gpus"`
+}
+
+// GPUMetrics is the usage of one GPU.
+type GPUMetrics struct {
+	GPUMemoryUsageBytes uint64 `json:"gpu_memory_usage_bytes"`
+	GPUUtilPercent      int    `json:"gpu_util_percent"`
+}

@@ -1,0 +1,183 @@
+// Package runnerclient is the typed client of dstack-runner's HTTP API and its
+// /logs_ws WebSocket, as the dstack server and the tandem CLI use them.
+package runnerclient
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/internal/transport"
+)
+
+// UploadTimeout bounds uploads, like the server's 60 s.
+const UploadTimeout = 60 * time.Second
+
+// Client talks to one runner.
+type Client struct {
+	t *transport.Client
+}
+
+// New returns a client for addr: "host:port", "http://host:port" or
+// "unix:///path.sock".
+func New(addr string) (*Client, error) {
+	t, err := transport.New(addr)
+	if err != nil {
+		return nil, fmt.Errorf("runner client: %w", err)
+	}
+	return &Client{t: t}, nil
+}
+
+// SetTimeout changes the per-call timeout (default 9 s, as the server's).
+func (c *Client) SetTimeout(d time.Duration) { c.t.Timeout = d }
+
+// Healthcheck pings the runner and returns its service name and version.
+func (c *Client) Healthcheck(ctx context.Context) (api.HealthcheckResponse, error) {
+	var out api.HealthcheckResponse
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: "/api/healthcheck"}, &out)
+	return out, err
+}
+
+// Submit hands the job to the runner (allowed until Run).
+func (c *Client) Submit(ctx context.Context, body api.SubmitBody) error {
+	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/submit", JSON: body}, nil)
+}
+
+// UploadArchive streams one file archive (an uncompressed tar) as the
+// multipart part "archive" whose filename is the archive id.
+func (c *Client) UploadArchive(ctx context.Context, id string, tar io.Reader) error {
+	pr, pw := io.Pipe()
+	mw := multipart.NewWriter(pw)
+	go func() {
+		part, err := mw.CreateFormFile("archive", id)
+		if err == nil {
+			_, err = io.Copy(part, tar)
+		}
+		if err == nil {
+			err = mw.Close()
+		}
+		pw.CloseWithError(err)
+	}()
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/upload_archive",
+		Body: pr, ContentType: mw.FormDataContentType(), Timeout: UploadTimeout}, nil)
+	pr.CloseWithError(errors.New("request finished"))
+	return err
+}
+
+// UploadCode streams the code blob (a tar, or a git diff for remote repos).
+func (c *Client) UploadCode(ctx context.Context, code io.Reader) error {
+	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/upload_code",
+		Body: code, ContentType: "application/octet-stream", Timeout: UploadTimeout}, nil)
+}
+
+// Run starts the job. ok is false when the runner answered without JSON
+// (old runners, or job user / working dir resolution failed).
+func (c *Client) Run(ctx context.Context) (out api.RunResponse, ok bool, err error) {
+	resp, cancel, err := c.t.Do(ctx, transport.Request{Method: http.MethodPost, Path: "/api/run"})
+	if err != nil {
+		return out, false, err
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	if !transport.IsJSON(resp) {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return out, false, nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return out, false, fmt.Errorf("POST /api/run: %w", err)
+	}
+	return out, true, nil
+}
+
+// Pull returns every state and log event newer than timestamp.
+func (c *Client) Pull(ctx context.Context, timestamp int64) (api.PullResponse, error) {
+	var out api.PullResponse
+	path := "/api/pull?timestamp=" + strconv.FormatInt(timestamp, 10)
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: path}, &out)
+	return out, err
+}
+
+// Stop asks the runner to stop the job gracefully.
+func (c *Client) Stop(ctx context.Context) error {
+	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/stop"}, nil)
+}
+
+// Metrics returns the container's resource usage; ErrNotFound when the
+// runner has no metrics collector.
+func (c *Client) Metrics(ctx context.Context) (api.MetricsResponse, error) {
+	var out api.MetricsResponse
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: "/api/metrics"}, &out)
+	return out, err
+}
+
+// ErrBadStartTime is returned when the runner rejected start_time (close 1003).
+var ErrBadStartTime = errors.New("runner rejected start_time")
+
+// LogStream reads raw job output from /logs_ws.
+type LogStream struct {
+	conn *websocket.Conn
+	stop func() bool
+}
+
+// Logs opens /logs_ws. With a non-zero since, history before that second is
+// skipped. The stream ends with io.EOF when the runner has sent everything.
+func (c *Client) Logs(ctx context.Context, since time.Time) (*LogStream, error) {
+	u, err := url.Parse(c.t.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("logs: %w", err)
+	}
+	u.Scheme = "ws"
+	u.Path = "/logs_ws"
+	if !since.IsZero() {
+		u.RawQuery = "start_time=" + url.QueryEscape(since.Format(time.RFC3339Nano))
+	}
+	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout}
+	conn, resp, err := d.DialContext(ctx, u.String(), nil)
+	if err != nil {
+		if resp != nil {
+			return nil, &api.StatusError{Method: http.MethodGet, Path: "/logs_ws", Code: resp.StatusCode}
+		}
+		return nil, fmt.Errorf("logs: dial %s: %w", u.Redacted(), err)
+	}
+	// Close the socket when ctx ends so a blocked Next returns.
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	return &LogStream{conn: conn, stop: stop}, nil
+}
+
+// Next returns the next chunk of raw output (ANSI and \r\n included).
+func (s *LogStream) Next() ([]byte, error) {
+	for {
+		typ, b, err := s.conn.ReadMessage()
+		if err != nil {
+			var ce *websocket.CloseError
+			if errors.As(err, &ce) {
+				switch ce.Code {
+				case websocket.CloseNoStatusReceived, websocket.CloseNormalClosure:
+					return nil, io.EOF
+				case websocket.CloseUnsupportedData:
+					return nil, fmt.Errorf("%w: %s", ErrBadStartTime, ce.Text)
+				}
+			}
+			return nil, fmt.Errorf("logs: %w", err)
+		}
+		if typ == websocket.BinaryMessage || typ == websocket.TextMessage {
+			return b, nil
+		}
+	}
+}
+
+// Close ends the stream.
+func (s *LogStream) Close() error {
+	s.stop()
+	return s.conn.Close()
+}

@@ -1,0 +1,274 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// HealthcheckResponse answers GET /api/healthcheck of both agents.
+type HealthcheckResponse struct {
+	Service string `json:"service"`
+	Version string `json:"version"`
+}
+
+// ShutdownRequest is the body of POST /api/shutdown.
+type ShutdownRequest struct {
+	Force bool `json:"force"`
+}
+
+// InstanceHealthResponse answers GET /api/instance/health. DCGM is null when
+// libdcgm is not in use or its health query failed.
+type InstanceHealthResponse struct {
+	DCGM *DCGMHealth `json:"dcgm"`
+}
+
+// DCGMHealth carries raw DCGM enum values (health: 0 pass, 10 warn, 20 fail).
+type DCGMHealth struct {
+	OverallHealth int            `json:"overall_health"`
+	Incidents     []DCGMIncident `json:"incidents"`
+}
+
+// DCGMIncident is one DCGM health incident.
+type DCGMIncident struct {
+	System        int    `json:"system"`
+	Health        int    `json:"health"`
+	ErrorMessage  string `json:"error_message"`
+	ErrorCode     int    `json:"error_code"`
+	EntityGroupID int    `json:"entity_group_id"`
+	EntityID      int    `json:"entity_id"`
+}
+
+// InstanceInfoResponse answers GET /api/instance/info; both keys are omitted
+// when empty (no GPUs → {}).
+type InstanceInfoResponse struct {
+	GPUVendor        GPUVendor `json:"gpu_vendor,omitempty"`
+	GPUDriverVersion string    `json:"gpu_driver_version,omitempty"`
+}
+
+// ComponentInfo is one entry of GET /api/components.
+type ComponentInfo struct {
+	Name    ComponentName   `json:"name"`
+	Version string          `json:"version"`
+	Status  ComponentStatus `json:"status"`
+}
+
+// ComponentListResponse answers GET /api/components (always both, runner first).
+type ComponentListResponse struct {
+	Components []ComponentInfo `json:"components"`
+}
+
+// ComponentInstallRequest is the body of POST /api/components/install.
+type ComponentInstallRequest struct {
+	Name ComponentName `json:"name"`
+	URL  string        `json:"url"`
+}
+
+// TaskConfig is the body of POST /api/tasks.
+type TaskConfig struct {
+	ID               string               `json:"id"`
+	Name             string               `json:"name"`
+	ImageName        string               `json:"image_name"`
+	RegistryUsername string               `json:"registry_username"`
+	RegistryPassword string               `json:"registry_password"`
+	ContainerUser    string               `json:"container_user"`
+	Privileged       bool                 `json:"privileged"`
+	GPU              int                  `json:"gpu"`
+	CPU              float64              `json:"cpu"`
+	Memory           int64                `json:"memory"`
+	ShmSize          int64                `json:"shm_size"`
+	NetworkMode      string               `json:"network_mode"`
+	Volumes          []VolumeInfo         `json:"volumes"`
+	VolumeMounts     []VolumeMountPoint   `json:"volume_mounts"`
+	InstanceMounts   []InstanceMountPoint `json:"instance_mounts"`
+	GPUDevices       []GPUDevice          `json:"gpu_devices"`
+	HostSSHUser      string               `json:"host_ssh_user"`
+	HostSSHKeys      []string             `json:"host_ssh_keys"`
+	ContainerSSHKeys []string             `json:"container_ssh_keys"`
+}
+
+// VolumeInfo describes a network volume to attach-mount on the host.
+type VolumeInfo struct {
+	Backend    string `json:"backend"`
+	Name       string `json:"name"`
+	VolumeID   string `json:"volume_id"`
+	InitFS     bool   `json:"init_fs"`
+	DeviceName string `json:"device_name"`
+}
+
+// VolumeMountPoint binds /mnt/disks/dstack-volumes/<name> at Path.
+type VolumeMountPoint struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+}
+
+// InstanceMountPoint binds a host path into the container. The server also
+// sends `optional`; it is kept for round trips and not acted upon.
+type InstanceMountPoint struct {
+	InstancePath string `json:"instance_path"`
+	Path         string `json:"path"`
+	Optional     bool   `json:"optional,omitempty"`
+}
+
+// GPUDevice is an explicit device node that replaces vendor GPU wiring.
+type GPUDevice struct {
+	PathOnHost      string `json:"path_on_host"`
+	PathInContainer string `json:"path_in_container"`
+}
+
+// PortMapping is one published container port.
+type PortMapping struct {
+	Host      int `json:"host"`
+	Container int `json:"container"`
+}
+
+// ImagePullProgress aggregates the layers of an image pull.
+type ImagePullProgress struct {
+	DownloadedBytes   int64 `json:"downloaded_bytes"`
+	ExtractedBytes    int64 `json:"extracted_bytes"`
+	TotalBytes        int64 `json:"total_bytes"`
+	IsTotalBytesFinal bool  `json:"is_total_bytes_final"`
+}
+
+// TaskInfoResponse answers GET /api/tasks/{id} and POST .../terminate.
+//
+// Ports is null until the container started ([]PortMapping(nil)), [] in host
+// network mode, and the published mappings in bridge mode. GPUIDs is spelled
+// `gpus_ids` on the wire; null before allocation, [] for no GPUs.
+type TaskInfoResponse struct {
+	ID                 string             `json:"id"`
+	Status             TaskStatus         `json:"status"`
+	TerminationReason  TerminationReason  `json:"termination_reason"`
+	TerminationMessage string             `json:"termination_message"`
+	Ports              []PortMapping      `json:"ports"`
+	ImagePullProgress  *ImagePullProgress `json:"image_pull_progress"`
+	ContainerName      string             `json:"container_name"`
+	ContainerID        string             `json:"container_id"`
+	GPUIDs             []string           `json:"gpus_ids"`
+}
+
+// TaskSubmitResponse is the body of a successful POST /api/tasks. dstack's shim
+// serializes its internal struct there, so the keys are Go field names; the
+// server ignores the body, but we keep the shape.
+type TaskSubmitResponse struct {
+	ID                 string             `json:"ID"`
+	Status             TaskStatus         `json:"Status"`
+	TerminationReason  TerminationReason  `json:"TerminationReason"`
+	TerminationMessage string             `json:"TerminationMessage"`
+	Ports              []PortMapping      `json:"Ports"`
+	ImagePullProgress  *ImagePullProgress `json:"ImagePullProgress"`
+	ContainerName      string             `json:"ContainerName"`
+	ContainerID        string             `json:"ContainerID"`
+	GPUIDs             []string           `json:"GpuIDs"`
+}
+
+// SubmitResponse converts a task info into the submit response shape.
+func (t TaskInfoResponse) SubmitResponse() TaskSubmitResponse {
+	return TaskSubmitResponse(t)
+}
+
+// TaskListItem is one entry of GET /api/tasks.
+type TaskListItem struct {
+	ID     string     `json:"id"`
+	Status TaskStatus `json:"status"`
+}
+
+// TaskListResponse answers GET /api/tasks. Tasks is [] when empty. Shims
+// 0.18.34-0.19.25 answered {"ids": [...]} instead; IDs receives that form.
+type TaskListResponse struct {
+	Tasks []TaskListItem `json:"tasks"`
+	IDs   []string       `json:"ids,omitempty"`
+}
+
+// TaskTerminateRequest is the body of POST /api/tasks/{id}/terminate. Timeout
+// is seconds of graceful stop (an integer, whatever the OpenAPI file says).
+type TaskTerminateRequest struct {
+	TerminationReason  TerminationReason `json:"termination_reason"`
+	TerminationMessage string            `json:"termination_message"`
+	Timeout            uint              `json:"timeout"`
+}
+
+// HostInfo is <shim home>/host_info.json, read by SSH-fleet onboarding.
+type HostInfo struct {
+	GPUVendor GPUVendor `json:"gpu_vendor"`
+	GPUName   string    `json:"gpu_name"`
+	GPUMemory MiB       `json:"gpu_memory"`
+	GPUCount  int       `json:"gpu_count"`
+	Addresses []string  `json:"addresses"`
+	DiskSize  uint64    `json:"disk_size"`
+	CPUs      int       `json:"cpus"`
+	Memory    uint64    `json:"memory"`
+}
+
+// MiB is an amount of memory in mebibytes. It encodes as a JSON integer and
+// also decodes the string form older shims wrote ("16384 MiB").
+type MiB int64
+
+// UnmarshalJSON accepts 16384, "16384" and "16384 MiB".
+func (m *MiB) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		s = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(s), "MiB"))
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return fmt.Errorf("gpu memory %q: not a MiB amount", s)
+		}
+		*m = MiB(n)
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("gpu memory: %w", err)
+	}
+	*m = MiB(n)
+	return nil
+}
+
+// Legacy API v1 (shims < 0.18.34). Tandem reports a newer version and never
+// receives these calls; the types exist so tools can speak to old shims.
+
+// LegacySubmitRequest is the body of the removed POST /api/submit.
+type LegacySubmitRequest struct {
+	Username       string               `json:"username"`
+	Password       string               `json:"password"`
+	ImageName      string               `json:"image_name"`
+	Privileged     bool                 `json:"privileged"`
+	ContainerName  string               `json:"container_name"`
+	ContainerUser  string               `json:"container_user"`
+	ShmSize        int64                `json:"shm_size"`
+	PublicKeys     []string             `json:"public_keys"`
+	SSHUser        string               `json:"ssh_user"`
+	SSHKey         string               `json:"ssh_key"`
+	Mounts         []VolumeMountPoint   `json:"mounts"`
+	Volumes        []VolumeInfo         `json:"volumes"`
+	InstanceMounts []InstanceMountPoint `json:"instance_mounts"`
+}
+
+// LegacyPullResponse answers the removed GET /api/pull of the shim.
+type LegacyPullResponse struct {
+	State  string          `json:"state"`
+	Result LegacyJobResult `json:"result"`
+}
+
+// LegacyJobResult is the result of a legacy task.
+type LegacyJobResult struct {
+	Reason        string `json:"reason"`
+	ReasonMessage string `json:"reason_message"`
+}
+
+// LegacyStopRequest is the optional body of the removed POST /api/stop.
+type LegacyStopRequest struct {
+	Force bool `json:"force"`
+}
+
+// LegacyStopResponse answers the removed POST /api/stop.
+type LegacyStopResponse struct {
+	State string `json:"state"`
+}

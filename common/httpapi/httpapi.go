@@ -1,0 +1,201 @@
+// Package httpapi holds the HTTP conventions both agents share with dstack's:
+// how JSON bodies are decoded (415/413/400 texts, unknown fields ignored), how
+// errors and empty successes are written, and the echo server built on them.
+// Errors become a status in exactly one place: ErrorHandler.
+package httpapi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+)
+
+// MaxBodyBytes is the JSON request body limit of both agents.
+const MaxBodyBytes = 1 << 20
+
+// Error is an API error: a status and the message shown to the client.
+// Err, if set, is the internal cause, logged but never sent.
+type Error struct {
+	Status  int
+	Message string
+	Err     error
+}
+
+func (e *Error) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("%d %s: %v", e.Status, e.Message, e.Err)
+	}
+	return fmt.Sprintf("%d %s", e.Status, e.Message)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Errorf returns an *Error with a formatted message.
+func Errorf(status int, format string, args ...any) *Error {
+	return &Error{Status: status, Message: fmt.Sprintf(format, args...)}
+}
+
+// DecodeJSON decodes the request body into v with dstack's rules: a present
+// Content-Type must be application/json; at most 1 MiB; not empty; exactly one
+// JSON value; unknown fields ignored. Failures are *Error with a 4xx status.
+func DecodeJSON(r *http.Request, w http.ResponseWriter, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || mt != "application/json" {
+			return Errorf(http.StatusUnsupportedMediaType, "Content-Type header is not application/json")
+		}
+	}
+	body := http.MaxBytesReader(w, r.Body, MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	if err := dec.Decode(v); err != nil {
+		return decodeError(err)
+	}
+	if err := dec.Decode(&struct{}{}); !errors.Is(err, io.EOF) {
+		var maxErr *http.MaxBytesError
+		if errors.As(err, &maxErr) {
+			return decodeError(err)
+		}
+		return Errorf(http.StatusBadRequest, "Request body must only contain a single JSON object")
+	}
+	return nil
+}
+
+func decodeError(err error) *Error {
+	var syntaxErr *json.SyntaxError
+	var typeErr *json.UnmarshalTypeError
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxErr):
+		return Errorf(http.StatusRequestEntityTooLarge, "Request body must not be larger than 1MB")
+	case errors.Is(err, io.EOF):
+		return Errorf(http.StatusBadRequest, "Request body must not be empty")
+	case errors.As(err, &syntaxErr):
+		return Errorf(http.StatusBadRequest, "Request body contains badly-formed JSON (at position %d)", syntaxErr.Offset)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return Errorf(http.StatusBadRequest, "Request body contains badly-formed JSON")
+	case errors.As(err, &typeErr):
+		return Errorf(http.StatusBadRequest, "Request body contains an invalid value for the %q field (at position %d)", typeErr.Field, typeErr.Offset)
+	}
+	// Custom UnmarshalJSON errors and the like: still the client's fault.
+	return &Error{Status: http.StatusBadRequest, Message: "Request body is invalid: " + err.Error()}
+}
+
+// Bind decodes an echo request body with DecodeJSON.
+func Bind(c echo.Context, v any) error {
+	return DecodeJSON(c.Request(), c.Response(), v)
+}
+
+// OK writes dstack's empty success: 200, text/plain, a single newline.
+func OK(c echo.Context) error {
+	return writeText(c, http.StatusOK, "")
+}
+
+// JSON writes v as a JSON object followed by a newline.
+func JSON(c echo.Context, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode response: %w", err)
+	}
+	c.Response().Header().Set(echo.HeaderContentType, "application/json")
+	return c.Blob(http.StatusOK, "application/json", append(b, '\n'))
+}
+
+func writeText(c echo.Context, status int, msg string) error {
+	h := c.Response().Header()
+	h.Set(echo.HeaderContentType, "text/plain; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	c.Response().WriteHeader(status)
+	if c.Request().Method == http.MethodHead {
+		return nil
+	}
+	_, err := io.WriteString(c.Response(), msg+"\n")
+	return err
+}
+
+// ErrorHandler renders every error the way dstack's agents do: text/plain,
+// the message and a newline; route misses as Go's ServeMux words them; any
+// error that is not an API error becomes a 500 with an empty message.
+func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
+	return func(err error, c echo.Context) {
+		if c.Response().Committed {
+			log.Debug("error after response was committed", "path", c.Path(), "err", err)
+			return
+		}
+		status, msg := http.StatusInternalServerError, ""
+		var apiErr *Error
+		var echoErr *echo.HTTPError
+		switch {
+		case errors.As(err, &apiErr):
+			status, msg = apiErr.Status, apiErr.Message
+			if msg == "" {
+				msg = http.StatusText(status)
+			}
+		case errors.As(err, &echoErr):
+			status = echoErr.Code
+			switch status {
+			case http.StatusNotFound:
+				msg = "404 page not found"
+			default:
+				msg = http.StatusText(status)
+			}
+		}
+		attrs := []any{"method", c.Request().Method, "path", c.Request().URL.Path, "status", status, "err", err}
+		if status >= 500 {
+			log.Error("internal error", attrs...)
+		} else {
+			log.Warn("API error", attrs...)
+		}
+		if werr := writeText(c, status, msg); werr != nil {
+			log.Debug("write error response", "err", werr)
+		}
+	}
+}
+
+// Recover turns a handler panic into a 500 instead of a dead connection or a
+// crashed agent.
+func Recover(log *slog.Logger) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) (err error) {
+			defer func() {
+				if r := recover(); r != nil {
+					log.Error("handler panic", "path", c.Request().URL.Path, "panic", r)
+					err = fmt.Errorf("panic: %v", r)
+				}
+			}()
+			return next(c)
+		}
+	}
+}
+
+// NewEcho returns an echo instance with the shared error rendering and panic
+// recovery installed and its banner silenced.
+func NewEcho(log *slog.Logger) *echo.Echo {
+	e := echo.New()
+	e.HideBanner = true
+	e.HidePort = true
+	e.HTTPErrorHandler = ErrorHandler(log)
+	e.Use(Recover(log))
+	e.Pre(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			log.Log(c.Request().Context(), slog.LevelDebug-4, "request", "method", c.Request().Method, "path", c.Request().URL.Path)
+			return next(c)
+		}
+	})
+	return e
+}
+
+// IsClientError reports whether err is an API error with a 4xx status.
+func IsClientError(err error) bool {
+	var apiErr *Error
+	return errors.As(err, &apiErr) && apiErr.Status >= 400 && apiErr.Status < 500
+}
+
+// TrimMessage normalizes an error body received from a peer agent.
+func TrimMessage(b []byte) string { return strings.TrimRight(string(b), "\n") }

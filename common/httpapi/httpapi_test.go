@@ -1,0 +1,115 @@
+package httpapi
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tandem-run/tandem/common/logging"
+
+	"github.com/labstack/echo/v4"
+)
+
+type payload struct {
+	ID    string `json:"id"`
+	Count int    `json:"count"`
+}
+
+func newServer(t *testing.T) *httptest.Server {
+	t.Helper()
+	e := NewEcho(logging.Discard())
+	e.POST("/api/thing", func(c echo.Context) error {
+		var p payload
+		if err := Bind(c, &p); err != nil {
+			return err
+		}
+		if p.ID == "" {
+			return Errorf(http.StatusBadRequest, "empty id")
+		}
+		return JSON(c, p)
+	})
+	e.POST("/api/empty", OK)
+	e.GET("/api/panic", func(echo.Context) error { panic("boom") })
+	e.GET("/api/internal", func(echo.Context) error { return errors.New("secret detail") })
+	srv := httptest.NewServer(e)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func TestServerConventions(t *testing.T) {
+	srv := newServer(t)
+	big := `{"id":"` + strings.Repeat("x", MaxBodyBytes) + `"}`
+	tests := []struct {
+		name, method, path, ctype, body string
+		wantStatus                      int
+		wantBody                        string
+		wantCT                          string
+	}{
+		{"ok json", "POST", "/api/thing", "application/json", `{"id":"a","count":2,"unknown":[1]}`, 200, `{"id":"a","count":2}` + "\n", "application/json"},
+		{"ct with params", "POST", "/api/thing", "application/json; charset=utf-8", `{"id":"a"}`, 200, `{"id":"a","count":0}` + "\n", "application/json"},
+		{"no content type", "POST", "/api/thing", "", `{"id":"a"}`, 200, `{"id":"a","count":0}` + "\n", "application/json"},
+		{"wrong content type", "POST", "/api/thing", "text/plain", `{"id":"a"}`, 415, "Content-Type header is not application/json\n", "text/plain; charset=utf-8"},
+		{"empty body", "POST", "/api/thing", "application/json", ``, 400, "Request body must not be empty\n", "text/plain; charset=utf-8"},
+		{"malformed", "POST", "/api/thing", "application/json", `{"id":`, 400, "Request body contains badly-formed JSON\n", "text/plain; charset=utf-8"},
+		{"syntax", "POST", "/api/thing", "application/json", `{"id" "a"}`, 400, "Request body contains badly-formed JSON (at position 7)\n", "text/plain; charset=utf-8"},
+		{"wrong type", "POST", "/api/thing", "application/json", `{"id":"a","count":"x"}`, 400, "Request body contains an invalid value for the \"count\" field (at position 21)\n", "text/plain; charset=utf-8"},
+		{"two values", "POST", "/api/thing", "application/json", `{"id":"a"}{"id":"b"}`, 400, "Request body must only contain a single JSON object\n", "text/plain; charset=utf-8"},
+		{"too large", "POST", "/api/thing", "application/json", big, 413, "Request body must not be larger than 1MB\n", "text/plain; charset=utf-8"},
+		{"handler 400", "POST", "/api/thing", "application/json", `{}`, 400, "empty id\n", "text/plain; charset=utf-8"},
+		{"empty 200", "POST", "/api/empty", "", ``, 200, "\n", "text/plain; charset=utf-8"},
+		{"unknown route", "GET", "/api/nope", "", ``, 404, "404 page not found\n", "text/plain; charset=utf-8"},
+		{"wrong method", "GET", "/api/thing", "", ``, 405, "Method Not Allowed\n", "text/plain; charset=utf-8"},
+		{"panic is 500", "GET", "/api/panic", "", ``, 500, "\n", "text/plain; charset=utf-8"},
+		{"internal error hidden", "GET", "/api/internal", "", ``, 500, "\n", "text/plain; charset=utf-8"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.ctype != "" {
+				req.Header.Set("Content-Type", tc.ctype)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tc.wantStatus || string(b) != tc.wantBody {
+				t.Fatalf("got %d %q, want %d %q", resp.StatusCode, b, tc.wantStatus, tc.wantBody)
+			}
+			if ct := resp.Header.Get("Content-Type"); ct != tc.wantCT {
+				t.Fatalf("content type %q, want %q", ct, tc.wantCT)
+			}
+			if tc.wantCT != "application/json" && resp.Header.Get("X-Content-Type-Options") != "nosniff" {
+				t.Fatal("text responses carry nosniff")
+			}
+			if tc.wantStatus == 405 && resp.Header.Get("Allow") == "" {
+				t.Fatal("405 must carry Allow")
+			}
+		})
+	}
+}
+
+func FuzzDecodeJSON(f *testing.F) {
+	f.Add("application/json", []byte(`{"id":"a","count":1}`))
+	f.Add("", []byte(`{"id":`))
+	f.Add("text/html", []byte(`{}`))
+	f.Add("application/json; charset=\"", []byte(`[]`))
+	f.Fuzz(func(t *testing.T, ctype string, body []byte) {
+		req := httptest.NewRequest("POST", "/", strings.NewReader(string(body)))
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		var p payload
+		err := DecodeJSON(req, httptest.NewRecorder(), &p)
+		if err != nil && !IsClientError(err) {
+			t.Fatalf("decode failure must be a 4xx API error, got %v", err)
+		}
+	})
+}

@@ -1,0 +1,83 @@
+// Package e2e holds end-to-end tests: the real binaries against a real Docker
+// daemon, real images built locally, real OpenSSH and loop devices.
+package e2e
+
+import (
+	"context"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+var versionRe = regexp.MustCompile(`^\d+\.\d+\.\d+\+tandem\.[a-z0-9.]+$`)
+
+func TestBusyboxImageRunsAsEachUser(t *testing.T) {
+	img := testenv.Busybox(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, tc := range []struct{ user, want string }{
+		{"root", "uid=0(root) gid=0(root)"},
+		{"user", "uid=1000(user) gid=1000(user)"},
+	} {
+		out, err := testenv.Docker(ctx, "run", "--rm", "--user", tc.user, img, "sh", "-c", "id; echo home=$HOME")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(out, tc.want) {
+			t.Fatalf("user %s: got %q, want prefix %q", tc.user, out, tc.want)
+		}
+	}
+}
+
+// The runner is bind-mounted into arbitrary images, so it must be static: it
+// has to start in an image with no libc at all.
+func TestStaticRunnerStartsInScratchImage(t *testing.T) {
+	img := testenv.Busybox(t)
+	bins := testenv.Binaries(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := testenv.Docker(ctx, "run", "--rm", "-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", img,
+		"/usr/local/bin/dstack-runner", "--version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(out)
+	if len(f) != 3 || f[0] != "dstack-runner" || f[1] != "version" || !versionRe.MatchString(f[2]) {
+		t.Fatalf("--version in a scratch image printed %q; the shim's component manager needs `dstack-runner version <v>`", out)
+	}
+}
+
+func TestDebianImage(t *testing.T) {
+	img := testenv.Debian(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := testenv.Docker(ctx, "run", "--rm", img, "sh", "-c", "cat /etc/debian_version; getent passwd root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(out, "12.") || !strings.Contains(out, "root:x:0:0:") {
+		t.Fatalf("unexpected Debian image: %q", out)
+	}
+}
+
+func TestAgentVersionsAreThreeWords(t *testing.T) {
+	bins := testenv.Binaries(t)
+	for name, path := range map[string]string{"dstack-shim": bins.Shim, "dstack-runner": bins.Runner} {
+		out, err := exec.Command(path, "--version").Output()
+		if err != nil {
+			t.Fatalf("%s --version: %v", name, err)
+		}
+		f := strings.Fields(string(out))
+		if len(f) != 3 || f[0] != name || f[1] != "version" || !versionRe.MatchString(f[2]) {
+			t.Fatalf("%s --version printed %q", name, out)
+		}
+		// Until restart-safety lands we must not claim 0.21.3.
+		if !strings.HasPrefix(f[2], "0.21.2+") {
+			t.Fatalf("%s reports %s; protocol level must stay 0.21.2 until tasks survive shim restarts", name, f[2])
+		}
+	}
+}

@@ -1,0 +1,54 @@
+#!/bin/sh
+# Installs what Tandem's build and tests need on Debian/Ubuntu (as root), only
+# what is missing, and makes sure a Docker daemon answers.
+set -eu
+
+PACKAGES="docker.io docker-registry busybox-static openssh-client debootstrap shellcheck apache2-utils e2fsprogs util-linux iproute2 ca-certificates"
+STATICCHECK_VERSION="${STATICCHECK_VERSION:-v0.8.2}"
+
+log() { printf 'deps: %s\n' "$*" >&2; }
+
+missing=""
+for p in $PACKAGES; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing="$missing $p"
+	fi
+done
+if [ -n "$missing" ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		log "missing packages:$missing (run as root to install them)"
+		exit 1
+	fi
+	log "installing:$missing"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	# shellcheck disable=SC2086 # word splitting of the package list is intended
+	apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+gobin="$(go env GOPATH)/bin"
+if ! command -v staticcheck >/dev/null 2>&1 && [ ! -x "$gobin/staticcheck" ]; then
+	log "installing staticcheck $STATICCHECK_VERSION"
+	go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+fi
+
+if ! docker info >/dev/null 2>&1; then
+	if [ "$(id -u)" -ne 0 ]; then
+		log "docker daemon is not answering and we are not root to start it"
+		exit 1
+	fi
+	log "starting dockerd"
+	mkdir -p /var/log
+	nohup dockerd >/var/log/tandem-dockerd.log 2>&1 &
+	i=0
+	until docker info >/dev/null 2>&1; do
+		i=$((i + 1))
+		if [ "$i" -ge 60 ]; then
+			log "dockerd did not answer within 60s; last log lines:"
+			tail -n 20 /var/log/tandem-dockerd.log >&2 || true
+			exit 1
+		fi
+		sleep 1
+	done
+fi
+log "ready: $(docker version --format 'docker server {{.Server.Version}}')"

@@ -1,0 +1,59 @@
+// Package cli defines dstack-shim's command line: dstack's flags and
+// environment variables, so ours drops in.
+package cli
+
+import (
+	"errors"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/common/version"
+)
+
+// ErrNotReady is returned until the shim's task engine lands.
+var ErrNotReady = errors.New("the task engine is not built yet")
+
+// App returns the dstack-shim command. `--version` prints exactly
+// "dstack-shim version <v>".
+func App() *cli.App {
+	return &cli.App{
+		Name:    "dstack-shim",
+		Usage:   "host agent that runs dstack tasks as Docker containers",
+		Version: version.String(),
+		Flags:   Flags(),
+		Before: func(c *cli.Context) error {
+			for _, f := range []string{"shim-log-level", "runner-log-level"} {
+				if _, err := logging.ParseLevel(c.String(f)); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+		Action: func(c *cli.Context) error { return ErrNotReady },
+	}
+}
+
+// Flags are dstack-shim's flags with their environment variables.
+func Flags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "shim-home", EnvVars: []string{"DSTACK_SHIM_HOME"}, Usage: "home/state directory (default $HOME/.dstack)"},
+		&cli.StringFlag{Name: "shim-binary-path", EnvVars: []string{"DSTACK_SHIM_BINARY_PATH"}, Usage: "file replaced on shim self-update"},
+		&cli.IntFlag{Name: "shim-http-port", Value: 10998, EnvVars: []string{"DSTACK_SHIM_HTTP_PORT"}, Usage: "API port"},
+		&cli.StringFlag{Name: "shim-http-address", Value: "127.0.0.1", EnvVars: []string{"DSTACK_SHIM_HTTP_ADDRESS"}, Usage: "API bind address"},
+		&cli.StringFlag{Name: "shim-log-level", Value: "info", EnvVars: []string{"DSTACK_SHIM_LOG_LEVEL"}, Usage: "fatal, error, warn, info, debug, trace or 1..6"},
+		&cli.StringFlag{Name: "runner-download-url", EnvVars: []string{"DSTACK_RUNNER_DOWNLOAD_URL"}, Usage: "download the runner from here at start when missing"},
+		&cli.StringFlag{Name: "runner-binary-path", Value: "/usr/local/bin/dstack-runner", EnvVars: []string{"DSTACK_RUNNER_BINARY_PATH"}, Usage: "host path of the runner binary"},
+		&cli.IntFlag{Name: "runner-http-port", Value: 10999, EnvVars: []string{"DSTACK_RUNNER_HTTP_PORT"}, Usage: "runner HTTP port"},
+		&cli.IntFlag{Name: "runner-ssh-port", Value: 10022, EnvVars: []string{"DSTACK_RUNNER_SSH_PORT"}, Usage: "runner SSH port"},
+		&cli.StringFlag{Name: "runner-ssh-log-level", EnvVars: []string{"DSTACK_RUNNER_SSH_LOG_LEVEL"}, Usage: "runner SSH log level"},
+		&cli.StringFlag{Name: "runner-log-level", Value: "info", EnvVars: []string{"DSTACK_RUNNER_LOG_LEVEL"}, Usage: "runner log level"},
+		&cli.IntFlag{Name: "dcgm-exporter-http-port", Value: 10997, EnvVars: []string{"DSTACK_DCGM_EXPORTER_HTTP_PORT"}, Usage: "dcgm-exporter port"},
+		&cli.IntFlag{Name: "dcgm-exporter-interval", Value: 5000, EnvVars: []string{"DSTACK_DCGM_EXPORTER_INTERVAL"}, Usage: "dcgm-exporter interval, ms"},
+		&cli.StringFlag{Name: "dcgm-address", EnvVars: []string{"DSTACK_DCGM_ADDRESS"}, Usage: "nv-hostengine address"},
+		&cli.StringFlag{Name: "pass-env", Value: "http_proxy,https_proxy,no_proxy,HTTP_PROXY,HTTPS_PROXY,NO_PROXY", EnvVars: []string{"DSTACK_DOCKER_PASS_ENV"}, Usage: "comma list of env vars copied into containers"},
+		&cli.BoolFlag{Name: "privileged", EnvVars: []string{"DSTACK_DOCKER_PRIVILEGED"}, Usage: "run all containers privileged"},
+		&cli.StringFlag{Name: "pjrt-device", EnvVars: []string{"PJRT_DEVICE"}, Usage: "set PJRT_DEVICE in containers"},
+		&cli.BoolFlag{Name: "service", EnvVars: []string{"DSTACK_SERVICE_MODE"}, Usage: "write host_info.json on start"},
+	}
+}
