@@ -3,16 +3,21 @@
 package cli
 
 import (
-	"errors"
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
+	"github.com/tandem-run/tandem/shim/agent"
 )
-
-// ErrNotReady is returned until the shim's task engine lands.
-var ErrNotReady = errors.New("the task engine is not built yet")
 
 // App returns the dstack-shim command. `--version` prints exactly
 // "dstack-shim version <v>".
@@ -30,8 +35,61 @@ func App() *cli.App {
 			}
 			return nil
 		},
-		Action: func(c *cli.Context) error { return ErrNotReady },
+		Action: func(c *cli.Context) error {
+			cfg, err := config(c)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return agent.Run(ctx, cfg)
+		},
 	}
+}
+
+func config(c *cli.Context) (agent.Config, error) {
+	level, err := logging.ParseLevel(c.String("shim-log-level"))
+	if err != nil {
+		return agent.Config{}, err
+	}
+	home := c.String("shim-home")
+	if home == "" {
+		h, err := os.UserHomeDir()
+		if err != nil {
+			return agent.Config{}, fmt.Errorf("resolve shim home: %w", err)
+		}
+		home = filepath.Join(h, ".dstack")
+	}
+	bin := c.String("shim-binary-path")
+	if bin == "" {
+		if exe, err := os.Executable(); err == nil {
+			bin = exe
+		} else {
+			bin = "/usr/local/bin/dstack-shim"
+		}
+	}
+	if c.Duration("pull-stall-timeout") <= 0 {
+		return agent.Config{}, fmt.Errorf("--pull-stall-timeout must be positive")
+	}
+	return agent.Config{
+		Home:              home,
+		BinaryPath:        bin,
+		HTTPAddress:       c.String("shim-http-address"),
+		HTTPPort:          c.Int("shim-http-port"),
+		LogLevel:          level,
+		RunnerDownloadURL: c.String("runner-download-url"),
+		RunnerBinaryPath:  c.String("runner-binary-path"),
+		RunnerHTTPPort:    c.Int("runner-http-port"),
+		RunnerSSHPort:     c.Int("runner-ssh-port"),
+		RunnerLogLevel:    c.String("runner-log-level"),
+		RunnerSSHLogLevel: c.String("runner-ssh-log-level"),
+		PassEnv:           strings.Split(c.String("pass-env"), ","),
+		Privileged:        c.Bool("privileged"),
+		PJRTDevice:        c.String("pjrt-device"),
+		ServiceMode:       c.Bool("service"),
+		PullStallTimeout:  c.Duration("pull-stall-timeout"),
+		PullTimeout:       c.Duration("pull-timeout"),
+	}, nil
 }
 
 // Flags are dstack-shim's flags with their environment variables.
@@ -55,5 +113,7 @@ func Flags() []cli.Flag {
 		&cli.BoolFlag{Name: "privileged", EnvVars: []string{"DSTACK_DOCKER_PRIVILEGED"}, Usage: "run all containers privileged"},
 		&cli.StringFlag{Name: "pjrt-device", EnvVars: []string{"PJRT_DEVICE"}, Usage: "set PJRT_DEVICE in containers"},
 		&cli.BoolFlag{Name: "service", EnvVars: []string{"DSTACK_SERVICE_MODE"}, Usage: "write host_info.json on start"},
+		&cli.DurationFlag{Name: "pull-stall-timeout", Value: 2 * time.Minute, EnvVars: []string{"DSTACK_SHIM_PULL_STALL_TIMEOUT"}, Usage: "fail an image pull when no byte moved for this long"},
+		&cli.DurationFlag{Name: "pull-timeout", Value: 2 * time.Hour, EnvVars: []string{"DSTACK_SHIM_PULL_TIMEOUT"}, Usage: "overall cap on one image pull (0: none)"},
 	}
 }

@@ -1,0 +1,220 @@
+// Package agent wires dstack-shim together: logging, components, Docker, the
+// task engine and the HTTP server, in the start-up order dstack's shim uses.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/common/version"
+	"github.com/tandem-run/tandem/shim/authkeys"
+	"github.com/tandem-run/tandem/shim/component"
+	"github.com/tandem-run/tandem/shim/dockerrt"
+	"github.com/tandem-run/tandem/shim/gpu"
+	"github.com/tandem-run/tandem/shim/hostinfo"
+	"github.com/tandem-run/tandem/shim/server"
+	"github.com/tandem-run/tandem/shim/task"
+)
+
+// Config is the shim's configuration, from flags and environment.
+type Config struct {
+	Home              string
+	BinaryPath        string
+	HTTPAddress       string
+	HTTPPort          int
+	LogLevel          slog.Level
+	RunnerDownloadURL string
+	RunnerBinaryPath  string
+	RunnerHTTPPort    int
+	RunnerSSHPort     int
+	RunnerLogLevel    string
+	RunnerSSHLogLevel string
+	PassEnv           []string // variable names
+	Privileged        bool
+	PJRTDevice        string
+	ServiceMode       bool
+	PullStallTimeout  time.Duration
+	PullTimeout       time.Duration
+	// Ready, if set, receives the listen address once the API serves.
+	Ready func(addr string)
+}
+
+// Run runs the shim until ctx ends or an API shutdown; running containers
+// are never stopped on exit.
+func Run(ctx context.Context, cfg Config) error {
+	if err := os.MkdirAll(cfg.Home, 0o755); err != nil {
+		return fmt.Errorf("shim home: %w", err)
+	}
+	logFile, err := os.OpenFile(filepath.Join(cfg.Home, "shim.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("shim log: %w", err)
+	}
+	defer logFile.Close()
+	log := logging.New(cfg.LogLevel, os.Stderr, logFile)
+	log.Info("dstack-shim starting", "version", version.String(), "home", cfg.Home)
+
+	// Components.
+	runnerComp := &component.Manager{Name: api.ComponentRunner, Path: cfg.RunnerBinaryPath, Log: log}
+	shimComp := &component.Manager{Name: api.ComponentShim, Path: cfg.BinaryPath, Log: log}
+	if cfg.RunnerDownloadURL != "" {
+		if err := runnerComp.EnsureInstalled(ctx, cfg.RunnerDownloadURL); err != nil {
+			return fmt.Errorf("install runner: %w", err)
+		}
+	}
+	if info := runnerComp.Info(ctx); info.Status == api.ComponentError {
+		return fmt.Errorf("runner binary %s does not answer `--version` as dstack-runner", cfg.RunnerBinaryPath)
+	} else if info.Status == api.ComponentNotInstalled {
+		log.Warn("runner binary is missing; tasks will fail until it is installed", "path", cfg.RunnerBinaryPath)
+	}
+	if info := shimComp.Info(ctx); info.Status == api.ComponentError {
+		return fmt.Errorf("shim binary %s does not answer `--version` as dstack-shim", cfg.BinaryPath)
+	}
+
+	// Docker. A daemon that is down does not stop the shim from serving: the
+	// API stays up and tasks report Docker's error (dstack restart-loops here).
+	rt, err := dockerrt.New()
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	diskPath := "/"
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	if info, err := rt.Client().Info(pingCtx); err != nil {
+		log.Error("docker is not answering; tasks will fail until it does", "err", err)
+	} else {
+		diskPath = info.DockerRootDir
+		log.Info("docker", "server_version", info.ServerVersion, "root", info.DockerRootDir, "runtimes", len(info.Runtimes))
+	}
+	cancel()
+
+	// GPUs: vendor discovery arrives separately; until then the host has none.
+	var gpus []gpu.GPU
+	ids := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		ids = append(ids, g.ID)
+	}
+	locks := gpu.NewLocks(ids)
+
+	env := passEnv(cfg.PassEnv)
+	if cfg.PJRTDevice != "" {
+		env = append(env, "PJRT_DEVICE="+cfg.PJRTDevice)
+	}
+	engine := task.New(task.Config{
+		Home:              cfg.Home,
+		RunnerBinary:      cfg.RunnerBinaryPath,
+		RunnerHTTPPort:    cfg.RunnerHTTPPort,
+		RunnerSSHPort:     cfg.RunnerSSHPort,
+		RunnerLogLevel:    cfg.RunnerLogLevel,
+		RunnerSSHLogLevel: cfg.RunnerSSHLogLevel,
+		Env:               env,
+		Privileged:        cfg.Privileged,
+		PullStallTimeout:  cfg.PullStallTimeout,
+		PullTimeout:       cfg.PullTimeout,
+	}, rt, locks, &authkeys.Editor{}, log)
+
+	if cfg.ServiceMode {
+		hi, err := hostinfo.Collect(gpus, diskPath)
+		if err != nil {
+			log.Error("collect host info", "err", err)
+		} else if wrote, err := hostinfo.WriteOnce(filepath.Join(cfg.Home, "host_info.json"), hi); err != nil {
+			return err
+		} else if !wrote {
+			log.Info("host_info.json exists; left as is")
+		}
+	}
+
+	installCtx, cancelInstalls := context.WithCancel(context.Background())
+	defer cancelInstalls()
+	sd := newShutdown()
+	e := server.New(server.Deps{
+		Version:    version.String(),
+		Tasks:      engine,
+		Runner:     runnerComp,
+		Shim:       shimComp,
+		InstallCtx: installCtx,
+		InstanceInfo: func() api.InstanceInfoResponse {
+			if len(gpus) == 0 {
+				return api.InstanceInfoResponse{}
+			}
+			return api.InstanceInfoResponse{GPUVendor: gpus[0].Vendor, GPUDriverVersion: gpus[0].DriverVersion}
+		},
+		GPUIDs:   engine.GPUIDs,
+		Shutdown: sd.request,
+		Log:      log,
+	})
+	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	hs := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("shim API serving", "addr", ln.Addr().String())
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr().String())
+	}
+
+	var force bool
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+		log.Info("signal received, shutting down")
+	case force = <-sd.ch:
+		log.Info("API shutdown requested", "force", force)
+	}
+	cancelInstalls()
+	if force {
+		_ = hs.Close()
+	} else {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := hs.Shutdown(sctx); err != nil {
+			_ = hs.Close()
+		}
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("dstack-shim stopped; containers keep running")
+	return nil
+}
+
+// shutdown delivers the first shutdown request; a later force one upgrades.
+type shutdown struct {
+	once sync.Once
+	ch   chan bool
+}
+
+func newShutdown() *shutdown { return &shutdown{ch: make(chan bool, 1)} }
+
+func (s *shutdown) request(force bool) {
+	s.once.Do(func() { s.ch <- force })
+}
+
+func passEnv(names []string) []string {
+	var env []string
+	for _, n := range names {
+		n = strings.TrimSpace(n)
+		if n == "" {
+			continue
+		}
+		if v, ok := os.LookupEnv(n); ok {
+			env = append(env, n+"="+v)
+		}
+	}
+	return env
+}

@@ -1,0 +1,57 @@
+package authkeys
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestAddRemoveOnlyOurLines(t *testing.T) {
+	home := t.TempDir()
+	e := &Editor{HomeDir: func(string) (string, int, int, error) { return home, os.Getuid(), os.Getgid(), nil }}
+	path := filepath.Join(home, ".ssh", "authorized_keys")
+
+	// Missing ~/.ssh and file are created.
+	if err := e.Add("ubuntu", "t1", []string{"ssh-ed25519 AAAAshared user@laptop", "", "bad\nkey"}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("created file: %v %v", fi, err)
+	}
+	if di, _ := os.Stat(filepath.Dir(path)); di.Mode().Perm() != 0o700 {
+		t.Fatalf(".ssh mode %v", di.Mode().Perm())
+	}
+	// The user adds the same key by hand; a second task adds it too.
+	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	_, _ = f.WriteString("ssh-ed25519 AAAAshared user@laptop\n")
+	f.Close()
+	if err := e.Add("ubuntu", "t2", []string{"ssh-ed25519 AAAAshared user@laptop"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Add("ubuntu", "t2", []string{"ssh-ed25519 AAAAshared user@laptop"}); err != nil {
+		t.Fatal(err)
+	}
+	want := "ssh-ed25519 AAAAshared user@laptop # tandem task t1\n" +
+		"ssh-ed25519 AAAAshared user@laptop\n" +
+		"ssh-ed25519 AAAAshared user@laptop # tandem task t2\n"
+	if b, _ := os.ReadFile(path); string(b) != want {
+		t.Fatalf("after adds:\n%s", b)
+	}
+	if err := e.Remove("ubuntu", "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Remove("ubuntu", "t1"); err != nil {
+		t.Fatal("remove is idempotent:", err)
+	}
+	want = "ssh-ed25519 AAAAshared user@laptop\nssh-ed25519 AAAAshared user@laptop # tandem task t2\n"
+	if b, _ := os.ReadFile(path); string(b) != want {
+		t.Fatalf("t1's removal must keep the user's and t2's lines:\n%s", b)
+	}
+	// A user-chosen mode survives rewrites.
+	_ = os.Chmod(path, 0o644)
+	_ = e.Remove("ubuntu", "t2")
+	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o644 {
+		t.Fatalf("mode not preserved: %v", fi.Mode().Perm())
+	}
+}

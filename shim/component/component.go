@@ -1,0 +1,217 @@
+// Package component manages the binaries the dstack server keeps up to date
+// through the shim: dstack-runner and dstack-shim itself. It probes their
+// version and installs new ones atomically, with a backoff on repeated
+// failures so a bad URL is not downloaded on every instance check.
+package component
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// Errors of Install.
+var (
+	ErrInstalling = errors.New("already installing")
+	ErrBackoff    = errors.New("install backoff")
+)
+
+// Manager is one component.
+type Manager struct {
+	Name api.ComponentName
+	Path string
+	// DownloadTimeout bounds one download (default 10 minutes).
+	DownloadTimeout time.Duration
+	// BackoffBase is the wait after the first failure, doubled per failure
+	// and capped at BackoffMax.
+	BackoffBase, BackoffMax time.Duration
+	HTTP                    *http.Client
+	Log                     *slog.Logger
+	Now                     func() time.Time
+
+	mu         sync.Mutex // guards the fields below
+	installing bool
+	failedURL  string
+	failures   int
+	retryAt    time.Time
+}
+
+func (m *Manager) now() time.Time {
+	if m.Now != nil {
+		return m.Now()
+	}
+	return time.Now()
+}
+
+// Info probes the binary: `<path> --version` must print exactly three words,
+// `<name> version <v>`.
+func (m *Manager) Info(ctx context.Context) api.ComponentInfo {
+	m.mu.Lock()
+	installing := m.installing
+	m.mu.Unlock()
+	info := api.ComponentInfo{Name: m.Name}
+	if installing {
+		info.Status = api.ComponentInstalling
+		return info
+	}
+	info.Status, info.Version = m.probe(ctx)
+	return info
+}
+
+func (m *Manager) probe(ctx context.Context) (api.ComponentStatus, string) {
+	if _, err := os.Stat(m.Path); os.IsNotExist(err) {
+		return api.ComponentNotInstalled, ""
+	} else if err != nil {
+		return api.ComponentError, ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, m.Path, "--version").Output()
+	if err != nil {
+		return api.ComponentError, ""
+	}
+	f := strings.Fields(string(out))
+	if len(f) != 3 || f[0] != string(m.Name) || f[1] != "version" {
+		return api.ComponentError, ""
+	}
+	return api.ComponentInstalled, f[2]
+}
+
+// StartInstall begins a background install from url (force: always
+// download). It fails at once while installing or backing off.
+func (m *Manager) StartInstall(ctx context.Context, url string, done func(error)) error {
+	if err := m.begin(url); err != nil {
+		return err
+	}
+	go func() {
+		err := m.install(ctx, url)
+		m.end(url, err)
+		if done != nil {
+			done(err)
+		}
+	}()
+	return nil
+}
+
+// EnsureInstalled downloads url only if the binary is missing (used at start).
+func (m *Manager) EnsureInstalled(ctx context.Context, url string) error {
+	if _, err := os.Stat(m.Path); err == nil {
+		return nil
+	}
+	if err := m.begin(url); err != nil {
+		return err
+	}
+	err := m.install(ctx, url)
+	m.end(url, err)
+	return err
+}
+
+func (m *Manager) begin(url string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.installing {
+		return ErrInstalling
+	}
+	if url == m.failedURL && m.now().Before(m.retryAt) {
+		return fmt.Errorf("%w: %d failed attempts for this url, next after %s", ErrBackoff, m.failures, m.retryAt.Sub(m.now()).Round(time.Second))
+	}
+	m.installing = true
+	return nil
+}
+
+func (m *Manager) end(url string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.installing = false
+	if err == nil {
+		m.failedURL, m.failures = "", 0
+		return
+	}
+	if url != m.failedURL {
+		m.failedURL, m.failures = url, 0
+	}
+	m.failures++
+	base, maxWait := m.BackoffBase, m.BackoffMax
+	if base == 0 {
+		base = 30 * time.Second
+	}
+	if maxWait == 0 {
+		maxWait = 30 * time.Minute
+	}
+	wait := base << min(m.failures-1, 20)
+	m.retryAt = m.now().Add(min(wait, maxWait))
+	if m.Log != nil {
+		m.Log.Error("component install failed", "component", m.Name, "url", url, "failures", m.failures, "retry_in", min(wait, maxWait), "err", err)
+	}
+}
+
+// install downloads url into a temp file next to Path, fsyncs it, makes it
+// executable and renames it over Path.
+func (m *Manager) install(ctx context.Context, url string) error {
+	timeout := m.DownloadTimeout
+	if timeout == 0 {
+		timeout = 10 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return fmt.Errorf("download %s: %w", m.Name, err)
+	}
+	hc := m.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("download %s: %w", m.Name, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("download %s: %s: unexpected status %s", m.Name, url, resp.Status)
+	}
+	dir := filepath.Dir(m.Path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("install %s: %w", m.Name, err)
+	}
+	f, err := os.CreateTemp(dir, "."+filepath.Base(m.Path)+"-*")
+	if err != nil {
+		return fmt.Errorf("install %s: %w", m.Name, err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	n, err := io.Copy(f, resp.Body)
+	if err == nil && n == 0 {
+		err = errors.New("empty download")
+	}
+	if err == nil {
+		err = f.Chmod(0o755)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("install %s: %w", m.Name, err)
+	}
+	if err := os.Rename(tmp, m.Path); err != nil {
+		return fmt.Errorf("install %s: %w", m.Name, err)
+	}
+	if m.Log != nil {
+		m.Log.Info("component installed", "component", m.Name, "path", m.Path, "bytes", n)
+	}
+	return nil
+}

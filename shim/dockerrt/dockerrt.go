@@ -1,0 +1,228 @@
+// Package dockerrt runs the shim's containers on a Docker Engine through its
+// API (github.com/docker/docker/client).
+package dockerrt
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/mount"
+	"github.com/docker/docker/api/types/registry"
+	"github.com/docker/docker/client"
+	"github.com/docker/docker/errdefs"
+	"github.com/docker/docker/pkg/stdcopy"
+	"github.com/docker/go-connections/nat"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/task"
+)
+
+// Runtime is a task.Runtime on Docker.
+type Runtime struct {
+	c *client.Client
+}
+
+// New connects with the standard Docker environment (DOCKER_HOST, ...) and
+// API version negotiation.
+func New() (*Runtime, error) {
+	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, fmt.Errorf("docker client: %w", err)
+	}
+	return &Runtime{c: c}, nil
+}
+
+// Client exposes the underlying client (for info and listings).
+func (r *Runtime) Client() *client.Client { return r.c }
+
+// Close releases the client.
+func (r *Runtime) Close() error { return r.c.Close() }
+
+// Ping checks the daemon answers.
+func (r *Runtime) Ping(ctx context.Context) error {
+	if _, err := r.c.Ping(ctx); err != nil {
+		return fmt.Errorf("docker ping: %w", err)
+	}
+	return nil
+}
+
+// ImagePresent reports whether ref is in the local store.
+func (r *Runtime) ImagePresent(ctx context.Context, ref string) (bool, error) {
+	imgs, err := r.c.ImageList(ctx, image.ListOptions{Filters: filters.NewArgs(filters.Arg("reference", ref))})
+	if err != nil {
+		return false, fmt.Errorf("list images %s: %w", ref, err)
+	}
+	return len(imgs) > 0, nil
+}
+
+// Pull starts a pull and returns the JSON progress stream.
+func (r *Runtime) Pull(ctx context.Context, ref string, auth task.RegistryAuth) (io.ReadCloser, error) {
+	opts := image.PullOptions{}
+	if auth.Username != "" || auth.Password != "" {
+		b, err := json.Marshal(registry.AuthConfig{Username: auth.Username, Password: auth.Password, ServerAddress: auth.ServerAddress})
+		if err != nil {
+			return nil, fmt.Errorf("encode registry auth: %w", err)
+		}
+		opts.RegistryAuth = base64.URLEncoding.EncodeToString(b)
+	}
+	rc, err := r.c.ImagePull(ctx, ref, opts)
+	if err != nil {
+		return nil, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	return rc, nil
+}
+
+// Create creates a container from spec.
+func (r *Runtime) Create(ctx context.Context, s task.ContainerSpec) (string, error) {
+	exposed := nat.PortSet{}
+	bindings := nat.PortMap{}
+	for _, p := range s.ExposedTCP {
+		port := nat.Port(strconv.Itoa(p) + "/tcp")
+		exposed[port] = struct{}{}
+		bindings[port] = []nat.PortBinding{{HostIP: "127.0.0.1"}}
+	}
+	cfg := &container.Config{
+		Image:        s.Image,
+		User:         s.User,
+		Entrypoint:   s.Entrypoint,
+		Cmd:          s.Cmd,
+		Env:          s.Env,
+		Labels:       s.Labels,
+		ExposedPorts: exposed,
+	}
+	init := s.Init
+	hc := &container.HostConfig{
+		NetworkMode:  container.NetworkMode(s.NetworkMode),
+		PortBindings: bindings,
+		Privileged:   s.Privileged,
+		Init:         &init,
+		Resources: container.Resources{
+			NanoCPUs: s.NanoCPUs,
+			Memory:   s.Memory,
+		},
+	}
+	if s.NetworkMode == "host" {
+		hc.PortBindings = nil
+	}
+	for _, b := range s.Binds {
+		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeBind, Source: b.Source, Target: b.Target, ReadOnly: b.ReadOnly})
+	}
+	if s.ShmSize > 0 {
+		hc.ShmSize = s.ShmSize
+		hc.Tmpfs = map[string]string{"/dev/shm": "rw,nosuid,nodev,exec,size=" + strconv.FormatInt(s.ShmSize, 10)}
+	}
+	for _, d := range s.Devices {
+		hc.Devices = append(hc.Devices, container.DeviceMapping{PathOnHost: d.Host, PathInContainer: d.Container, CgroupPermissions: d.Perms})
+	}
+	if s.MemlockUnlimited {
+		hc.Ulimits = append(hc.Ulimits, &container.Ulimit{Name: "memlock", Soft: -1, Hard: -1})
+	}
+	resp, err := r.c.ContainerCreate(ctx, cfg, hc, nil, nil, s.Name)
+	if err != nil {
+		return "", fmt.Errorf("create container %s: %w", s.Name, err)
+	}
+	return resp.ID, nil
+}
+
+// Start starts a container.
+func (r *Runtime) Start(ctx context.Context, id string) error {
+	if err := r.c.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+		return fmt.Errorf("start container %s: %w", short(id), err)
+	}
+	return nil
+}
+
+// Ports returns IPv4 TCP bindings.
+func (r *Runtime) Ports(ctx context.Context, id string) ([]api.PortMapping, error) {
+	ins, err := r.c.ContainerInspect(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("inspect container %s: %w", short(id), err)
+	}
+	out := []api.PortMapping{}
+	if ins.NetworkSettings == nil {
+		return out, nil
+	}
+	for port, binds := range ins.NetworkSettings.Ports {
+		if port.Proto() != "tcp" {
+			continue
+		}
+		for _, b := range binds {
+			if strings.Contains(b.HostIP, ":") {
+				continue // IPv6
+			}
+			hp, err := strconv.Atoi(b.HostPort)
+			if err != nil {
+				continue
+			}
+			out = append(out, api.PortMapping{Host: hp, Container: port.Int()})
+		}
+	}
+	slices.SortFunc(out, func(a, b api.PortMapping) int { return cmp.Or(a.Container-b.Container, a.Host-b.Host) })
+	return out, nil
+}
+
+// Wait waits until the container is not running.
+func (r *Runtime) Wait(ctx context.Context, id string) (int, error) {
+	okCh, errCh := r.c.ContainerWait(ctx, id, container.WaitConditionNotRunning)
+	select {
+	case res := <-okCh:
+		if res.Error != nil && res.Error.Message != "" {
+			return int(res.StatusCode), fmt.Errorf("wait container %s: %s", short(id), res.Error.Message)
+		}
+		return int(res.StatusCode), nil
+	case err := <-errCh:
+		return -1, fmt.Errorf("wait container %s: %w", short(id), err)
+	}
+}
+
+// Stop stops a container, killing it after timeout.
+func (r *Runtime) Stop(ctx context.Context, id string, timeout time.Duration) error {
+	secs := int(timeout / time.Second)
+	if err := r.c.ContainerStop(ctx, id, container.StopOptions{Timeout: &secs}); err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("stop container %s: %w", short(id), err)
+	}
+	return nil
+}
+
+// Remove force-removes a container with its anonymous volumes.
+func (r *Runtime) Remove(ctx context.Context, idOrName string) error {
+	err := r.c.ContainerRemove(ctx, idOrName, container.RemoveOptions{Force: true, RemoveVolumes: true})
+	if err != nil && !errdefs.IsNotFound(err) {
+		return fmt.Errorf("remove container %s: %w", short(idOrName), err)
+	}
+	return nil
+}
+
+// LogTail returns the last n lines of combined output.
+func (r *Runtime) LogTail(ctx context.Context, id string, n int) (string, error) {
+	rc, err := r.c.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: strconv.Itoa(n)})
+	if err != nil {
+		return "", fmt.Errorf("logs of %s: %w", short(id), err)
+	}
+	defer rc.Close()
+	var out bytes.Buffer
+	if _, err := stdcopy.StdCopy(&out, &out, io.LimitReader(rc, 1<<20)); err != nil && !errors.Is(err, io.EOF) {
+		return "", fmt.Errorf("logs of %s: %w", short(id), err)
+	}
+	return strings.TrimRight(strings.ReplaceAll(out.String(), "\r\n", "\n"), "\n"), nil
+}
+
+func short(id string) string {
+	if len(id) > 12 && !strings.ContainsAny(id, "-_.") {
+		return id[:12]
+	}
+	return id
+}

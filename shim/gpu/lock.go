@@ -1,0 +1,111 @@
+// Package gpu owns the host's GPUs as the shim sees them: what was found and
+// which task holds which one.
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// GPU is one detected accelerator.
+type GPU struct {
+	Vendor        api.GPUVendor
+	Name          string
+	MemoryMiB     int64
+	ID            string // resource id: NVIDIA UUID, AMD render node, ...
+	Index         int
+	DriverVersion string
+}
+
+// ErrNoCapacity is returned when fewer GPUs are free than requested.
+var ErrNoCapacity = errors.New("no capacity")
+
+// Locks is the GPU lock table. The order of IDs is the order GPUs were
+// found in, and allocation is deterministic: lowest free indices first.
+type Locks struct {
+	mu     sync.Mutex // guards holder
+	ids    []string
+	holder map[string]string // gpu id → task id ("" = free)
+}
+
+// NewLocks returns a table of the given GPU ids, all free.
+func NewLocks(ids []string) *Locks {
+	l := &Locks{ids: slices.Clone(ids), holder: make(map[string]string, len(ids))}
+	for _, id := range ids {
+		l.holder[id] = ""
+	}
+	return l
+}
+
+// Acquire locks GPUs for task: n > 0 exactly n (all or nothing), -1 all free
+// ones (possibly none). The result is never nil.
+func (l *Locks) Acquire(task string, n int) ([]string, error) {
+	if n == 0 || n < -1 {
+		return nil, fmt.Errorf("invalid GPU count %d", n)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	free := make([]string, 0, len(l.ids))
+	for _, id := range l.ids {
+		if l.holder[id] == "" {
+			free = append(free, id)
+		}
+	}
+	if n > 0 {
+		if len(free) < n {
+			return nil, fmt.Errorf("%w: %d GPUs requested, %d available", ErrNoCapacity, n, len(free))
+		}
+		free = free[:n]
+	}
+	for _, id := range free {
+		l.holder[id] = task
+	}
+	return free, nil
+}
+
+// Lock re-takes specific GPUs for task (restoring state); ids held by another
+// task are reported, unknown ids ignored.
+func (l *Locks) Lock(task string, ids []string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		h, ok := l.holder[id]
+		if !ok {
+			continue
+		}
+		if h != "" && h != task {
+			return fmt.Errorf("GPU %s is held by task %s", id, h)
+		}
+		l.holder[id] = task
+	}
+	return nil
+}
+
+// Release frees the GPUs task holds among ids. GPUs since given to another
+// task are left alone, so a late or repeated release cannot free them.
+func (l *Locks) Release(task string, ids []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		if l.holder[id] == task {
+			l.holder[id] = ""
+		}
+	}
+}
+
+// Free returns the number of unlocked GPUs.
+func (l *Locks) Free() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, h := range l.holder {
+		if h == "" {
+			n++
+		}
+	}
+	return n
+}

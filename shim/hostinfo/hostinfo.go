@@ -1,0 +1,87 @@
+// Package hostinfo collects the host facts of <shim home>/host_info.json,
+// which SSH-fleet onboarding reads to build the instance offer.
+package hostinfo
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/gpu"
+)
+
+// Collect gathers the facts. diskPath is a path on the filesystem holding
+// Docker's root dir.
+func Collect(gpus []gpu.GPU, diskPath string) (api.HostInfo, error) {
+	info := api.HostInfo{GPUVendor: api.GPUVendorNone, GPUCount: len(gpus), CPUs: runtime.NumCPU(), Addresses: []string{}}
+	if len(gpus) > 0 {
+		info.GPUVendor, info.GPUName, info.GPUMemory = gpus[0].Vendor, gpus[0].Name, api.MiB(gpus[0].MemoryMiB)
+	}
+	var si syscall.Sysinfo_t
+	if err := syscall.Sysinfo(&si); err != nil {
+		return info, fmt.Errorf("sysinfo: %w", err)
+	}
+	info.Memory = uint64(si.Totalram) * uint64(si.Unit)
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(diskPath, &st); err != nil {
+		return info, fmt.Errorf("statfs %s: %w", diskPath, err)
+	}
+	info.DiskSize = st.Bavail * uint64(st.Bsize)
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return info, fmt.Errorf("interfaces: %w", err)
+	}
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() {
+				info.Addresses = append(info.Addresses, ipn.String())
+			}
+		}
+	}
+	return info, nil
+}
+
+// WriteOnce writes info to path atomically unless the file exists (the
+// server deletes it when it wants a fresh one). It reports whether it wrote.
+func WriteOnce(path string, info api.HostInfo) (bool, error) {
+	if _, err := os.Stat(path); err == nil {
+		return false, nil
+	}
+	b, err := json.Marshal(info)
+	if err != nil {
+		return false, fmt.Errorf("encode host info: %w", err)
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".host_info-*")
+	if err != nil {
+		return false, fmt.Errorf("write host info: %w", err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, fmt.Errorf("write host info: %w", err)
+	}
+	if err := os.Chmod(f.Name(), 0o644); err != nil {
+		return false, fmt.Errorf("write host info: %w", err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return false, fmt.Errorf("write host info: %w", err)
+	}
+	return true, nil
+}

@@ -1,0 +1,241 @@
+// Package server is dstack-shim's HTTP API on echo. Handlers decode with the
+// shared rules, call the engine and components, and map errors to statuses
+// in one place (toHTTP).
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/httpapi"
+	"github.com/tandem-run/tandem/shim/component"
+	"github.com/tandem-run/tandem/shim/task"
+)
+
+// Tasks is what the API needs from the task engine.
+type Tasks interface {
+	Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error)
+	Get(id string) (api.TaskInfoResponse, error)
+	List() []api.TaskListItem
+	Terminate(ctx context.Context, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error)
+	Remove(ctx context.Context, id string) error
+}
+
+// Components is what the API needs from a component manager.
+type Components interface {
+	Info(ctx context.Context) api.ComponentInfo
+	StartInstall(ctx context.Context, url string, done func(error)) error
+}
+
+// Deps are the server's collaborators.
+type Deps struct {
+	Version      string
+	Tasks        Tasks
+	Runner, Shim Components
+	// InstallCtx is cancelled on shutdown, ending background installs.
+	InstallCtx   context.Context
+	InstanceInfo func() api.InstanceInfoResponse
+	// Health returns the DCGM health, nil when not available.
+	Health func(ctx context.Context) *api.DCGMHealth
+	// TaskMetrics returns the filtered exporter text; ok=false when there is
+	// no exporter.
+	TaskMetrics func(ctx context.Context, gpuIDs []string) (text string, ok bool, err error)
+	GPUIDs      func(id string) ([]string, error)
+	// Shutdown is called after the 200 is sent.
+	Shutdown func(force bool)
+	Log      *slog.Logger
+}
+
+// New returns the echo instance serving the shim API.
+func New(d Deps) *echo.Echo {
+	e := httpapi.NewEcho(d.Log)
+	s := &srv{d: d}
+	e.GET("/api/healthcheck", s.healthcheck)
+	e.POST("/api/shutdown", s.shutdown)
+	e.GET("/api/instance/health", s.instanceHealth)
+	e.GET("/api/instance/info", s.instanceInfo)
+	e.GET("/api/components", s.components)
+	e.POST("/api/components/install", s.install)
+	e.GET("/api/tasks", s.listTasks)
+	e.POST("/api/tasks", s.submit)
+	e.GET("/api/tasks/:id", s.getTask)
+	e.POST("/api/tasks/:id/terminate", s.terminate)
+	e.POST("/api/tasks/:id/remove", s.remove)
+	e.GET("/metrics/tasks/:id", s.metrics)
+	return e
+}
+
+type srv struct{ d Deps }
+
+// toHTTP maps engine and component errors to API errors.
+func toHTTP(err error) error {
+	var stopErr *task.StopError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, task.ErrNotFound):
+		return httpapi.Errorf(http.StatusNotFound, "Not Found")
+	case errors.Is(err, task.ErrInvalid):
+		return &httpapi.Error{Status: http.StatusBadRequest, Message: trimClass(err, task.ErrInvalid)}
+	case errors.Is(err, task.ErrConflict):
+		return &httpapi.Error{Status: http.StatusConflict, Message: err.Error()}
+	case errors.As(err, &stopErr):
+		return &httpapi.Error{Status: http.StatusInternalServerError, Message: "internal error: " + err.Error(), Err: err}
+	case errors.Is(err, component.ErrInstalling):
+		return httpapi.Errorf(http.StatusConflict, "already installing")
+	case errors.Is(err, component.ErrBackoff):
+		return &httpapi.Error{Status: http.StatusConflict, Message: err.Error()}
+	}
+	return &httpapi.Error{Status: http.StatusInternalServerError, Message: "internal error: " + err.Error(), Err: err}
+}
+
+// trimClass drops the "invalid task: " prefix: dstack's texts are bare.
+func trimClass(err, class error) string {
+	msg, prefix := err.Error(), class.Error()+": "
+	if len(msg) > len(prefix) && msg[:len(prefix)] == prefix {
+		return msg[len(prefix):]
+	}
+	return msg
+}
+
+func (s *srv) healthcheck(c echo.Context) error {
+	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceShim, Version: s.d.Version})
+}
+
+func (s *srv) shutdown(c echo.Context) error {
+	var req api.ShutdownRequest
+	if err := httpapi.Bind(c, &req); err != nil {
+		return err
+	}
+	if err := httpapi.OK(c); err != nil {
+		return err
+	}
+	c.Response().Flush()
+	if s.d.Shutdown != nil {
+		go s.d.Shutdown(req.Force)
+	}
+	return nil
+}
+
+func (s *srv) instanceHealth(c echo.Context) error {
+	var h *api.DCGMHealth
+	if s.d.Health != nil {
+		h = s.d.Health(c.Request().Context())
+	}
+	return httpapi.JSON(c, api.InstanceHealthResponse{DCGM: h})
+}
+
+func (s *srv) instanceInfo(c echo.Context) error {
+	var info api.InstanceInfoResponse
+	if s.d.InstanceInfo != nil {
+		info = s.d.InstanceInfo()
+	}
+	return httpapi.JSON(c, info)
+}
+
+func (s *srv) components(c echo.Context) error {
+	ctx := c.Request().Context()
+	return httpapi.JSON(c, api.ComponentListResponse{Components: []api.ComponentInfo{s.d.Runner.Info(ctx), s.d.Shim.Info(ctx)}})
+}
+
+func (s *srv) install(c echo.Context) error {
+	var req api.ComponentInstallRequest
+	if err := httpapi.Bind(c, &req); err != nil {
+		return err
+	}
+	var m Components
+	switch {
+	case req.Name == "":
+		return httpapi.Errorf(http.StatusBadRequest, "empty name")
+	case req.Name == api.ComponentRunner:
+		m = s.d.Runner
+	case req.Name == api.ComponentShim:
+		m = s.d.Shim
+	default:
+		return httpapi.Errorf(http.StatusBadRequest, "unknown component")
+	}
+	if req.URL == "" {
+		return httpapi.Errorf(http.StatusBadRequest, "empty url")
+	}
+	ctx := s.d.InstallCtx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := m.StartInstall(ctx, req.URL, nil); err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.OK(c)
+}
+
+func (s *srv) listTasks(c echo.Context) error {
+	return httpapi.JSON(c, api.TaskListResponse{Tasks: s.d.Tasks.List()})
+}
+
+func (s *srv) submit(c echo.Context) error {
+	var cfg api.TaskConfig
+	if err := httpapi.Bind(c, &cfg); err != nil {
+		return err
+	}
+	info, err := s.d.Tasks.Submit(cfg)
+	if err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.JSON(c, info.SubmitResponse())
+}
+
+func (s *srv) getTask(c echo.Context) error {
+	info, err := s.d.Tasks.Get(c.Param("id"))
+	if err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.JSON(c, info)
+}
+
+func (s *srv) terminate(c echo.Context) error {
+	var req api.TaskTerminateRequest
+	if err := httpapi.Bind(c, &req); err != nil {
+		return err
+	}
+	if req.TerminationReason != "" && !req.TerminationReason.Valid() {
+		return httpapi.Errorf(http.StatusBadRequest, "unknown termination_reason %q", req.TerminationReason)
+	}
+	info, err := s.d.Tasks.Terminate(c.Request().Context(), c.Param("id"), req)
+	if err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.JSON(c, info)
+}
+
+func (s *srv) remove(c echo.Context) error {
+	if err := s.d.Tasks.Remove(c.Request().Context(), c.Param("id")); err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.OK(c)
+}
+
+func (s *srv) metrics(c echo.Context) error {
+	if s.d.TaskMetrics == nil {
+		return httpapi.Errorf(http.StatusNotFound, "DCGM Exporter is not available")
+	}
+	ids, err := s.d.GPUIDs(c.Param("id"))
+	if err != nil {
+		if errors.Is(err, task.ErrNotFound) {
+			return httpapi.Errorf(http.StatusNotFound, "Task not found")
+		}
+		return toHTTP(err)
+	}
+	text, ok, err := s.d.TaskMetrics(c.Request().Context(), ids)
+	switch {
+	case !ok:
+		return httpapi.Errorf(http.StatusNotFound, "DCGM Exporter is not available")
+	case err != nil:
+		return &httpapi.Error{Status: http.StatusBadGateway, Message: fmt.Sprint(err), Err: err}
+	}
+	return c.Blob(http.StatusOK, "text/plain; charset=utf-8", []byte(text))
+}

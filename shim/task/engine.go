@@ -1,0 +1,739 @@
+// Package task owns the shim's tasks: their records and state machine, the
+// start pipeline that turns a task config into a running container, and
+// terminate/remove. HTTP lives elsewhere; this package speaks api types.
+package task
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/distribution/reference"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/gpu"
+	"github.com/tandem-run/tandem/shim/pull"
+)
+
+// Error classes; the HTTP layer maps them to statuses.
+var (
+	ErrNotFound = errors.New("task not found")
+	ErrConflict = errors.New("request error")
+	ErrInvalid  = errors.New("invalid task")
+)
+
+// Labels put on every task container (dstack's, used for recovery).
+const (
+	LabelIsTask = "ai.dstack.shim.is-task"
+	LabelTaskID = "ai.dstack.shim.task-id"
+)
+
+// Paths inside the container.
+const (
+	RunnerDirInContainer    = "/tmp/runner"
+	RunnerBinaryInContainer = "/usr/local/bin/dstack-runner"
+)
+
+// KeyEditor adds and removes a task's keys in a host user's authorized_keys.
+type KeyEditor interface {
+	Add(username, taskID string, keys []string) error
+	Remove(username, taskID string) error
+}
+
+// Config is how the engine runs tasks.
+type Config struct {
+	Home              string // shim home; runner dirs live in <home>/runners
+	RunnerBinary      string // host path bind-mounted into every container
+	RunnerHTTPPort    int
+	RunnerSSHPort     int
+	RunnerLogLevel    string
+	RunnerSSHLogLevel string
+	Env               []string // pass-env values and PJRT_DEVICE, as NAME=value
+	Privileged        bool
+	VolumesRoot       string // where network volumes are mounted
+	InfinibandPath    string // "/dev/infiniband"; passed through when it exists
+	PullStallTimeout  time.Duration
+	PullTimeout       time.Duration
+	// TerminateWait bounds how long terminate waits for the pipeline to wind
+	// down after the container stopped or a pre-run stage was cancelled.
+	TerminateWait time.Duration
+}
+
+// Engine runs tasks.
+type Engine struct {
+	cfg  Config
+	rt   Runtime
+	gpus *gpu.Locks
+	keys KeyEditor
+	log  *slog.Logger
+	now  func() time.Time
+
+	mu    sync.RWMutex // guards tasks and every task's record fields
+	tasks map[string]*task
+	wg    sync.WaitGroup // pipelines
+}
+
+// task is one task. Record fields are guarded by Engine.mu; op serializes
+// terminate and remove of this task (they wait, never crash, on each other).
+type task struct {
+	op sync.Mutex
+
+	cfg       api.TaskConfig
+	status    api.TaskStatus
+	reason    api.TerminationReason
+	message   string
+	name      string // container name
+	contID    string
+	ports     []api.PortMapping
+	gpuIDs    []string
+	tracker   *pull.Tracker
+	stopReq   *api.TaskTerminateRequest // set by terminate
+	cancelPre context.CancelFunc        // aborts stages before running
+	done      chan struct{}             // closed when the pipeline ended
+}
+
+// New returns an engine. gpus may hold no GPUs; keys may be nil when no
+// task asks for host keys.
+func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logger) *Engine {
+	if cfg.TerminateWait == 0 {
+		cfg.TerminateWait = 30 * time.Second
+	}
+	if cfg.PullStallTimeout == 0 {
+		cfg.PullStallTimeout = 2 * time.Minute
+	}
+	if cfg.VolumesRoot == "" {
+		cfg.VolumesRoot = "/mnt/disks/dstack-volumes"
+	}
+	if cfg.InfinibandPath == "" {
+		cfg.InfinibandPath = "/dev/infiniband"
+	}
+	return &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
+}
+
+// ContainerName is dstack's deterministic name: <name>-<8 hex of sha256(name/id)>.
+func ContainerName(name, id string) string {
+	sum := sha256.Sum256([]byte(name + "/" + id))
+	return name + "-" + hex.EncodeToString(sum[:])[:8]
+}
+
+// normalize fills dstack's defaults so that equal requests compare equal.
+func normalize(c api.TaskConfig) api.TaskConfig {
+	if c.ContainerUser == "" {
+		c.ContainerUser = "root"
+	}
+	if c.NetworkMode == "" {
+		c.NetworkMode = "host"
+	}
+	emptyNil := func(v any) {
+		rv := reflect.ValueOf(v).Elem()
+		if rv.Len() == 0 {
+			rv.Set(reflect.Zero(rv.Type()))
+		}
+	}
+	emptyNil(&c.Volumes)
+	emptyNil(&c.VolumeMounts)
+	emptyNil(&c.InstanceMounts)
+	emptyNil(&c.GPUDevices)
+	emptyNil(&c.HostSSHKeys)
+	emptyNil(&c.ContainerSSHKeys)
+	return c
+}
+
+func validate(c api.TaskConfig) error {
+	switch {
+	case c.ID == "":
+		return fmt.Errorf("%w: empty id", ErrInvalid)
+	case c.Name == "":
+		return fmt.Errorf("%w: empty name", ErrInvalid)
+	case c.ImageName == "":
+		return fmt.Errorf("%w: empty image_name", ErrInvalid)
+	case c.GPU < -1:
+		return fmt.Errorf("%w: gpu must be -1, 0 or a positive count, got %d", ErrInvalid, c.GPU)
+	case c.CPU < 0 || c.Memory < 0 || c.ShmSize < 0:
+		return fmt.Errorf("%w: cpu, memory and shm_size must not be negative", ErrInvalid)
+	case strings.ContainsAny(c.Name, "/ \t\n"):
+		return fmt.Errorf("%w: name %q is not a valid container name", ErrInvalid, c.Name)
+	}
+	return nil
+}
+
+// Submit stores the task as pending and starts its pipeline. Re-submitting
+// the same config under the same id is idempotent; a different one conflicts.
+func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
+	if err := validate(cfg); err != nil {
+		return api.TaskInfoResponse{}, err
+	}
+	cfg = normalize(cfg)
+	e.mu.Lock()
+	if t, ok := e.tasks[cfg.ID]; ok {
+		same := reflect.DeepEqual(t.cfg, cfg)
+		info := e.infoLocked(t)
+		e.mu.Unlock()
+		if same {
+			return info, nil
+		}
+		return api.TaskInfoResponse{}, fmt.Errorf("%w: task %s is already submitted", ErrConflict, cfg.ID)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &task{
+		cfg:       cfg,
+		status:    api.TaskPending,
+		name:      ContainerName(cfg.Name, cfg.ID),
+		tracker:   pull.NewTracker(e.now),
+		cancelPre: cancel,
+		done:      make(chan struct{}),
+	}
+	e.tasks[cfg.ID] = t
+	info := e.infoLocked(t)
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer e.wg.Done()
+		e.run(ctx, t)
+	}()
+	return info, nil
+}
+
+// Get returns one task.
+func (e *Engine) Get(id string) (api.TaskInfoResponse, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	t, ok := e.tasks[id]
+	if !ok {
+		return api.TaskInfoResponse{}, ErrNotFound
+	}
+	return e.infoLocked(t), nil
+}
+
+// List returns all tasks, sorted by id.
+func (e *Engine) List() []api.TaskListItem {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	out := make([]api.TaskListItem, 0, len(e.tasks))
+	for id, t := range e.tasks {
+		out = append(out, api.TaskListItem{ID: id, Status: t.status})
+	}
+	slices.SortFunc(out, func(a, b api.TaskListItem) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// GPUIDs returns the GPUs a task holds (for metrics filtering).
+func (e *Engine) GPUIDs(id string) ([]string, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	t, ok := e.tasks[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return slices.Clone(t.gpuIDs), nil
+}
+
+func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
+	info := api.TaskInfoResponse{
+		ID:                 t.cfg.ID,
+		Status:             t.status,
+		TerminationReason:  t.reason,
+		TerminationMessage: t.message,
+		Ports:              slices.Clone(t.ports),
+		ContainerName:      t.name,
+		ContainerID:        t.contID,
+		GPUIDs:             slices.Clone(t.gpuIDs),
+	}
+	if t.ports != nil && info.Ports == nil {
+		info.Ports = []api.PortMapping{}
+	}
+	if t.gpuIDs != nil && info.GPUIDs == nil {
+		info.GPUIDs = []string{}
+	}
+	if t.status != api.TaskPending && t.status != api.TaskPreparing {
+		info.ImagePullProgress = t.tracker.Progress()
+	}
+	return info
+}
+
+// errTransition means the task moved on (terminated) under the pipeline.
+var errTransition = errors.New("status transition rejected")
+
+// commit moves t to next, applying update under the lock.
+func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !t.status.CanTransitionTo(next) {
+		return fmt.Errorf("%w: %s -> %s", errTransition, t.status, next)
+	}
+	// A pending terminate blocks every step forward: the pipeline winds down.
+	if t.stopReq != nil && next != api.TaskTerminated {
+		return fmt.Errorf("%w: terminate requested", errTransition)
+	}
+	if update != nil {
+		update()
+	}
+	t.status = next
+	return nil
+}
+
+// finish commits terminated. A reason already recorded wins; a terminate
+// request's reason beats the pipeline's; never an empty reason.
+func (e *Engine) finish(t *task, reason api.TerminationReason, msg string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if t.status == api.TaskTerminated && t.reason != "" {
+		return
+	}
+	if t.stopReq != nil {
+		reason, msg = t.stopReq.TerminationReason, t.stopReq.TerminationMessage
+		if !reason.Valid() {
+			reason = api.ReasonTerminatedByServer
+		}
+	}
+	if !reason.Valid() {
+		reason = api.ReasonExecutorError
+	}
+	t.status, t.reason, t.message = api.TaskTerminated, reason, msg
+}
+
+func (e *Engine) runnerDir(t *task) string {
+	return filepath.Join(e.cfg.Home, "runners", t.name)
+}
+
+// failure is how a pipeline stage ends a task.
+type failure struct {
+	reason api.TerminationReason
+	msg    string
+}
+
+// run is the start pipeline of one task; it returns when the task ended and
+// its host resources are released.
+func (e *Engine) run(ctx context.Context, t *task) {
+	log := e.log.With("task_id", t.cfg.ID, "container", t.name)
+	defer close(t.done)
+	defer t.cancelPre()
+	var cleanups []func()
+	defer func() {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+	}()
+	// Cleanups run before the terminal commit so that a terminated task
+	// never still holds GPUs, keys or mounts.
+	end := func(f failure) {
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+		cleanups = nil
+		e.finish(t, f.reason, f.msg)
+		log.Info("task terminated", "reason", f.reason, "message", f.msg)
+	}
+	f := e.start(ctx, t, log, &cleanups)
+	if f != nil {
+		end(*f)
+		return
+	}
+	// Running: wait for the container to exit, whoever stops it.
+	code, err := e.rt.Wait(context.WithoutCancel(ctx), t.contID)
+	switch {
+	case err != nil:
+		end(failure{api.ReasonContainerExitedWithError, err.Error()})
+	case code == 0:
+		end(failure{api.ReasonDoneByRunner, ""})
+	default:
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		tailText, lerr := e.rt.LogTail(lctx, t.contID, 5)
+		cancel()
+		if lerr != nil {
+			log.Warn("read container log tail", "err", lerr)
+		}
+		if tailText == "" {
+			tailText = fmt.Sprintf("container exited with code %d", code)
+		}
+		end(failure{api.ReasonContainerExitedWithError, tailText})
+	}
+}
+
+// start runs the stages up to a running container. A nil result means the
+// container runs; cleanups collects what must be undone when the task ends.
+func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups *[]func()) *failure {
+	fail := func(reason api.TerminationReason, format string, args ...any) *failure {
+		return &failure{reason, fmt.Sprintf(format, args...)}
+	}
+	aborted := func() *failure {
+		return fail(api.ReasonTerminatedByServer, "terminated before start")
+	}
+	cfg := t.cfg
+	if err := e.commit(t, api.TaskPreparing, nil); err != nil {
+		return aborted()
+	}
+	dir := e.runnerDir(t)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)
+	}
+
+	gpuIDs := []string{}
+	if cfg.GPU != 0 {
+		ids, err := e.gpus.Acquire(cfg.ID, cfg.GPU)
+		if err != nil {
+			return fail(api.ReasonExecutorError, "%v", err)
+		}
+		gpuIDs = ids
+		*cleanups = append(*cleanups, func() { e.gpus.Release(cfg.ID, ids) })
+	}
+	e.mu.Lock()
+	t.gpuIDs = gpuIDs
+	e.mu.Unlock()
+
+	if len(cfg.HostSSHKeys) > 0 && cfg.HostSSHUser != "" {
+		if e.keys == nil {
+			return fail(api.ReasonExecutorError, "host keys error: no authorized_keys editor")
+		}
+		if err := e.keys.Add(cfg.HostSSHUser, cfg.ID, cfg.HostSSHKeys); err != nil {
+			return fail(api.ReasonExecutorError, "host keys error: %v", err)
+		}
+		*cleanups = append(*cleanups, func() {
+			if err := e.keys.Remove(cfg.HostSSHUser, cfg.ID); err != nil {
+				log.Error("remove host keys", "err", err)
+			}
+		})
+	}
+	if len(cfg.Volumes) > 0 {
+		names := make([]string, 0, len(cfg.Volumes))
+		for _, v := range cfg.Volumes {
+			names = append(names, v.Name)
+		}
+		return fail(api.ReasonExecutorError, "prepareVolumes error: network volumes (%s) are not supported by this shim yet", strings.Join(names, ", "))
+	}
+	if err := e.prepareInstanceMounts(cfg.InstanceMounts); err != nil {
+		return fail(api.ReasonExecutorError, "prepareInstanceMountPoints error: %v", err)
+	}
+	if ctx.Err() != nil {
+		return aborted()
+	}
+
+	if err := e.commit(t, api.TaskPulling, nil); err != nil {
+		return aborted()
+	}
+	if err := e.pullImage(ctx, t, dir, log); err != nil {
+		if ctx.Err() != nil {
+			return aborted()
+		}
+		return fail(api.ReasonCreatingContainerError, "pullImage error: %v", err)
+	}
+
+	if err := e.commit(t, api.TaskCreating, nil); err != nil {
+		return aborted()
+	}
+	spec := e.containerSpec(t, dir, gpuIDs)
+	// Create must not be cut off halfway by a terminate: we want the id, so
+	// that remove can find what Docker made.
+	id, err := e.rt.Create(context.WithoutCancel(ctx), spec)
+	if err != nil {
+		return fail(api.ReasonCreatingContainerError, "createContainer error: %v", err)
+	}
+	e.mu.Lock()
+	t.contID = id
+	e.mu.Unlock()
+	if ctx.Err() != nil {
+		return aborted()
+	}
+	if err := e.rt.Start(context.WithoutCancel(ctx), id); err != nil {
+		return fail(api.ReasonCreatingContainerError, "startContainer error: %v", err)
+	}
+	ports := []api.PortMapping{}
+	if cfg.NetworkMode != "host" {
+		ports, err = e.rt.Ports(context.WithoutCancel(ctx), id)
+		if err != nil {
+			log.Error("discover ports", "err", err)
+			ports = []api.PortMapping{}
+		}
+	}
+	if err := e.commit(t, api.TaskRunning, func() { t.ports = ports }); err != nil {
+		// Terminated while we were starting it: do not leave it running.
+		_ = e.rt.Stop(context.WithoutCancel(ctx), id, 0)
+		return aborted()
+	}
+	log.Info("task running", "container_id", id, "ports", ports, "gpus", gpuIDs)
+	return nil
+}
+
+func (e *Engine) prepareInstanceMounts(mounts []api.InstanceMountPoint) error {
+	for _, m := range mounts {
+		if !filepath.IsAbs(m.InstancePath) || !filepath.IsAbs(m.Path) {
+			return fmt.Errorf("instance mount %q -> %q: paths must be absolute", m.InstancePath, m.Path)
+		}
+		clean := filepath.Clean(m.InstancePath)
+		home := filepath.Clean(e.cfg.Home)
+		if clean == home || strings.HasPrefix(clean, home+string(filepath.Separator)) {
+			return fmt.Errorf("instance mount %q: paths under the shim home are not allowed", m.InstancePath)
+		}
+		if _, err := os.Stat(clean); os.IsNotExist(err) {
+			if err := os.MkdirAll(clean, 0o755); err != nil {
+				return fmt.Errorf("create %s: %w", clean, err)
+			}
+			if err := os.Chmod(clean, 0o777); err != nil {
+				return fmt.Errorf("chmod %s: %w", clean, err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("stat %s: %w", clean, err)
+		}
+	}
+	return nil
+}
+
+// imageRef normalizes ref and says whether a local copy may be used as is:
+// a tag other than latest, or a digest.
+func imageRef(ref string) (string, bool, error) {
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return "", false, fmt.Errorf("image %q: %w", ref, err)
+	}
+	named = reference.TagNameOnly(named)
+	if _, ok := named.(reference.Digested); ok {
+		return reference.FamiliarString(named), true, nil
+	}
+	tagged, _ := named.(reference.Tagged)
+	return reference.FamiliarString(named), tagged != nil && tagged.Tag() != "latest", nil
+}
+
+func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.Logger) error {
+	ref, reuse, err := imageRef(t.cfg.ImageName)
+	if err != nil {
+		return err
+	}
+	if reuse {
+		present, err := e.rt.ImagePresent(ctx, ref)
+		if err != nil {
+			return err
+		}
+		if present {
+			log.Debug("image present, not pulling", "image", ref)
+			return nil
+		}
+	}
+	var auth RegistryAuth
+	if t.cfg.RegistryUsername != "" || t.cfg.RegistryPassword != "" {
+		auth = RegistryAuth{Username: t.cfg.RegistryUsername, Password: t.cfg.RegistryPassword}
+		if named, err := reference.ParseNormalizedNamed(ref); err == nil {
+			auth.ServerAddress = reference.Domain(named)
+		}
+	}
+	pctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if e.cfg.PullTimeout > 0 {
+		var c2 context.CancelFunc
+		pctx, c2 = context.WithTimeoutCause(pctx, e.cfg.PullTimeout, fmt.Errorf("pull exceeded %s", e.cfg.PullTimeout))
+		defer c2()
+	}
+	tracker := t.tracker
+	// Stall watchdog: no byte moved for PullStallTimeout → give up.
+	go func() {
+		tick := time.NewTicker(min(e.cfg.PullStallTimeout/4, 5*time.Second))
+		defer tick.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-tick.C:
+				if d := tracker.SinceProgress(); d >= e.cfg.PullStallTimeout {
+					cancel(fmt.Errorf("no progress for %s", d.Round(time.Second)))
+					return
+				}
+			}
+		}
+	}()
+	logFile, err := os.Create(filepath.Join(dir, "pull.log"))
+	if err != nil {
+		return fmt.Errorf("pull log: %w", err)
+	}
+	defer logFile.Close()
+	rc, err := e.rt.Pull(pctx, ref, auth)
+	if err != nil {
+		if cause := context.Cause(pctx); cause != nil {
+			return fmt.Errorf("image pull interrupted: %s: %w", tracker.Summary(), cause)
+		}
+		return err
+	}
+	ferr := tracker.Feed(rc, logFile)
+	rc.Close()
+	if cause := context.Cause(pctx); cause != nil {
+		return fmt.Errorf("image pull interrupted: %s: %w", tracker.Summary(), cause)
+	}
+	if ferr != nil {
+		return fmt.Errorf("failed pulling %s: %s, errors: [%v]", ref, tracker.Summary(), ferr)
+	}
+	// Success is the image being there, not a particular status line (#2503).
+	present, err := e.rt.ImagePresent(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if !present {
+		return fmt.Errorf("failed pulling %s: the pull ended but the image is not in the local store", ref)
+	}
+	return nil
+}
+
+func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSpec {
+	cfg := t.cfg
+	cmd := []string{"--log-level", e.cfg.RunnerLogLevel, "start",
+		"--temp-dir", RunnerDirInContainer,
+		"--http-port", strconv.Itoa(e.cfg.RunnerHTTPPort),
+		"--ssh-port", strconv.Itoa(e.cfg.RunnerSSHPort)}
+	if cfg.NetworkMode == "host" {
+		cmd = append(cmd, "--http-address", "localhost")
+	}
+	for _, k := range cfg.ContainerSSHKeys {
+		cmd = append(cmd, "--ssh-authorized-key", k)
+	}
+	if e.cfg.RunnerSSHLogLevel != "" {
+		cmd = append(cmd, "--ssh-log-level", e.cfg.RunnerSSHLogLevel)
+	}
+	binds := []Bind{
+		{Source: dir, Target: RunnerDirInContainer},
+		{Source: e.cfg.RunnerBinary, Target: RunnerBinaryInContainer, ReadOnly: true},
+	}
+	for _, v := range cfg.VolumeMounts {
+		binds = append(binds, Bind{Source: filepath.Join(e.cfg.VolumesRoot, v.Name), Target: v.Path})
+	}
+	for _, m := range cfg.InstanceMounts {
+		binds = append(binds, Bind{Source: filepath.Clean(m.InstancePath), Target: m.Path})
+	}
+	spec := ContainerSpec{
+		Name:        t.name,
+		Image:       cfg.ImageName,
+		User:        cfg.ContainerUser,
+		Entrypoint:  []string{RunnerBinaryInContainer},
+		Cmd:         cmd,
+		Env:         slices.Clone(e.cfg.Env),
+		Labels:      map[string]string{LabelIsTask: "true", LabelTaskID: cfg.ID},
+		NetworkMode: cfg.NetworkMode,
+		Privileged:  cfg.Privileged || e.cfg.Privileged,
+		ExposedTCP:  []int{e.cfg.RunnerHTTPPort, e.cfg.RunnerSSHPort},
+		Binds:       binds,
+		ShmSize:     cfg.ShmSize,
+		NanoCPUs:    int64(cfg.CPU * 1e9),
+		Memory:      cfg.Memory,
+		Init:        true,
+	}
+	if len(gpuIDs) > 0 {
+		for _, d := range cfg.GPUDevices {
+			spec.Devices = append(spec.Devices, Device{Host: d.PathOnHost, Container: d.PathInContainer, Perms: "rwm"})
+		}
+	}
+	if _, err := os.Stat(e.cfg.InfinibandPath); !os.IsNotExist(err) {
+		spec.Devices = append(spec.Devices, Device{Host: e.cfg.InfinibandPath, Container: "/dev/infiniband", Perms: "rwm"})
+		spec.MemlockUnlimited = true
+	}
+	return spec
+}
+
+// StopError is a failure to stop a running container (HTTP 500).
+type StopError struct{ Err error }
+
+func (e *StopError) Error() string { return "failed to stop container: " + e.Err.Error() }
+func (e *StopError) Unwrap() error { return e.Err }
+
+// Terminate stops a task. It returns once the task is terminated and its
+// resources released (or after TerminateWait if the pipeline is stuck).
+// Terminating a terminated task keeps its first reason.
+func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error) {
+	t, err := e.lockOp(id)
+	if err != nil {
+		return api.TaskInfoResponse{}, err
+	}
+	defer t.op.Unlock()
+
+	e.mu.Lock()
+	if t.status == api.TaskTerminated {
+		info := e.infoLocked(t)
+		e.mu.Unlock()
+		return info, nil
+	}
+	if t.stopReq == nil {
+		r := req
+		t.stopReq = &r
+	}
+	status, contID := t.status, t.contID
+	e.mu.Unlock()
+
+	t.cancelPre()
+	if status == api.TaskRunning && contID != "" {
+		if err := e.rt.Stop(ctx, contID, time.Duration(req.Timeout)*time.Second); err != nil {
+			return api.TaskInfoResponse{}, &StopError{Err: err}
+		}
+	}
+	select {
+	case <-t.done:
+	case <-time.After(time.Duration(req.Timeout)*time.Second + e.cfg.TerminateWait):
+		e.log.Warn("pipeline did not wind down in time; marking terminated", "task_id", id)
+		e.finish(t, req.TerminationReason, req.TerminationMessage)
+	case <-ctx.Done():
+		return api.TaskInfoResponse{}, ctx.Err()
+	}
+	return e.Get(id)
+}
+
+// Remove forgets a terminated task, removing its container and runner dir.
+func (e *Engine) Remove(ctx context.Context, id string) error {
+	t, err := e.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer t.op.Unlock()
+	e.mu.RLock()
+	status := t.status
+	e.mu.RUnlock()
+	if status != api.TaskTerminated {
+		return fmt.Errorf("%w: cannot remove task %s with %s status", ErrConflict, id, status)
+	}
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(e.cfg.TerminateWait):
+		e.log.Warn("removing a task whose pipeline is still winding down", "task_id", id)
+	}
+	// By name: it also finds a container whose id was never recorded.
+	if err := e.rt.Remove(ctx, t.name); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(e.runnerDir(t)); err != nil {
+		return fmt.Errorf("remove runner dir: %w", err)
+	}
+	e.mu.Lock()
+	delete(e.tasks, id)
+	e.mu.Unlock()
+	return nil
+}
+
+// lockOp takes the task's op lock, then checks the task still exists (a
+// concurrent remove may have won the lock first).
+func (e *Engine) lockOp(id string) (*task, error) {
+	e.mu.RLock()
+	t, ok := e.tasks[id]
+	e.mu.RUnlock()
+	if !ok {
+		return nil, ErrNotFound
+	}
+	t.op.Lock()
+	e.mu.RLock()
+	cur, ok := e.tasks[id]
+	e.mu.RUnlock()
+	if !ok || cur != t {
+		t.op.Unlock()
+		return nil, ErrNotFound
+	}
+	return t, nil
+}
+
+// Wait blocks until every pipeline has returned (for tests and shutdown of
+// tests; the shim itself never stops containers on exit).
+func (e *Engine) Wait() { e.wg.Wait() }

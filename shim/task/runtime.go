@@ -1,0 +1,73 @@
+package task
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// Runtime is what the engine needs from the container engine. shim/dockerrt
+// implements it on Docker; tests may use anything that behaves the same.
+type Runtime interface {
+	// ImagePresent reports whether ref is in the local image store.
+	ImagePresent(ctx context.Context, ref string) (bool, error)
+	// Pull starts pulling ref and returns Docker's JSON progress stream.
+	Pull(ctx context.Context, ref string, auth RegistryAuth) (io.ReadCloser, error)
+	// Create creates (does not start) a container and returns its id.
+	Create(ctx context.Context, spec ContainerSpec) (string, error)
+	// Start starts a created container.
+	Start(ctx context.Context, id string) error
+	// Ports returns the IPv4 TCP port mappings of a started container.
+	Ports(ctx context.Context, id string) ([]api.PortMapping, error)
+	// Wait blocks until the container is not running and returns its exit code.
+	Wait(ctx context.Context, id string) (int, error)
+	// Stop signals the container and kills it after timeout.
+	Stop(ctx context.Context, id string, timeout time.Duration) error
+	// Remove force-removes a container and its anonymous volumes; a missing
+	// container is not an error.
+	Remove(ctx context.Context, idOrName string) error
+	// LogTail returns the last n lines of the container's output.
+	LogTail(ctx context.Context, id string, n int) (string, error)
+}
+
+// RegistryAuth are credentials for a private registry.
+type RegistryAuth struct {
+	Username, Password, ServerAddress string
+}
+
+// ContainerSpec is a container, in the engine's words.
+type ContainerSpec struct {
+	Name        string
+	Image       string
+	User        string
+	Entrypoint  []string
+	Cmd         []string
+	Env         []string
+	Labels      map[string]string
+	NetworkMode string
+	Privileged  bool
+	// ExposedTCP ports are published on 127.0.0.1 with ephemeral host ports
+	// (Docker ignores publishing in host network mode).
+	ExposedTCP       []int
+	Binds            []Bind
+	ShmSize          int64 // >0: /dev/shm is an exec tmpfs of this size
+	NanoCPUs         int64
+	Memory           int64
+	Devices          []Device
+	MemlockUnlimited bool
+	// Init runs the command under Docker's init, so SIGTERM reaches it.
+	Init bool
+}
+
+// Bind is a bind mount.
+type Bind struct {
+	Source, Target string
+	ReadOnly       bool
+}
+
+// Device is a device node mapping.
+type Device struct {
+	Host, Container, Perms string
+}
