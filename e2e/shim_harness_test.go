@@ -1,0 +1,177 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/shimclient"
+	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/shim/task"
+)
+
+// runnerScript makes a stand-in for dstack-runner: a shell script that the
+// shim probes and bind-mounts like the real one, running body in the task
+// container. Shim behaviour does not depend on what the runner does.
+func runnerScript(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "dstack-runner")
+	script := "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo \"dstack-runner version 0.0.0+stand.in\"; exit 0; fi\n" + body + "\n"
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+type shimHarness struct {
+	t      *testing.T
+	home   string
+	image  string
+	client *shimclient.Client
+	names  []string
+}
+
+// startShim runs the real dstack-shim binary with a temporary home.
+func startShim(t *testing.T, runner string, env []string, args ...string) *shimHarness {
+	t.Helper()
+	bins := testenv.Binaries(t)
+	img := testenv.Busybox(t)
+	home := t.TempDir()
+	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	argv := append([]string{"--shim-home", home, "--shim-http-port", port, "--runner-binary-path", runner, "--shim-log-level", "debug"}, args...)
+	cmd := exec.Command(bins.Shim, argv...)
+	cmd.Env = append(os.Environ(), env...)
+	logf, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := shimclient.New("127.0.0.1:" + port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &shimHarness{t: t, home: home, image: img, client: c}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logf.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, n := range h.names {
+			_, _ = testenv.Docker(ctx, "rm", "-f", "-v", n)
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logf.Name())
+			t.Logf("shim log:\n%s", b)
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := c.Healthcheck(context.Background()); err == nil {
+			return h
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(logf.Name())
+			t.Fatalf("shim did not answer: %s", b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func randomID(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + "-" + hex.EncodeToString(b)
+}
+
+// submit fills id, name and image when empty and submits.
+func (h *shimHarness) submit(cfg api.TaskConfig) api.TaskConfig {
+	h.t.Helper()
+	if cfg.ID == "" {
+		cfg.ID = randomID("task")
+	}
+	if cfg.Name == "" {
+		cfg.Name = randomID("e2e")
+	}
+	if cfg.ImageName == "" {
+		cfg.ImageName = h.image
+	}
+	h.names = append(h.names, task.ContainerName(cfg.Name, cfg.ID))
+	if err := h.client.SubmitTask(context.Background(), cfg); err != nil {
+		h.t.Fatalf("submit: %v", err)
+	}
+	return cfg
+}
+
+// wait polls the task until ok or the timeout.
+func (h *shimHarness) wait(id string, timeout time.Duration, ok func(api.TaskInfoResponse) bool) api.TaskInfoResponse {
+	h.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var last api.TaskInfoResponse
+	for time.Now().Before(deadline) {
+		info, err := h.client.GetTask(context.Background(), id)
+		if err != nil {
+			h.t.Fatalf("get task: %v", err)
+		}
+		last = info
+		if ok(info) {
+			return info
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	h.t.Fatalf("task %s: condition not reached in %s; last: %+v", id, timeout, last)
+	return last
+}
+
+func terminated(i api.TaskInfoResponse) bool { return i.Status == api.TaskTerminated }
+func running(i api.TaskInfoResponse) bool    { return i.Status == api.TaskRunning }
+
+func (h *shimHarness) terminate(id string, reason api.TerminationReason, msg string, timeout uint) api.TaskInfoResponse {
+	h.t.Helper()
+	info, err := h.client.TerminateTask(context.Background(), id, api.TaskTerminateRequest{TerminationReason: reason, TerminationMessage: msg, Timeout: timeout})
+	if err != nil {
+		h.t.Fatalf("terminate: %v", err)
+	}
+	return info
+}
+
+func containerExists(t *testing.T, nameOrID string) bool {
+	t.Helper()
+	_, err := testenv.Docker(context.Background(), "inspect", "--format", "{{.Id}}", nameOrID)
+	return err == nil
+}
+
+// uniqueImage builds an image with a fresh random layer of size bytes, so a
+// pull of it must download that layer.
+func uniqueImage(t *testing.T, size int) string {
+	t.Helper()
+	base := testenv.Busybox(t)
+	dir := t.TempDir()
+	blob := make([]byte, size)
+	_, _ = rand.Read(blob)
+	if err := os.WriteFile(filepath.Join(dir, "blob"), blob, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(fmt.Sprintf("FROM %s\nCOPY blob /blob\n", base)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tag := "tandem-test/unique:" + strings.ToLower(randomID("u"))
+	ctx := context.Background()
+	if _, err := testenv.Docker(ctx, "build", "-q", "-t", tag, dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rmi", "-f", tag) })
+	return tag
+}

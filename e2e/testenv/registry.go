@@ -1,0 +1,114 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// Registry is a real local docker-registry with htpasswd auth.
+type Registry struct {
+	Addr               string // 127.0.0.1:port
+	Username, Password string
+}
+
+// StartRegistry runs docker-registry (Debian package docker-registry) on a
+// free loopback port with one htpasswd user; it stops with the test.
+func StartRegistry(t testing.TB) *Registry {
+	t.Helper()
+	RequireDocker(t)
+	dir := t.TempDir()
+	r := &Registry{Addr: FreeAddr(t), Username: "tandem", Password: "s3cret-pass"}
+	out, err := exec.Command("htpasswd", "-Bbn", r.Username, r.Password).Output()
+	if err != nil {
+		t.Fatalf("htpasswd (install apache2-utils): %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "htpasswd"), out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: %s/data
+  delete:
+    enabled: true
+http:
+  addr: %s
+auth:
+  htpasswd:
+    realm: tandem
+    path: %s/htpasswd
+`, dir, r.Addr, dir)
+	if err := os.WriteFile(filepath.Join(dir, "config.yml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("docker-registry", "serve", filepath.Join(dir, "config.yml"))
+	logf, _ := os.Create(filepath.Join(dir, "registry.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start docker-registry (install docker-registry): %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		logf.Close()
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.Get("http://" + r.Addr + "/v2/")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusUnauthorized {
+				return r
+			}
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "registry.log"))
+			t.Fatalf("registry did not come up: %v\n%s", err, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Push tags local image as <addr>/<repo>, pushes it with the registry's
+// credentials, then deletes both local tags so that a pull of the result
+// has to download the image's own layers (Docker would otherwise just
+// re-tag the image it already has).
+func (r *Registry) Push(t testing.TB, local, repo string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ref := r.Addr + "/" + repo
+	cfgDir := t.TempDir() // a private docker CLI config: no stored login leaks
+	steps := [][]string{
+		{"tag", local, ref},
+		{"--config", cfgDir, "login", "-u", r.Username, "-p", r.Password, r.Addr},
+		{"--config", cfgDir, "push", ref},
+		{"rmi", ref, local},
+	}
+	for _, s := range steps {
+		if _, err := Docker(ctx, s...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ref
+}
+
+// FreeAddr returns a free 127.0.0.1 TCP address.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
