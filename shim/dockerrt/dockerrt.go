@@ -16,13 +16,13 @@ import (
 	"strings"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/registry"
 	"github.com/docker/docker/client"
-	"github.com/docker/docker/errdefs"
 	"github.com/docker/docker/pkg/stdcopy"
 	"github.com/docker/go-connections/nat"
 
@@ -191,7 +191,7 @@ func (r *Runtime) Wait(ctx context.Context, id string) (int, error) {
 // Stop stops a container, killing it after timeout.
 func (r *Runtime) Stop(ctx context.Context, id string, timeout time.Duration) error {
 	secs := int(timeout / time.Second)
-	if err := r.c.ContainerStop(ctx, id, container.StopOptions{Timeout: &secs}); err != nil && !errdefs.IsNotFound(err) {
+	if err := r.c.ContainerStop(ctx, id, container.StopOptions{Timeout: &secs}); err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("stop container %s: %w", short(id), err)
 	}
 	return nil
@@ -200,7 +200,7 @@ func (r *Runtime) Stop(ctx context.Context, id string, timeout time.Duration) er
 // Remove force-removes a container with its anonymous volumes.
 func (r *Runtime) Remove(ctx context.Context, idOrName string) error {
 	err := r.c.ContainerRemove(ctx, idOrName, container.RemoveOptions{Force: true, RemoveVolumes: true})
-	if err != nil && !errdefs.IsNotFound(err) {
+	if err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("remove container %s: %w", short(idOrName), err)
 	}
 	return nil

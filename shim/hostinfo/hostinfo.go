@@ -68,7 +68,8 @@ func WriteOnce(path string, info api.HostInfo) (bool, error) {
 		return false, fmt.Errorf("write host info: %w", err)
 	}
 	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err == nil {
+	_, err = f.Write(b)
+	if err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
