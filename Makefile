@@ -46,6 +46,8 @@ fuzz:
 	go test -run '^$$' -fuzz FuzzDecodeJSON -fuzztime 20s ./common/httpapi
 	go test -run '^$$' -fuzz FuzzDecodeSubmitBody -fuzztime 20s ./api
 	go test -run '^$$' -fuzz FuzzDecodeHostInfo -fuzztime 20s ./api
+	go test -run '^$$' -fuzz FuzzShimRequests -fuzztime 20s ./shim/server
+	go test -run '^$$' -fuzz FuzzTrackerFeed -fuzztime 20s ./shim/pull
 
 clean:
 	rm -rf $(BIN)

@@ -34,6 +34,8 @@ func runnerScript(t *testing.T, body string) string {
 
 type shimHarness struct {
 	t      *testing.T
+	cmd    *exec.Cmd
+	exited chan error
 	home   string
 	image  string
 	client *shimclient.Client
@@ -62,10 +64,10 @@ func startShim(t *testing.T, runner string, env []string, args ...string) *shimH
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &shimHarness{t: t, home: home, image: img, client: c}
+	h := &shimHarness{t: t, cmd: cmd, exited: make(chan error, 1), home: home, image: img, client: c}
+	go func() { h.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
 		logf.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -81,6 +83,12 @@ func startShim(t *testing.T, runner string, env []string, args ...string) *shimH
 	for {
 		if _, err := c.Healthcheck(context.Background()); err == nil {
 			return h
+		}
+		select {
+		case err := <-h.exited:
+			b, _ := os.ReadFile(logf.Name())
+			t.Fatalf("shim exited at start: %v\n%s", err, b)
+		default:
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(logf.Name())

@@ -1,0 +1,93 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+// A shim started in service mode with a runner download URL fetches the
+// runner, writes host_info.json, installs a new runner through the API, and
+// on /api/shutdown exits 0 leaving running containers alone.
+func TestShimServiceModeComponentsAndShutdown(t *testing.T) {
+	t.Parallel()
+	v1 := "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo \"dstack-runner version 0.0.1+stand.in\"; exit 0; fi\nwhile :; do sleep 1; done\n"
+	v2 := strings.Replace(v1, "0.0.1", "0.0.2", 1)
+	files := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/dstack-runner":
+			_, _ = w.Write([]byte(v1))
+		case "/v2/dstack-runner":
+			_, _ = w.Write([]byte(v2))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer files.Close()
+	runnerPath := filepath.Join(t.TempDir(), "bin", "dstack-runner")
+	h := startShim(t, runnerPath, []string{"DSTACK_RUNNER_DOWNLOAD_URL=" + files.URL + "/v1/dstack-runner", "DSTACK_SERVICE_MODE=1"})
+	ctx := context.Background()
+
+	comps, err := h.client.Components(ctx)
+	if err != nil || comps[0].Name != api.ComponentRunner || comps[0].Status != api.ComponentInstalled || comps[0].Version != "0.0.1+stand.in" {
+		t.Fatalf("runner downloaded at start: %+v %v", comps, err)
+	}
+	if comps[1].Name != api.ComponentShim || comps[1].Status != api.ComponentInstalled || !strings.HasPrefix(comps[1].Version, "0.21.2+tandem.") {
+		t.Fatalf("shim component: %+v", comps[1])
+	}
+	var hi api.HostInfo
+	b, err := os.ReadFile(filepath.Join(h.home, "host_info.json"))
+	if err != nil || json.Unmarshal(b, &hi) != nil {
+		t.Fatalf("host_info.json: %v %s", err, b)
+	}
+	if hi.CPUs != runtime.NumCPU() || hi.Memory == 0 || hi.DiskSize == 0 || hi.GPUVendor != api.GPUVendorNone || hi.GPUCount != 0 {
+		t.Fatalf("host info: %+v", hi)
+	}
+
+	cfg := h.submit(api.TaskConfig{})
+	info := h.wait(cfg.ID, time.Minute, running)
+
+	if err := h.client.InstallComponent(ctx, api.ComponentRunner, files.URL+"/v2/dstack-runner"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		comps, _ = h.client.Components(ctx)
+		if comps[0].Status == api.ComponentInstalled && comps[0].Version == "0.0.2+stand.in" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("install via API: %+v", comps)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := h.client.InstallComponent(ctx, api.ComponentRunner, files.URL+"/missing"); err != nil {
+		t.Fatal(err) // accepted; fails in the background
+	}
+
+	if err := h.client.Shutdown(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-h.exited:
+		if err != nil {
+			t.Fatalf("shutdown must exit 0: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("shim did not exit after /api/shutdown")
+	}
+	state, err := testenv.Docker(ctx, "inspect", "--format", "{{.State.Running}}", info.ContainerID)
+	if err != nil || strings.TrimSpace(state) != "true" {
+		t.Fatalf("containers must survive a shim shutdown: %q %v", state, err)
+	}
+}

@@ -1,0 +1,28 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/task"
+)
+
+// deadRuntime answers like a Docker daemon that is down.
+type deadRuntime struct{}
+
+var errDown = errors.New("Cannot connect to the Docker daemon")
+
+func (deadRuntime) ImagePresent(context.Context, string) (bool, error) { return false, errDown }
+func (deadRuntime) Pull(context.Context, string, task.RegistryAuth) (io.ReadCloser, error) {
+	return nil, errDown
+}
+func (deadRuntime) Create(context.Context, task.ContainerSpec) (string, error) { return "", errDown }
+func (deadRuntime) Start(context.Context, string) error                        { return errDown }
+func (deadRuntime) Ports(context.Context, string) ([]api.PortMapping, error)   { return nil, errDown }
+func (deadRuntime) Wait(context.Context, string) (int, error)                  { return -1, errDown }
+func (deadRuntime) Stop(context.Context, string, time.Duration) error          { return errDown }
+func (deadRuntime) Remove(context.Context, string) error                       { return errDown }
+func (deadRuntime) LogTail(context.Context, string, int) (string, error)       { return "", errDown }

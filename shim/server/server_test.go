@@ -1,0 +1,103 @@
+package server
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/shim/component"
+	"github.com/tandem-run/tandem/shim/gpu"
+	"github.com/tandem-run/tandem/shim/task"
+)
+
+type staticComponent struct {
+	info api.ComponentInfo
+	err  error
+}
+
+func (s staticComponent) Info(context.Context) api.ComponentInfo { return s.info }
+func (s staticComponent) StartInstall(context.Context, string, func(error)) error {
+	return s.err
+}
+
+// newTestServer uses the real engine with a runtime that fails every Docker
+// call: API behaviour does not depend on containers starting.
+func newTestServer(t testing.TB, shutdown func(bool)) http.Handler {
+	engine := task.New(task.Config{Home: t.TempDir(), RunnerHTTPPort: 10999, RunnerSSHPort: 10022, InfinibandPath: "/nonexistent"},
+		deadRuntime{}, gpu.NewLocks(nil), nil, logging.Discard())
+	return New(Deps{
+		Version:  "0.21.2+tandem.test",
+		Tasks:    engine,
+		Runner:   staticComponent{info: api.ComponentInfo{Name: api.ComponentRunner, Status: api.ComponentInstalled, Version: "1"}},
+		Shim:     staticComponent{info: api.ComponentInfo{Name: api.ComponentShim, Status: api.ComponentInstalling}, err: component.ErrInstalling},
+		GPUIDs:   engine.GPUIDs,
+		Shutdown: shutdown,
+		Log:      logging.Discard(),
+	})
+}
+
+func do(h http.Handler, method, path, body string) (int, string) {
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	b, _ := io.ReadAll(rec.Body)
+	return rec.Code, string(b)
+}
+
+func TestComponentsAndShutdown(t *testing.T) {
+	shut := make(chan bool, 1)
+	h := newTestServer(t, func(force bool) { shut <- force })
+	tests := []struct {
+		method, path, body string
+		code               int
+		want               string
+	}{
+		{"GET", "/api/components", "", 200, `{"components":[{"name":"dstack-runner","version":"1","status":"installed"},{"name":"dstack-shim","version":"","status":"installing"}]}` + "\n"},
+		{"POST", "/api/components/install", `{"url":"http://x"}`, 400, "empty name\n"},
+		{"POST", "/api/components/install", `{"name":"dstack-gateway","url":"http://x"}`, 400, "unknown component\n"},
+		{"POST", "/api/components/install", `{"name":"dstack-runner"}`, 400, "empty url\n"},
+		{"POST", "/api/components/install", `{"name":"dstack-shim","url":"http://x"}`, 409, "already installing\n"},
+		{"POST", "/api/components/install", `{"name":"dstack-runner","url":"http://x"}`, 200, "\n"},
+		{"GET", "/api/instance/health", "", 200, `{"dcgm":null}` + "\n"},
+		{"GET", "/api/instance/info", "", 200, "{}\n"},
+		{"GET", "/metrics/tasks/x", "", 404, "DCGM Exporter is not available\n"},
+		{"GET", "/api/tasks", "", 200, `{"tasks":[]}` + "\n"},
+		{"POST", "/api/tasks/x/remove", "", 404, "Not Found\n"},
+		{"POST", "/api/shutdown", "", 400, "Request body must not be empty\n"},
+		{"POST", "/api/shutdown", `{}`, 200, "\n"},
+	}
+	for _, tc := range tests {
+		code, body := do(h, tc.method, tc.path, tc.body)
+		if code != tc.code || body != tc.want {
+			t.Errorf("%s %s %s: got %d %q, want %d %q", tc.method, tc.path, tc.body, code, body, tc.code, tc.want)
+		}
+	}
+	if force := <-shut; force {
+		t.Fatal("{} means force=false")
+	}
+}
+
+func FuzzShimRequests(f *testing.F) {
+	f.Add(0, `{"id":"a","name":"b","image_name":"c","gpu":1,"volumes":[{"backend":"aws"}]}`)
+	f.Add(1, `{"termination_reason":"terminated_by_user","timeout":3}`)
+	f.Add(2, `{"name":"dstack-runner","url":"http://x"}`)
+	f.Add(0, `{"id":"a","name":"b","image_name":"c","cpu":-1}`)
+	f.Add(0, `{"id":"a/../b","name":"x y","image_name":"::"}`)
+	h := newTestServer(f, func(bool) {})
+	paths := []string{"/api/tasks", "/api/tasks/a/terminate", "/api/components/install"}
+	f.Fuzz(func(t *testing.T, which int, body string) {
+		path := paths[((which%len(paths))+len(paths))%len(paths)]
+		code, msg := do(h, "POST", path, body)
+		if code >= 500 {
+			t.Fatalf("POST %s %q: %d %q", path, body, code, msg)
+		}
+	})
+}

@@ -1,0 +1,305 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/shim/gpu"
+)
+
+// stepRuntime is a Runtime whose calls can be held at a step, to put the
+// pipeline exactly where a race happens. Containers "run" until stopped.
+type stepRuntime struct {
+	mu      sync.Mutex
+	hold    map[string]chan struct{} // step name → released when closed
+	reached map[string]chan struct{}
+	created map[string]bool // live containers by id
+	names   map[string]string
+	exit    map[string]chan int
+	n       int
+}
+
+func newStepRuntime() *stepRuntime {
+	return &stepRuntime{hold: map[string]chan struct{}{}, reached: map[string]chan struct{}{},
+		created: map[string]bool{}, names: map[string]string{}, exit: map[string]chan int{}}
+}
+
+// holdAt makes the next call of step block until the returned func is called.
+func (r *stepRuntime) holdAt(step string) (reached <-chan struct{}, release func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, re := make(chan struct{}), make(chan struct{})
+	r.hold[step], r.reached[step] = h, re
+	var once sync.Once
+	return re, func() { once.Do(func() { close(h) }) }
+}
+
+func (r *stepRuntime) step(ctx context.Context, name string) error {
+	r.mu.Lock()
+	h, re := r.hold[name], r.reached[name]
+	delete(r.hold, name)
+	r.mu.Unlock()
+	if h == nil {
+		return nil
+	}
+	close(re)
+	select {
+	case <-h:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (r *stepRuntime) ImagePresent(ctx context.Context, ref string) (bool, error) { return true, nil }
+func (r *stepRuntime) Pull(ctx context.Context, ref string, _ RegistryAuth) (io.ReadCloser, error) {
+	if err := r.step(ctx, "pull"); err != nil {
+		return nil, err
+	}
+	return io.NopCloser(strings.NewReader("")), nil
+}
+func (r *stepRuntime) Create(ctx context.Context, s ContainerSpec) (string, error) {
+	if err := r.step(ctx, "create"); err != nil {
+		return "", err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n++
+	id := "c" + string(rune('0'+r.n))
+	r.created[id], r.names[s.Name], r.exit[id] = true, id, make(chan int, 1)
+	return id, nil
+}
+func (r *stepRuntime) Start(ctx context.Context, id string) error { return r.step(ctx, "start") }
+func (r *stepRuntime) Ports(ctx context.Context, id string) ([]api.PortMapping, error) {
+	return []api.PortMapping{}, nil
+}
+func (r *stepRuntime) Wait(ctx context.Context, id string) (int, error) {
+	r.mu.Lock()
+	ch := r.exit[id]
+	r.mu.Unlock()
+	code := <-ch
+	ch <- code
+	return code, nil
+}
+func (r *stepRuntime) Stop(ctx context.Context, id string, _ time.Duration) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	select {
+	case r.exit[id] <- 137:
+	default:
+	}
+	return nil
+}
+func (r *stepRuntime) Remove(ctx context.Context, name string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if id, ok := r.names[name]; ok {
+		delete(r.created, id)
+		delete(r.names, name)
+	}
+	return nil
+}
+func (r *stepRuntime) LogTail(ctx context.Context, id string, n int) (string, error) { return "", nil }
+
+func (r *stepRuntime) live() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.created)
+}
+
+func newEngine(t *testing.T, rt Runtime, gpus ...string) (*Engine, *gpu.Locks) {
+	t.Helper()
+	locks := gpu.NewLocks(gpus)
+	runner := t.TempDir() + "/runner"
+	_ = os.WriteFile(runner, nil, 0o755)
+	e := New(Config{Home: t.TempDir(), RunnerBinary: runner, RunnerHTTPPort: 10999, RunnerSSHPort: 10022,
+		RunnerLogLevel: "info", InfinibandPath: "/nonexistent/ib", TerminateWait: 5 * time.Second}, rt, locks, nil, logging.Discard())
+	return e, locks
+}
+
+func waitStatus(t *testing.T, e *Engine, id string, want api.TaskStatus) api.TaskInfoResponse {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if info, _ := e.Get(id); info.Status == want {
+			return info
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	info, _ := e.Get(id)
+	t.Fatalf("task %s: want %s, have %+v", id, want, info)
+	return info
+}
+
+func TestTerminateRacingCreateLeavesNoOrphan(t *testing.T) {
+	rt := newStepRuntime()
+	e, locks := newEngine(t, rt, "g0", "g1")
+	reached, release := rt.holdAt("create")
+	if _, err := e.Submit(api.TaskConfig{ID: "t1", Name: "n", ImageName: "img:1", GPU: 2}); err != nil {
+		t.Fatal(err)
+	}
+	<-reached // the pipeline is inside Docker's create
+	done := make(chan api.TaskInfoResponse)
+	go func() {
+		info, err := e.Terminate(context.Background(), "t1", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- info
+	}()
+	time.Sleep(20 * time.Millisecond)
+	release() // create completes after terminate was asked
+	info := <-done
+	if info.Status != api.TaskTerminated || info.TerminationReason != api.ReasonTerminatedByUser {
+		t.Fatalf("%+v", info)
+	}
+	if locks.Free() != 2 {
+		t.Fatal("GPUs must be free once terminate returns")
+	}
+	if rt.live() != 1 {
+		t.Fatalf("the created container must be known to the task, live=%d", rt.live())
+	}
+	if err := e.Remove(context.Background(), "t1"); err != nil {
+		t.Fatal(err)
+	}
+	if rt.live() != 0 {
+		t.Fatal("remove must delete the container created during terminate")
+	}
+}
+
+func TestTerminateDuringPullAndStart(t *testing.T) {
+	for _, step := range []string{"pull", "start"} {
+		t.Run(step, func(t *testing.T) {
+			rt := newStepRuntime()
+			e, _ := newEngine(t, rt)
+			reached, release := rt.holdAt(step)
+			defer release()
+			if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img"}); err != nil {
+				t.Fatal(err)
+			}
+			<-reached
+			go func() { time.Sleep(20 * time.Millisecond); release() }()
+			info, err := e.Terminate(context.Background(), "t", api.TaskTerminateRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Empty reason from the server's dangling-task cleanup: still an enum value.
+			if info.Status != api.TaskTerminated || !info.TerminationReason.Valid() {
+				t.Fatalf("%+v", info)
+			}
+			e.Wait()
+			if got, _ := e.Get("t"); got.Status != api.TaskTerminated {
+				t.Fatalf("a started container must not be left running: %+v", got)
+			}
+		})
+	}
+}
+
+func TestGPUReleasedExactlyOnce(t *testing.T) {
+	rt := newStepRuntime()
+	e, locks := newEngine(t, rt, "g0")
+	if _, err := e.Submit(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "a", api.TaskRunning)
+	if _, err := e.Submit(api.TaskConfig{ID: "b", Name: "b", ImageName: "img", GPU: 1}); err != nil {
+		t.Fatal(err)
+	}
+	info := waitStatus(t, e, "b", api.TaskTerminated)
+	if info.TerminationReason != api.ReasonExecutorError || info.TerminationMessage != "no capacity: 1 GPUs requested, 0 available" {
+		t.Fatalf("%+v", info)
+	}
+	if _, err := e.Terminate(context.Background(), "a", api.TaskTerminateRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Submit(api.TaskConfig{ID: "c", Name: "c", ImageName: "img", GPU: 1}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "c", api.TaskRunning)
+	// Terminating "a" again (and removing it) must not free c's GPU.
+	_, _ = e.Terminate(context.Background(), "a", api.TaskTerminateRequest{})
+	_ = e.Remove(context.Background(), "a")
+	if locks.Free() != 0 {
+		t.Fatal("a stale release freed a GPU held by another task")
+	}
+}
+
+func TestRunnerDirFailureEndsTask(t *testing.T) {
+	rt := newStepRuntime()
+	e, _ := newEngine(t, rt)
+	// Home is a file: the runner dir cannot be created.
+	f := t.TempDir() + "/file"
+	_ = os.WriteFile(f, nil, 0o644)
+	e.cfg.Home = f
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	info := waitStatus(t, e, "t", api.TaskTerminated)
+	if info.TerminationReason != api.ReasonExecutorError || !strings.Contains(info.TerminationMessage, "runner dir") {
+		t.Fatalf("must not stay in preparing: %+v", info)
+	}
+}
+
+func TestInstanceMountRules(t *testing.T) {
+	rt := newStepRuntime()
+	e, _ := newEngine(t, rt)
+	for _, tc := range []struct {
+		m    api.InstanceMountPoint
+		want string
+	}{
+		{api.InstanceMountPoint{InstancePath: "rel/path", Path: "/x"}, "paths must be absolute"},
+		{api.InstanceMountPoint{InstancePath: e.cfg.Home + "/runners", Path: "/x"}, "under the shim home"},
+	} {
+		id := "t" + tc.want[:3]
+		if _, err := e.Submit(api.TaskConfig{ID: id, Name: "n", ImageName: "img", InstanceMounts: []api.InstanceMountPoint{tc.m}}); err != nil {
+			t.Fatal(err)
+		}
+		info := waitStatus(t, e, id, api.TaskTerminated)
+		if info.TerminationReason != api.ReasonExecutorError || !strings.Contains(info.TerminationMessage, tc.want) {
+			t.Fatalf("%+v: %+v", tc.m, info)
+		}
+	}
+}
+
+func TestImageRef(t *testing.T) {
+	for _, tc := range []struct {
+		in, ref string
+		reuse   bool
+	}{
+		{"ubuntu", "ubuntu:latest", false},
+		{"ubuntu:22.04", "ubuntu:22.04", true},
+		{"ubuntu:latest", "ubuntu:latest", false},
+		{"host:5000/img", "host:5000/img:latest", false},
+		{"host:5000/img:v1", "host:5000/img:v1", true},
+		{"busybox@sha256:" + strings.Repeat("a", 64), "busybox@sha256:" + strings.Repeat("a", 64), true},
+	} {
+		ref, reuse, err := imageRef(tc.in)
+		if err != nil || ref != tc.ref || reuse != tc.reuse {
+			t.Errorf("imageRef(%q) = %q %v %v", tc.in, ref, reuse, err)
+		}
+	}
+	if _, _, err := imageRef("UPPER/Case"); err == nil {
+		t.Error("invalid references must be rejected")
+	}
+}
+
+func TestSubmitErrorsAreClassified(t *testing.T) {
+	e, _ := newEngine(t, newStepRuntime())
+	if _, err := e.Submit(api.TaskConfig{ID: "x", Name: "a b", ImageName: "i"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad name: %v", err)
+	}
+	if _, err := e.Get("nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatal(err)
+	}
+	if err := e.Remove(context.Background(), "nope"); !errors.Is(err, ErrNotFound) {
+		t.Fatal(err)
+	}
+}
