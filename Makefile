@@ -7,7 +7,7 @@ export PATH    := $(PATH):$(GOBIN)
 BIN            := $(CURDIR)/bin
 GOTEST_FLAGS   ?= -count=1 -timeout 30m
 
-.PHONY: all build test unit e2e lint deps fuzz clean
+.PHONY: all build test unit e2e lint deps fuzz bench clean
 
 all: build
 
@@ -40,6 +40,10 @@ unit:
 ## e2e: only the end-to-end tests
 e2e: build
 	TANDEM_BIN=$(BIN) go test $(GOTEST_FLAGS) -v ./e2e/...
+
+## bench: shim latency and memory on a warm local image (see the issue notes)
+bench: deps build
+	TANDEM_BIN=$(BIN) go test -run '^$$' -bench . -benchtime 20x -count 1 ./e2e/
 
 ## fuzz: run each fuzz target briefly
 fuzz:

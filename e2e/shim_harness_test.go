@@ -22,7 +22,7 @@ import (
 // runnerScript makes a stand-in for dstack-runner: a shell script that the
 // shim probes and bind-mounts like the real one, running body in the task
 // container. Shim behaviour does not depend on what the runner does.
-func runnerScript(t *testing.T, body string) string {
+func runnerScript(t testing.TB, body string) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "dstack-runner")
 	script := "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo \"dstack-runner version 0.0.0+stand.in\"; exit 0; fi\n" + body + "\n"
@@ -33,10 +33,11 @@ func runnerScript(t *testing.T, body string) string {
 }
 
 type shimHarness struct {
-	t      *testing.T
+	t      testing.TB
 	cmd    *exec.Cmd
 	exited chan error
 	home   string
+	runner string
 	image  string
 	client *shimclient.Client
 	names  []string
@@ -44,6 +45,17 @@ type shimHarness struct {
 
 // startShim runs the real dstack-shim binary with a temporary home.
 func startShim(t *testing.T, runner string, env []string, args ...string) *shimHarness {
+	t.Helper()
+	return startShimTB(t, runner, env, args...)
+}
+
+// startShimB starts a shim for a benchmark with a stand-in runner body.
+func startShimB(b *testing.B, body string, args ...string) *shimHarness {
+	b.Helper()
+	return startShimTB(b, runnerScript(b, body), nil, args...)
+}
+
+func startShimTB(t testing.TB, runner string, env []string, args ...string) *shimHarness {
 	t.Helper()
 	bins := testenv.Binaries(t)
 	img := testenv.Busybox(t)
@@ -64,7 +76,7 @@ func startShim(t *testing.T, runner string, env []string, args ...string) *shimH
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &shimHarness{t: t, cmd: cmd, exited: make(chan error, 1), home: home, image: img, client: c}
+	h := &shimHarness{t: t, runner: runner, cmd: cmd, exited: make(chan error, 1), home: home, image: img, client: c}
 	go func() { h.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()

@@ -18,7 +18,6 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/registry"
@@ -61,11 +60,13 @@ func (r *Runtime) Ping(ctx context.Context) error {
 
 // ImagePresent reports whether ref is in the local store.
 func (r *Runtime) ImagePresent(ctx context.Context, ref string) (bool, error) {
-	imgs, err := r.c.ImageList(ctx, image.ListOptions{Filters: filters.NewArgs(filters.Arg("reference", ref))})
-	if err != nil {
-		return false, fmt.Errorf("list images %s: %w", ref, err)
+	if _, err := r.c.ImageInspect(ctx, ref); err != nil {
+		if cerrdefs.IsNotFound(err) {
+			return false, nil
+		}
+		return false, fmt.Errorf("inspect image %s: %w", ref, err)
 	}
-	return len(imgs) > 0, nil
+	return true, nil
 }
 
 // Pull starts a pull and returns the JSON progress stream.

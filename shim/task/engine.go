@@ -371,6 +371,13 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 		return fail(api.ReasonTerminatedByServer, "terminated before start")
 	}
 	cfg := t.cfg
+	began := e.now()
+	var phases []any
+	mark := func(name string) {
+		now := e.now()
+		phases = append(phases, name, now.Sub(began).Round(100*time.Microsecond))
+		began = now
+	}
 	if err := e.commit(t, api.TaskPreparing, nil); err != nil {
 		return aborted()
 	}
@@ -419,6 +426,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 		return aborted()
 	}
 
+	mark("prepare")
 	if err := e.commit(t, api.TaskPulling, nil); err != nil {
 		return aborted()
 	}
@@ -429,6 +437,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 		return fail(api.ReasonCreatingContainerError, "pullImage error: %v", err)
 	}
 
+	mark("pull")
 	if err := e.commit(t, api.TaskCreating, nil); err != nil {
 		return aborted()
 	}
@@ -439,6 +448,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 	if err != nil {
 		return fail(api.ReasonCreatingContainerError, "createContainer error: %v", err)
 	}
+	mark("create")
 	e.mu.Lock()
 	t.contID = id
 	e.mu.Unlock()
@@ -448,6 +458,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 	if err := e.rt.Start(context.WithoutCancel(ctx), id); err != nil {
 		return fail(api.ReasonCreatingContainerError, "startContainer error: %v", err)
 	}
+	mark("start")
 	ports := []api.PortMapping{}
 	if cfg.NetworkMode != "host" {
 		ports, err = e.rt.Ports(context.WithoutCancel(ctx), id)
@@ -461,7 +472,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 		_ = e.rt.Stop(context.WithoutCancel(ctx), id, 0)
 		return aborted()
 	}
-	log.Info("task running", "container_id", id, "ports", ports, "gpus", gpuIDs)
+	log.Info("task running", append([]any{"container_id", id, "ports", ports, "gpus", gpuIDs}, phases...)...)
 	return nil
 }
 
