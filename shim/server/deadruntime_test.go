@@ -13,7 +13,7 @@ import (
 // deadRuntime answers like a Docker daemon that is down.
 type deadRuntime struct{}
 
-var errDown = errors.New("Cannot connect to the Docker daemon")
+var errDown = errors.New("cannot connect to the Docker daemon")
 
 func (deadRuntime) ImagePresent(context.Context, string) (bool, error) { return false, errDown }
 func (deadRuntime) Pull(context.Context, string, task.RegistryAuth) (io.ReadCloser, error) {
