@@ -91,3 +91,21 @@ func TestShimServiceModeComponentsAndShutdown(t *testing.T) {
 		t.Fatalf("containers must survive a shim shutdown: %q %v", state, err)
 	}
 }
+
+// With the Docker daemon unreachable the shim still serves, and a task ends
+// with Docker's own words instead of hanging or crashing the shim.
+func TestShimWithDockerDown(t *testing.T) {
+	t.Parallel()
+	h := startShim(t, runnerScript(t, `exit 0`), []string{"DOCKER_HOST=unix:///nonexistent/docker.sock"})
+	cfg := h.submit(api.TaskConfig{ImageName: "busybox:1.36"})
+	info := h.wait(cfg.ID, time.Minute, terminated)
+	if info.TerminationReason != api.ReasonCreatingContainerError || !strings.Contains(info.TerminationMessage, "Cannot connect to the Docker daemon") {
+		t.Fatalf("%+v", info)
+	}
+	if err := h.client.RemoveTask(context.Background(), cfg.ID); err == nil {
+		t.Fatal("remove with Docker down must report the failure")
+	}
+	if _, err := h.client.Healthcheck(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
