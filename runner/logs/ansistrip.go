@@ -1,0 +1,314 @@
+package logs
+
+import (
+	"bytes"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+)
+
+// Stripper turns terminal output into plain lines, like a tiny virtual
+// screen: it interprets \r, \b, \n, cursor movement and erase sequences,
+// drops colours and modes, and emits only completed lines (the cursor moved
+// below them). A progress bar redrawn with \r collapses to its state at
+// flush time. Each flush hands one chunk of lines to emit.
+//
+// Flushes happen after IdleFlush without output, every ForceFlush while
+// output keeps coming, when the buffered screen exceeds MaxBuffer, and on
+// Close (which also emits the unfinished last line).
+type Stripper struct {
+	emit func([]byte)
+
+	IdleFlush  time.Duration
+	ForceFlush time.Duration
+	MaxBuffer  int
+
+	mu      sync.Mutex // guards everything below
+	lines   [][]rune   // screen lines not yet emitted
+	row     int        // cursor row within lines
+	col     int
+	pending []byte // incomplete escape sequence or UTF-8 rune
+	size    int
+	idle    *time.Timer
+	force   *time.Timer
+	closed  bool
+}
+
+// NewStripper returns a stripper calling emit (serially) with each chunk.
+func NewStripper(emit func([]byte)) *Stripper {
+	return &Stripper{emit: emit, IdleFlush: 500 * time.Millisecond, ForceFlush: 3 * time.Second, MaxBuffer: 32 << 10, lines: [][]rune{nil}}
+}
+
+// Write feeds terminal output.
+func (s *Stripper) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return len(p), nil
+	}
+	data := p
+	if len(s.pending) > 0 {
+		data = append(s.pending, p...)
+		s.pending = nil
+	}
+	s.feed(data)
+	if s.size > s.MaxBuffer {
+		s.flushLocked(false)
+	}
+	s.armTimers()
+	return len(p), nil
+}
+
+func (s *Stripper) armTimers() {
+	if s.idle == nil {
+		s.idle = time.AfterFunc(s.IdleFlush, func() { s.Flush() })
+	} else {
+		s.idle.Reset(s.IdleFlush)
+	}
+	if s.force == nil {
+		s.force = time.AfterFunc(s.ForceFlush, func() {
+			s.Flush()
+			s.mu.Lock()
+			s.force = nil
+			s.mu.Unlock()
+		})
+	}
+}
+
+// Flush emits completed lines now.
+func (s *Stripper) Flush() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.flushLocked(false)
+}
+
+// Close emits everything, the unfinished line included; later writes are dropped.
+func (s *Stripper) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	if s.idle != nil {
+		s.idle.Stop()
+	}
+	if s.force != nil {
+		s.force.Stop()
+	}
+	s.flushLocked(true)
+	s.closed = true
+	return nil
+}
+
+func (s *Stripper) flushLocked(all bool) {
+	if s.closed {
+		return
+	}
+	upto := s.row
+	if all {
+		upto = len(s.lines)
+		if len(s.lines[len(s.lines)-1]) == 0 {
+			upto-- // nothing after the last newline
+		}
+	}
+	if upto <= 0 {
+		return
+	}
+	var out bytes.Buffer
+	for _, l := range s.lines[:upto] {
+		out.WriteString(string(bytes.TrimRight([]byte(string(l)), " \x00")))
+		out.WriteByte('\n')
+	}
+	rest := s.lines[upto:]
+	s.lines = append([][]rune(nil), rest...)
+	if len(s.lines) == 0 {
+		s.lines = [][]rune{nil}
+	}
+	s.row -= upto
+	if s.row < 0 {
+		s.row, s.col = 0, 0
+	}
+	s.size = 0
+	for _, l := range s.lines {
+		s.size += len(l)
+	}
+	s.emit(out.Bytes())
+}
+
+func (s *Stripper) feed(p []byte) {
+	for i := 0; i < len(p); {
+		b := p[i]
+		switch {
+		case b == 0x1b:
+			n, complete := s.escape(p[i:])
+			if !complete {
+				s.pending = append([]byte(nil), p[i:]...)
+				return
+			}
+			i += n
+		case b == '\n':
+			s.row++
+			s.col = 0
+			if s.row >= len(s.lines) {
+				s.lines = append(s.lines, nil)
+			}
+			i++
+		case b == '\r':
+			s.col = 0
+			i++
+		case b == '\b':
+			if s.col > 0 {
+				s.col--
+			}
+			i++
+		case b == '\t':
+			s.put(' ')
+			for s.col%8 != 0 {
+				s.put(' ')
+			}
+			i++
+		case b < 0x20 || b == 0x7f:
+			i++ // other controls: bell, shift-in/out, ...
+		case b < utf8.RuneSelf:
+			s.put(rune(b))
+			i++
+		default:
+			if !utf8.FullRune(p[i:]) {
+				s.pending = append([]byte(nil), p[i:]...)
+				return
+			}
+			r, n := utf8.DecodeRune(p[i:])
+			if r != utf8.RuneError {
+				s.put(r)
+			}
+			i += n
+		}
+	}
+}
+
+func (s *Stripper) put(r rune) {
+	line := s.lines[s.row]
+	for len(line) < s.col {
+		line = append(line, ' ')
+	}
+	if s.col < len(line) {
+		line[s.col] = r
+	} else {
+		line = append(line, r)
+		s.size++
+	}
+	s.lines[s.row] = line
+	s.col++
+}
+
+// escape interprets the sequence at the start of p and returns its length,
+// or complete=false when p ends inside it.
+func (s *Stripper) escape(p []byte) (int, bool) {
+	if len(p) < 2 {
+		return 0, false
+	}
+	switch p[1] {
+	case '[':
+		for j := 2; j < len(p); j++ {
+			c := p[j]
+			if c >= 0x40 && c <= 0x7e {
+				s.csi(string(p[2:j]), c)
+				return j + 1, true
+			}
+			if j > 64 { // not a real sequence: drop the ESC
+				return 1, true
+			}
+		}
+		return 0, false
+	case ']', 'P', '_', '^': // OSC / DCS / APC / PM: until BEL or ST
+		for j := 2; j < len(p); j++ {
+			if p[j] == 0x07 {
+				return j + 1, true
+			}
+			if p[j] == 0x1b && j+1 < len(p) && p[j+1] == '\\' {
+				return j + 2, true
+			}
+			if j > 4096 {
+				return j, true
+			}
+		}
+		return 0, false
+	case '(', ')', '*', '+':
+		if len(p) < 3 {
+			return 0, false
+		}
+		return 3, true
+	}
+	return 2, true
+}
+
+func (s *Stripper) csi(params string, final byte) {
+	args := []int{}
+	for _, f := range bytes.Split([]byte(params), []byte(";")) {
+		f = bytes.TrimLeft(f, "?>=")
+		n, err := strconv.Atoi(string(f))
+		if err != nil {
+			n = 0
+		}
+		args = append(args, n)
+	}
+	arg := func(i, def int) int {
+		if i < len(args) && args[i] > 0 {
+			return args[i]
+		}
+		return def
+	}
+	switch final {
+	case 'A':
+		s.row = max(s.row-arg(0, 1), 0)
+	case 'B':
+		s.down(arg(0, 1))
+	case 'C':
+		s.col += arg(0, 1)
+	case 'D':
+		s.col = max(s.col-arg(0, 1), 0)
+	case 'G':
+		s.col = arg(0, 1) - 1
+	case 'H', 'f':
+		s.row = 0
+		s.down(arg(0, 1) - 1)
+		s.col = arg(1, 1) - 1
+	case 'K':
+		line := s.lines[s.row]
+		switch arg(0, 0) {
+		case 0:
+			if s.col < len(line) {
+				s.lines[s.row] = line[:s.col]
+			}
+		case 1:
+			for i := 0; i < s.col && i < len(line); i++ {
+				line[i] = ' '
+			}
+		case 2:
+			s.lines[s.row] = nil
+		}
+	case 'J':
+		switch arg(0, 0) {
+		case 0:
+			if s.col < len(s.lines[s.row]) {
+				s.lines[s.row] = s.lines[s.row][:s.col]
+			}
+			for i := s.row + 1; i < len(s.lines); i++ {
+				s.lines[i] = nil
+			}
+		case 2, 3:
+			for i := range s.lines {
+				s.lines[i] = nil
+			}
+		}
+	}
+	// m (colours), h/l (modes) and the rest: dropped.
+}
+
+func (s *Stripper) down(n int) {
+	s.row += n
+	for s.row >= len(s.lines) {
+		s.lines = append(s.lines, nil)
+	}
+}

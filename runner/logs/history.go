@@ -1,0 +1,136 @@
+package logs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"sync"
+	"time"
+)
+
+// History is the raw terminal output of the job (job.log on disk), served to
+// WebSocket clients. Memory holds one index entry per second of output.
+type History struct {
+	now func() time.Time
+
+	mu      sync.Mutex // guards the fields below
+	f       *os.File
+	size    int64
+	secs    []int64 // unix second of each index entry
+	offs    []int64 // first byte written in that second
+	closed  bool
+	changed chan struct{} // closed and replaced on every write/close
+}
+
+// OpenHistory creates (appends to) the raw log at path.
+func OpenHistory(path string, now func() time.Time) (*History, error) {
+	if now == nil {
+		now = time.Now
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open job log: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open job log: %w", err)
+	}
+	return &History{now: now, f: f, size: fi.Size(), changed: make(chan struct{})}, nil
+}
+
+// Write appends raw output.
+func (h *History) Write(p []byte) (int, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return 0, errors.New("history closed")
+	}
+	sec := h.now().Unix()
+	if n := len(h.secs); n == 0 || h.secs[n-1] != sec {
+		h.secs = append(h.secs, sec)
+		h.offs = append(h.offs, h.size)
+	}
+	n, err := h.f.Write(p)
+	h.size += int64(n)
+	close(h.changed)
+	h.changed = make(chan struct{})
+	if err != nil {
+		return n, fmt.Errorf("write job log: %w", err)
+	}
+	return n, nil
+}
+
+// Close marks the end of output; readers finish once they caught up.
+func (h *History) Close() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil
+	}
+	h.closed = true
+	close(h.changed)
+	return h.f.Sync()
+}
+
+// Size returns the bytes written so far.
+func (h *History) Size() int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.size
+}
+
+// Reader returns a reader of the history from the first output written in
+// or after the second of since (zero: from the start).
+func (h *History) Reader(since time.Time) *HistoryReader {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	off := int64(0)
+	if !since.IsZero() {
+		s := since.Unix()
+		i := sort.Search(len(h.secs), func(i int) bool { return h.secs[i] >= s })
+		if i < len(h.secs) {
+			off = h.offs[i]
+		} else {
+			off = h.size
+		}
+	}
+	return &HistoryReader{h: h, off: off}
+}
+
+// HistoryReader follows the history.
+type HistoryReader struct {
+	h   *History
+	off int64
+}
+
+// Next blocks until output is available and returns up to max bytes of it;
+// io.EOF once the history is closed and everything was read.
+func (r *HistoryReader) Next(ctx context.Context, max int) ([]byte, error) {
+	for {
+		r.h.mu.Lock()
+		size, closed, changed, f := r.h.size, r.h.closed, r.h.changed, r.h.f
+		r.h.mu.Unlock()
+		if r.off < size {
+			n := min(size-r.off, int64(max))
+			buf := make([]byte, n)
+			m, err := f.ReadAt(buf, r.off)
+			r.off += int64(m)
+			if err != nil && !errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("read job log: %w", err)
+			}
+			return buf[:m], nil
+		}
+		if closed {
+			return nil, io.EOF
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}

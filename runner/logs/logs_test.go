@@ -1,0 +1,174 @@
+package logs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func strip(t *testing.T, chunks ...string) []string {
+	t.Helper()
+	var out []string
+	s := NewStripper(func(b []byte) { out = append(out, string(b)) })
+	s.IdleFlush, s.ForceFlush = time.Hour, time.Hour
+	for _, c := range chunks {
+		_, _ = s.Write([]byte(c))
+	}
+	s.Close()
+	return out
+}
+
+func TestStripper(t *testing.T) {
+	tests := []struct {
+		name   string
+		chunks []string
+		want   string
+	}{
+		{"plain lines with crlf", []string{"hello\r\nworld\r\n"}, "hello\nworld\n"},
+		{"colours dropped", []string{"\x1b[1;31mred\x1b[0m text\r\n"}, "red text\n"},
+		{"progress bar collapses", []string{"  0%\r 50%\r100%\r\ndone\r\n"}, "100%\ndone\n"},
+		{"erase line", []string{"downloading 10 MB\r\x1b[Kok\r\n"}, "ok\n"},
+		{"backspace", []string{"abc\b\bX\r\n"}, "aXc\n"},
+		{"cursor up redraw", []string{"a: 1\r\nb: 1\r\n\x1b[2Aa: 2\r\nb: 2\r\n"}, "a: 2\nb: 2\n"},
+		{"split escape across writes", []string{"x\x1b[3", "1my\r\n"}, "xy\n"},
+		{"split utf-8 across writes", []string{"caf\xc3", "\xa9\r\n"}, "café\n"},
+		{"invalid utf-8 dropped", []string{"a\xffb\r\n"}, "ab\n"},
+		{"osc title dropped", []string{"\x1b]0;title\x07text\r\n"}, "text\n"},
+		{"unfinished last line on close", []string{"no newline"}, "no newline\n"},
+		{"trailing spaces trimmed", []string{"pad   \r\n"}, "pad\n"},
+		{"cursor column", []string{"abcdef\x1b[3GX\r\n"}, "abXdef\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := strings.Join(strip(t, tc.chunks...), "")
+			if got != tc.want {
+				t.Fatalf("got %q want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestStripperFlushTriggers(t *testing.T) {
+	var mu sync.Mutex
+	var out []string
+	s := NewStripper(func(b []byte) { mu.Lock(); out = append(out, string(b)); mu.Unlock() })
+	s.IdleFlush = 20 * time.Millisecond
+	_, _ = s.Write([]byte("first\r\nhalf"))
+	time.Sleep(80 * time.Millisecond)
+	mu.Lock()
+	if len(out) != 1 || out[0] != "first\n" {
+		t.Fatalf("idle flush emits completed lines only: %q", out)
+	}
+	mu.Unlock()
+	s.MaxBuffer = 10
+	_, _ = s.Write([]byte(" line\r\n" + strings.Repeat("x", 20) + "\r\n"))
+	mu.Lock()
+	if len(out) != 2 || out[1] != "half line\n"+strings.Repeat("x", 20)+"\n" {
+		t.Fatalf("buffer limit flushes at once: %q", out)
+	}
+	mu.Unlock()
+	s.Close()
+}
+
+func TestClockStrictlyIncreasingUnderBurst(t *testing.T) {
+	now := time.Unix(100, 0)
+	c := NewClock(func() time.Time { return now })
+	prev := int64(0)
+	for i := 0; i < 5000; i++ { // 5000 events in one wall-clock millisecond
+		ts := c.Next()
+		if ts <= prev {
+			t.Fatalf("event %d: %d after %d", i, ts, prev)
+		}
+		prev = ts
+	}
+	now = now.Add(time.Hour)
+	if ts := c.Next(); ts != now.UnixMilli() {
+		t.Fatalf("clock must return to wall time: %d", ts)
+	}
+}
+
+func TestStoreAfterAndCap(t *testing.T) {
+	s, err := OpenStore(filepath.Join(t.TempDir(), "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 10; i++ {
+		if err := s.Append(int64(i), []byte(fmt.Sprintf("event-%02d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Append(5, []byte("x")); err == nil {
+		t.Fatal("timestamps must not go backwards")
+	}
+	evs, more, err := s.After(3, 100, 1<<20)
+	if err != nil || more || len(evs) != 7 || string(evs[0].Data) != "event-04" {
+		t.Fatalf("after 3: %d %v %v", len(evs), more, err)
+	}
+	evs, more, _ = s.After(0, 100, 20)
+	if !more || len(evs) != 2 {
+		t.Fatalf("cap: %d %v", len(evs), more)
+	}
+	evs, _, _ = s.After(0, 100, 1)
+	if len(evs) != 1 {
+		t.Fatal("at least one event even over the cap")
+	}
+	evs, _, _ = s.After(0, 4, 1<<20)
+	if len(evs) != 4 {
+		t.Fatalf("upTo bound: %d", len(evs))
+	}
+}
+
+func TestHistoryFollowAndSince(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	h, err := OpenHistory(filepath.Join(t.TempDir(), "job.log"), func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = h.Write([]byte("old\r\n"))
+	mu.Lock()
+	now = now.Add(5 * time.Second)
+	mu.Unlock()
+	_, _ = h.Write([]byte("new\r\n"))
+	r := h.Reader(time.Unix(1003, 0))
+	b, err := r.Next(context.Background(), 1024)
+	if err != nil || string(b) != "new\r\n" {
+		t.Fatalf("since: %q %v", b, err)
+	}
+	done := make(chan string)
+	go func() {
+		b, _ := r.Next(context.Background(), 1024)
+		done <- string(b)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	_, _ = h.Write([]byte("live"))
+	if got := <-done; got != "live" {
+		t.Fatalf("follow: %q", got)
+	}
+	h.Close()
+	if _, err := r.Next(context.Background(), 1024); !errors.Is(err, io.EOF) {
+		t.Fatalf("end: %v", err)
+	}
+	all := h.Reader(time.Time{})
+	b, _ = all.Next(context.Background(), 1<<20)
+	if string(b) != "old\r\nnew\r\nlive" {
+		t.Fatalf("full history: %q", b)
+	}
+}
+
+func FuzzStripper(f *testing.F) {
+	f.Add([]byte("a\x1b[2A\x1b[10B\x1b[999Cb\r\n\x1b[2J\x1b]0;t\x07\xc3"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var n int
+		s := NewStripper(func(p []byte) { n += len(p) })
+		s.IdleFlush, s.ForceFlush = time.Hour, time.Hour
+		_, _ = s.Write(b)
+		s.Close()
+	})
+}

@@ -1,0 +1,106 @@
+package logs
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+)
+
+// Event is one stored event.
+type Event struct {
+	Timestamp int64
+	Data      []byte
+}
+
+type entry struct {
+	ts  int64
+	off int64
+	n   int32
+}
+
+// Store is an append-only list of timestamped byte events kept in a file;
+// only a 20-byte index entry per event stays in memory.
+type Store struct {
+	mu    sync.RWMutex // guards f, index, size
+	f     *os.File
+	index []entry
+	size  int64
+}
+
+// OpenStore creates (truncates) the store's file at path.
+func OpenStore(path string) (*Store, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open log store: %w", err)
+	}
+	return &Store{f: f}, nil
+}
+
+// Append stores data under ts; ts must not go backwards.
+func (s *Store) Append(ts int64, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := len(s.index); n > 0 && ts < s.index[n-1].ts {
+		return errors.New("log store: timestamp went backwards")
+	}
+	if _, err := s.f.WriteAt(data, s.size); err != nil {
+		return fmt.Errorf("log store: %w", err)
+	}
+	s.index = append(s.index, entry{ts: ts, off: s.size, n: int32(len(data))})
+	s.size += int64(len(data))
+	return nil
+}
+
+// After returns events with timestamp > after and ≤ upTo, at most maxBytes of
+// data (always at least one event if any match). more reports whether
+// matching events were left out.
+func (s *Store) After(after, upTo int64, maxBytes int) (evs []Event, more bool, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i := sort.Search(len(s.index), func(i int) bool { return s.index[i].ts > after })
+	total := 0
+	for ; i < len(s.index) && s.index[i].ts <= upTo; i++ {
+		e := s.index[i]
+		if total > 0 && total+int(e.n) > maxBytes {
+			return evs, true, nil
+		}
+		buf := make([]byte, e.n)
+		if _, err := s.f.ReadAt(buf, e.off); err != nil {
+			return nil, false, fmt.Errorf("log store: %w", err)
+		}
+		evs = append(evs, Event{Timestamp: e.ts, Data: buf})
+		total += int(e.n)
+	}
+	return evs, false, nil
+}
+
+// Sizes returns the (timestamp, size) pairs after ts up to upTo, without data.
+func (s *Store) Sizes(after, upTo int64) (ts []int64, n []int) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	i := sort.Search(len(s.index), func(i int) bool { return s.index[i].ts > after })
+	for ; i < len(s.index) && s.index[i].ts <= upTo; i++ {
+		ts = append(ts, s.index[i].ts)
+		n = append(n, int(s.index[i].n))
+	}
+	return ts, n
+}
+
+// Len returns the number of events.
+func (s *Store) Len() int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.index)
+}
+
+// Close closes the file.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.f.Close()
+}
