@@ -32,12 +32,25 @@ func NewClock(now func() time.Time) *Clock {
 func (c *Clock) Next() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.nextLocked()
+}
+
+func (c *Clock) nextLocked() int64 {
 	ts := c.now().UnixMilli()
 	if ts <= c.last {
 		ts = c.last + 1
 	}
 	c.last = ts
 	return ts
+}
+
+// Stamp issues the next timestamp and runs record with it before any other
+// timestamp is issued or a snapshot taken: an event is either wholly in a
+// snapshot or after its last_updated, never lost between two pulls.
+func (c *Clock) Stamp(record func(ts int64)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	record(c.nextLocked())
 }
 
 // Last returns the latest issued timestamp (or the start time).
