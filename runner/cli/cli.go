@@ -2,12 +2,17 @@
 package cli
 
 import (
-	"errors"
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
+	"github.com/tandem-run/tandem/runner/agent"
 )
 
 // Config is what `dstack-runner start` was asked to do.
@@ -20,9 +25,6 @@ type Config struct {
 	AuthorizedKeys []string
 	SSHLogLevel    string
 }
-
-// ErrNotReady is returned by start until the runner's agent lands.
-var ErrNotReady = errors.New("the job agent is not built yet")
 
 // App returns the dstack-runner command. `--version` prints exactly
 // "dstack-runner version <v>": the shim's component manager parses it.
@@ -49,9 +51,27 @@ func App() *cli.App {
 				&cli.IntFlag{Name: "ssh-port", Value: 10022, Usage: "SSH server port"},
 				&cli.StringSliceFlag{Name: "ssh-authorized-key", Usage: "authorized public key (repeatable)"},
 				&cli.StringFlag{Name: "ssh-log-level", Value: "INFO", Usage: "SSH server log level"},
+				&cli.DurationFlag{Name: "start-timeout", Value: 5 * time.Minute, Hidden: true, Usage: "exit 1 when no job runs within this"},
+				&cli.DurationFlag{Name: "logs-wait", Value: 5 * time.Minute, Hidden: true, Usage: "after the job, wait this long at most for logs to be read"},
 			},
 			Action: func(c *cli.Context) error {
-				return ErrNotReady
+				level, err := logging.ParseLevel(c.String("log-level"))
+				if err != nil {
+					return err
+				}
+				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGQUIT)
+				defer stop()
+				return agent.Run(ctx, agent.Config{
+					LogLevel:       level,
+					TempDir:        c.String("temp-dir"),
+					HTTPAddress:    c.String("http-address"),
+					HTTPPort:       c.Int("http-port"),
+					SSHPort:        c.Int("ssh-port"),
+					AuthorizedKeys: c.StringSlice("ssh-authorized-key"),
+					SSHLogLevel:    c.String("ssh-log-level"),
+					StartTimeout:   c.Duration("start-timeout"),
+					LogsWait:       c.Duration("logs-wait"),
+				})
 			},
 		}},
 	}

@@ -1,0 +1,191 @@
+// Package agent wires dstack-runner together and runs its lifecycle: wait
+// for a job (5 minutes), run it, wait until its logs are read (5 minutes at
+// most), exit.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/common/version"
+	"github.com/tandem-run/tandem/runner/executor"
+	"github.com/tandem-run/tandem/runner/metrics"
+	"github.com/tandem-run/tandem/runner/server"
+)
+
+// Config is the runner's configuration.
+type Config struct {
+	LogLevel       slog.Level
+	TempDir        string
+	HTTPAddress    string
+	HTTPPort       int
+	SSHPort        int
+	AuthorizedKeys []string
+	SSHLogLevel    string
+	DstackDir      string // "/dstack"
+	StartTimeout   time.Duration
+	LogsWait       time.Duration
+	Stdout         io.Writer
+}
+
+// ErrNoJob is returned when no job arrived in time or a signal came first.
+var ErrNoJob = errors.New("no job submitted")
+
+// Run runs the runner until the job is done and its logs were read.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.StartTimeout == 0 {
+		cfg.StartTimeout = 5 * time.Minute
+	}
+	if cfg.LogsWait == 0 {
+		cfg.LogsWait = 5 * time.Minute
+	}
+	if cfg.DstackDir == "" {
+		cfg.DstackDir = "/dstack"
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {
+		return fmt.Errorf("temp dir: %w", err)
+	}
+	logf, err := os.OpenFile(filepath.Join(cfg.TempDir, "default.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("default log: %w", err)
+	}
+	defer logf.Close()
+	log := logging.New(cfg.LogLevel, cfg.Stdout, logf)
+	log.Info("dstack-runner starting", "version", version.String(), "temp_dir", cfg.TempDir)
+
+	uid := os.Geteuid()
+	home := homeOf(uid)
+	if os.Getenv("HOME") != home {
+		log.Warn("HOME does not match the passwd entry; fixing", "home", home)
+		_ = os.Setenv("HOME", home)
+	}
+	if err := prepareDstackDir(cfg.DstackDir); err != nil {
+		log.Warn("prepare dstack dir", "dir", cfg.DstackDir, "err", err)
+	}
+	canSet := uid == 0 && hasCaps("/proc/self/status", 0, 6, 7) // CHOWN, SETGID, SETUID
+	if !canSet {
+		log.Info("runner cannot switch users; jobs run as the runner's user", "uid", uid)
+	}
+	log.Info("embedded SSH server is not part of this build yet; SSH port unused", "ssh_port", cfg.SSHPort, "authorized_keys", len(cfg.AuthorizedKeys))
+
+	x, err := executor.New(executor.Config{
+		TempDir:    cfg.TempDir,
+		Paths:      executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"},
+		Accounts:   executor.Accounts{Root: "/"},
+		SelfUID:    uid,
+		CanSetUser: canSet,
+		BaseEnv:    os.Environ(),
+		Log:        log,
+		Stdout:     cfg.Stdout,
+	})
+	if err != nil {
+		return err
+	}
+	e := server.New(server.Deps{Version: version.String(), Executor: x, Metrics: metrics.Collector{}, Log: log})
+	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	hs := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = hs.Serve(ln) }()
+	log.Info("runner API serving", "addr", ln.Addr().String())
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+	}()
+
+	select {
+	case <-x.Started():
+	case <-time.After(cfg.StartTimeout):
+		log.Error("Job didn't start in time", "timeout", cfg.StartTimeout)
+		return ErrNoJob
+	case <-ctx.Done():
+		log.Error("signal before a job started")
+		return ErrNoJob
+	}
+	select {
+	case <-x.Finished():
+	case <-ctx.Done():
+		log.Info("signal: stopping the job")
+		x.Stop()
+	}
+	deadline := time.After(cfg.LogsWait)
+	select {
+	case <-x.PullConsumed():
+	case <-deadline:
+		log.Warn("logs were not pulled before the deadline")
+		return nil
+	}
+	done := make(chan struct{})
+	go func() { x.Streamers().Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-deadline:
+		log.Warn("log streamers did not finish before the deadline")
+	}
+	log.Info("dstack-runner done")
+	return nil
+}
+
+func homeOf(uid int) string {
+	b, err := os.ReadFile("/etc/passwd")
+	if err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			f := strings.Split(l, ":")
+			if len(f) >= 6 && f[2] == strconv.Itoa(uid) && f[5] != "" {
+				return f[5]
+			}
+		}
+	}
+	if uid == 0 {
+		return "/root"
+	}
+	return "/"
+}
+
+func prepareDstackDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	_ = os.Chown(dir, 0, 0)
+	return os.Chmod(dir, 0o755)
+}
+
+// hasCaps reports whether the effective capability set has every bit.
+func hasCaps(statusPath string, bits ...uint) bool {
+	b, err := os.ReadFile(statusPath)
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			if err != nil {
+				return false
+			}
+			for _, bit := range bits {
+				if n&(1<<bit) == 0 {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,370 @@
+// Package executor owns the runner's one job: the state machine of the
+// runner API, preparing code, files and environment, running the command in
+// a pty as the job user, stopping it for real, and the event streams that
+// /api/pull and /logs_ws serve.
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/runner/logs"
+)
+
+// State is the runner's state (not on the wire).
+type State string
+
+const (
+	WaitSubmit       State = "wait_submit"
+	WaitRun          State = "wait_run"
+	ServeLogs        State = "serve_logs"
+	WaitLogsFinished State = "wait_logs_finished"
+)
+
+// Error classes for the HTTP layer.
+var (
+	ErrState    = errors.New("not allowed in the current state")
+	ErrBadInput = errors.New("bad input")
+)
+
+// Config is how the executor runs jobs.
+type Config struct {
+	TempDir  string
+	Paths    Paths
+	Accounts Accounts
+	ProcRoot string // "/proc"
+	SelfUID  int
+	// CanSetUser is whether the runner may switch credentials (root with
+	// CAP_SETUID/SETGID); otherwise the job runs as the runner's user.
+	CanSetUser bool
+	BaseEnv    []string
+	// InterruptGrace is how long Ctrl-C is given before SIGTERM/SIGHUP to the
+	// whole session; KillGrace then before SIGKILL.
+	InterruptGrace, KillGrace time.Duration
+	// DrainGrace bounds reading output after the main process exited while
+	// leftover processes keep the terminal open.
+	DrainGrace time.Duration
+	// PullCap bounds the log bytes of one /api/pull answer.
+	PullCap int
+	Now     func() time.Time
+	Log     *slog.Logger
+	Stdout  io.Writer
+}
+
+// Executor runs one job.
+type Executor struct {
+	cfg   Config
+	clock *logs.Clock
+
+	mu         sync.Mutex // guards the fields below
+	state      State
+	body       *api.SubmitBody
+	codeBlob   bool
+	submitAt   time.Time
+	cancel     context.CancelFunc
+	history    *logs.History
+	stopped    bool
+	started    chan struct{} // closed by run
+	finished   chan struct{} // closed when the job goroutine ended
+	quotaHour  int64         // hour bucket index
+	quotaBytes int64
+
+	statesMu sync.Mutex // guards states; appended under the clock's stamp
+	states   []api.JobStateEvent
+
+	jobLogs, runnerLogs *logs.Store
+	runnerLog           *slog.Logger
+	pullDone            chan struct{}
+	pullOnce            sync.Once
+	streamers           sync.WaitGroup
+}
+
+// New prepares the temp dir and event stores.
+func New(cfg Config) (*Executor, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = logging.Discard()
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	if cfg.InterruptGrace == 0 {
+		cfg.InterruptGrace = 3 * time.Second
+	}
+	if cfg.KillGrace == 0 {
+		cfg.KillGrace = 5 * time.Second
+	}
+	if cfg.DrainGrace == 0 {
+		cfg.DrainGrace = 2 * time.Second
+	}
+	if cfg.PullCap == 0 {
+		cfg.PullCap = 1 << 20
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = io.Discard
+	}
+	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {
+		return nil, fmt.Errorf("temp dir: %w", err)
+	}
+	jl, err := logs.OpenStore(filepath.Join(cfg.TempDir, "job_logs.events"))
+	if err != nil {
+		return nil, err
+	}
+	rl, err := logs.OpenStore(filepath.Join(cfg.TempDir, "runner_logs.events"))
+	if err != nil {
+		return nil, err
+	}
+	return &Executor{cfg: cfg, clock: logs.NewClock(cfg.Now), state: WaitSubmit, jobLogs: jl, runnerLogs: rl,
+		started: make(chan struct{}), finished: make(chan struct{}), pullDone: make(chan struct{})}, nil
+}
+
+// State returns the current state.
+func (x *Executor) State() State {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.state
+}
+
+// Started is closed once /api/run was accepted.
+func (x *Executor) Started() <-chan struct{} { return x.started }
+
+// Finished is closed when the job has ended and every event was recorded.
+func (x *Executor) Finished() <-chan struct{} { return x.finished }
+
+// PullConsumed is closed once a pull delivered everything after the end.
+func (x *Executor) PullConsumed() <-chan struct{} { return x.pullDone }
+
+// Submit stores the job (allowed before run, again while waiting for run).
+func (x *Executor) Submit(b api.SubmitBody) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	switch x.state {
+	case WaitSubmit:
+	case WaitRun:
+		x.cfg.Log.Warn("job re-submitted; replacing the previous one")
+	default:
+		return fmt.Errorf("%w: submit in state %s", ErrState, x.state)
+	}
+	x.body = &b
+	x.submitAt = x.cfg.Now()
+	x.quotaHour, x.quotaBytes = 0, 0
+	x.state = WaitRun
+	return nil
+}
+
+// validID is an id usable as a file name.
+func validID(id string) bool {
+	return id != "" && id != "." && id != ".." && !strings.ContainsAny(id, "/\\\x00")
+}
+
+// UploadArchive stores a file archive under its id.
+func (x *Executor) UploadArchive(id string, r io.Reader) error {
+	if !validID(id) {
+		return fmt.Errorf("%w: invalid archive id %q", ErrBadInput, id)
+	}
+	if err := x.requireState(WaitRun, "upload_archive"); err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(x.cfg.TempDir, "file_archives", id), r)
+}
+
+// UploadCode stores the code blob (a tar, or a diff for remote repos).
+func (x *Executor) UploadCode(r io.Reader) error {
+	if err := x.requireState(WaitRun, "upload_code"); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	id := x.body.Run.RunSpec.RepoID
+	x.mu.Unlock()
+	if !validID(id) {
+		id = "code"
+	}
+	if err := writeFile(filepath.Join(x.cfg.TempDir, "repo_blobs", id), r); err != nil {
+		return err
+	}
+	x.mu.Lock()
+	x.codeBlob = true
+	x.mu.Unlock()
+	return nil
+}
+
+func (x *Executor) requireState(s State, what string) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.state != s {
+		return fmt.Errorf("%w: %s in state %s", ErrState, what, x.state)
+	}
+	return nil
+}
+
+func writeFile(path string, r io.Reader) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("store upload: %w", err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("store upload: %w", err)
+	}
+	_, err = io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("store upload: %w", err)
+	}
+	return nil
+}
+
+// appendState records a job state event.
+func (x *Executor) appendState(ev api.JobStateEvent) {
+	x.clock.Stamp(func(ts int64) {
+		ev.Timestamp = ts
+		x.statesMu.Lock()
+		x.states = append(x.states, ev)
+		x.statesMu.Unlock()
+	})
+}
+
+func (x *Executor) appendLog(s *logs.Store, data []byte) {
+	x.clock.Stamp(func(ts int64) {
+		if err := s.Append(ts, data); err != nil {
+			x.cfg.Log.Error("store log event", "err", err)
+		}
+	})
+}
+
+// lineSink is the runner logger's third sink: every record becomes a
+// runner_logs event.
+type lineSink struct{ x *Executor }
+
+func (l lineSink) Write(p []byte) (int, error) {
+	l.x.appendLog(l.x.runnerLogs, append([]byte(nil), p...))
+	return len(p), nil
+}
+
+// Stop cancels a running job (graceful stop, then escalation). Before run
+// it ends the runner's wait for a job.
+func (x *Executor) Stop() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.stopped = true
+	if x.state == ServeLogs {
+		if x.cancel != nil {
+			x.cancel()
+		}
+		return
+	}
+	if x.state != WaitLogsFinished {
+		x.state = WaitLogsFinished
+	}
+}
+
+// Pull returns the events after ts, at most PullCap bytes of logs; when the
+// cap cut the answer, last_updated is the last included event and has_more
+// is true.
+func (x *Executor) Pull(after int64) (api.PullResponse, error) {
+	resp := api.PullResponse{JobStates: []api.JobStateEvent{}, JobLogs: []api.LogEvent{}, RunnerLogs: []api.LogEvent{}}
+	var err error
+	capped := false
+	x.clock.Lock(func(last int64) {
+		upTo := last
+		jts, jn := x.jobLogs.Sizes(after, upTo)
+		rts, rn := x.runnerLogs.Sizes(after, upTo)
+		// Merge by timestamp to find where the byte budget runs out.
+		total, i, j := 0, 0, 0
+		for i < len(jts) || j < len(rts) {
+			var ts int64
+			var n int
+			if j >= len(rts) || (i < len(jts) && jts[i] < rts[j]) {
+				ts, n = jts[i], jn[i]
+				i++
+			} else {
+				ts, n = rts[j], rn[j]
+				j++
+			}
+			if total > 0 && total+n > x.cfg.PullCap {
+				upTo, capped = ts-1, true
+				break
+			}
+			total += n
+		}
+		var jev, rev []logs.Event
+		if jev, _, err = x.jobLogs.After(after, upTo, 1<<62); err != nil {
+			return
+		}
+		if rev, _, err = x.runnerLogs.After(after, upTo, 1<<62); err != nil {
+			return
+		}
+		for _, e := range jev {
+			resp.JobLogs = append(resp.JobLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
+		}
+		for _, e := range rev {
+			resp.RunnerLogs = append(resp.RunnerLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
+		}
+		x.statesMu.Lock()
+		for _, s := range x.states {
+			if s.Timestamp > after && s.Timestamp <= upTo {
+				resp.JobStates = append(resp.JobStates, s)
+			}
+		}
+		x.statesMu.Unlock()
+		resp.LastUpdated = upTo
+	})
+	if err != nil {
+		return resp, err
+	}
+	state := x.State()
+	resp.HasMore = capped || state != WaitLogsFinished
+	if state == WaitLogsFinished && !capped {
+		x.pullOnce.Do(func() { close(x.pullDone) })
+	}
+	return resp, nil
+}
+
+// History waits until the job's output history exists (after run) and
+// returns it; nil when the runner ended without running a job.
+func (x *Executor) History(ctx context.Context) (*logs.History, error) {
+	select {
+	case <-x.started:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	for {
+		x.mu.Lock()
+		h, state := x.history, x.state
+		x.mu.Unlock()
+		if h != nil {
+			return h, nil
+		}
+		if state == WaitLogsFinished {
+			select {
+			case <-x.finished:
+				x.mu.Lock()
+				h = x.history
+				x.mu.Unlock()
+				return h, nil
+			default:
+			}
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Streamers tracks WebSocket clients so shutdown can wait for them.
+func (x *Executor) Streamers() *sync.WaitGroup { return &x.streamers }

@@ -1,0 +1,395 @@
+package executor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/runner/logs"
+	"github.com/tandem-run/tandem/runner/repo"
+)
+
+// Run starts the job: it resolves the job user and working dir at once (the
+// answer carries them) and runs everything else in the background. ok is
+// false when resolution failed; the failure is then a job state.
+func (x *Executor) Run() (api.RunResponse, bool, error) {
+	x.mu.Lock()
+	if x.state != WaitRun {
+		st := x.state
+		x.mu.Unlock()
+		return api.RunResponse{}, false, fmt.Errorf("%w: run in state %s", ErrState, st)
+	}
+	x.state = ServeLogs
+	body := *x.body
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	close(x.started)
+	x.mu.Unlock()
+
+	x.runnerLog = x.openRunnerLog()
+	x.runnerLog.Info("Logging configured", "log_level", "info")
+
+	fail := func(msg string) (api.RunResponse, bool, error) {
+		x.runnerLog.Error("Executor failed", "err", msg)
+		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: msg})
+		x.finish()
+		cancel()
+		return api.RunResponse{}, false, nil
+	}
+	user, err := x.cfg.Accounts.Resolve(body.JobSpec.User, x.cfg.SelfUID)
+	if err != nil {
+		return fail(fmt.Sprintf("Failed to set job user (%v)", err))
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		wd = "/"
+	}
+	if body.JobSpec.WorkingDir != nil {
+		if wd, err = ExpandPath(*body.JobSpec.WorkingDir, user.Home, ""); err != nil {
+			return fail(fmt.Sprintf("Failed to set job working dir (working dir %v)", err))
+		}
+	}
+	go x.job(ctx, body, user, wd)
+	return api.RunResponse{WorkingDir: wd, Username: user.Username}, true, nil
+}
+
+func (x *Executor) openRunnerLog() *slog.Logger {
+	sinks := []io.Writer{x.cfg.Stdout, lineSink{x}}
+	if f, err := os.OpenFile(filepath.Join(x.cfg.TempDir, "runner.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
+		sinks = append(sinks, f)
+	}
+	return logging.New(slog.LevelInfo, sinks...)
+}
+
+// finish ends the job: state wait_logs_finished, Finished closed.
+func (x *Executor) finish() {
+	x.mu.Lock()
+	x.state = WaitLogsFinished
+	x.mu.Unlock()
+	close(x.finished)
+}
+
+func (x *Executor) job(ctx context.Context, body api.SubmitBody, user JobUser, wd string) {
+	log := x.runnerLog
+	defer x.finish()
+	defer func() {
+		if r := recover(); r != nil {
+			log.Error("Executor failed", "panic", r)
+			x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: fmt.Sprintf("internal error: %v", r)})
+		}
+	}()
+	hist, err := logs.OpenHistory(filepath.Join(x.cfg.TempDir, "job.log"), x.cfg.Now)
+	if err != nil {
+		log.Error("Executor failed", "err", err)
+		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: err.Error()})
+		return
+	}
+	x.mu.Lock()
+	x.history = hist
+	codeBlob := x.codeBlob
+	x.mu.Unlock()
+	defer hist.Close()
+	log.Info("Run job")
+	owner := repo.Owner{UID: -1}
+	if x.cfg.CanSetUser {
+		owner = repo.Owner{UID: user.UID, GID: user.GID}
+	}
+
+	repoDir, err := x.setupRepo(body, user, wd, codeBlob, owner)
+	if err != nil {
+		log.Error("Executor failed", "err", err)
+		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonContainerExitedWithError, TerminationMessage: fmt.Sprintf("Failed to set up the repo (%v)", err)})
+		return
+	}
+	if err := x.setupFiles(body, user, wd, owner); err != nil {
+		log.Error("Executor failed", "err", err)
+		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: fmt.Sprintf("Failed to set up files (%v)", err)})
+		return
+	}
+	x.appendState(api.JobStateEvent{State: api.JobRunning})
+
+	runCtx := ctx
+	var cancelDeadline context.CancelFunc = func() {}
+	if d := body.JobSpec.MaxDuration; d > 0 {
+		runCtx, cancelDeadline = context.WithTimeoutCause(ctx, time.Duration(d)*time.Second, errMaxDuration)
+	}
+	defer cancelDeadline()
+	res := x.execute(runCtx, body, user, wd, repoDir, hist)
+	x.appendState(res)
+	log.Info("Job finished", "state", res.State, "reason", res.TerminationReason)
+}
+
+var (
+	errMaxDuration = errors.New("max duration exceeded")
+	errLogQuota    = errors.New("log quota exceeded")
+)
+
+func (x *Executor) setupRepo(body api.SubmitBody, user JobUser, wd string, codeBlob bool, owner repo.Owner) (string, error) {
+	if body.JobSpec.RepoDir == nil {
+		return "", errors.New("repo_dir is not set")
+	}
+	dir, err := ExpandPath(*body.JobSpec.RepoDir, user.Home, wd)
+	if err != nil {
+		return "", err
+	}
+	rd := body.JobSpec.RepoData
+	if rd == nil {
+		rd = body.Run.RunSpec.RepoData
+	}
+	repoType := api.RepoVirtual
+	if rd != nil && rd.RepoType != "" {
+		repoType = rd.RepoType
+	}
+	blob := filepath.Join(x.cfg.TempDir, "repo_blobs", blobName(body.Run.RunSpec.RepoID))
+	defer os.RemoveAll(filepath.Join(x.cfg.TempDir, "repo_blobs"))
+	action := body.JobSpec.RepoExistsAction
+	if action == "" {
+		action = "skip"
+	}
+	return dir, repo.Setup(repo.Spec{
+		Dir:         dir,
+		Type:        repoType,
+		Data:        rd,
+		Credentials: body.RepoCredentials,
+		Blob:        blob,
+		HasBlob:     codeBlob,
+		Exists:      action,
+		Single:      body.JobSpec.SingleBranch,
+		Owner:       owner,
+		Log:         x.runnerLog,
+	})
+}
+
+func blobName(id string) string {
+	if validID(id) {
+		return id
+	}
+	return "code"
+}
+
+func (x *Executor) setupFiles(body api.SubmitBody, user JobUser, wd string, owner repo.Owner) error {
+	dir := filepath.Join(x.cfg.TempDir, "file_archives")
+	defer os.RemoveAll(dir)
+	for _, fa := range body.JobSpec.FileArchives {
+		dest, err := ExpandPath(fa.Path, user.Home, wd)
+		if err != nil {
+			return err
+		}
+		if !validID(fa.ID) {
+			return fmt.Errorf("archive id %q is not valid", fa.ID)
+		}
+		f, err := os.Open(filepath.Join(dir, fa.ID))
+		if err != nil {
+			return fmt.Errorf("archive %s for %s: %w", fa.ID, fa.Path, err)
+		}
+		if err := MkdirOwned(filepath.Dir(dest), owner.UID, owner.GID); err != nil {
+			f.Close()
+			return err
+		}
+		err = repo.ExtractArchive(f, dest, owner)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: %w", fa.Path, err)
+		}
+	}
+	return nil
+}
+
+// execute runs the command in a pty until it exits, is stopped, or the
+// deadline or log quota hits; it returns the terminal state, recorded only
+// after every byte of output was stored.
+func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUser, wd, repoDir string, hist *logs.History) api.JobStateEvent {
+	log := x.runnerLog
+	failed := func(err error) api.JobStateEvent {
+		log.Error("Executor failed", "err", err)
+		return api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: err.Error()}
+	}
+	cmdline := body.JobSpec.Commands
+	if len(cmdline) == 0 {
+		return failed(errors.New("job has no commands"))
+	}
+	env := JobEnv(x.cfg.BaseEnv, body, repoDir, wd, x.cfg.Paths.HostfilePath(), user.Home)
+	if err := WriteProfile(x.cfg.Paths, env); err != nil {
+		log.Warn("write profile", "err", err)
+	}
+	if err := WriteHostfile(x.cfg.Paths, body.ClusterInfo); err != nil {
+		return failed(err)
+	}
+	uid, gid := -1, -1
+	if x.cfg.CanSetUser {
+		uid, gid = user.UID, user.GID
+	}
+	if err := MkdirOwned(wd, uid, gid); err != nil {
+		return failed(fmt.Errorf("create working dir %s: %w", wd, err))
+	}
+	_ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY})
+
+	prog := cmdline[0]
+	if filepath.Base(prog) == prog {
+		if p, err := exec.LookPath(prog); err == nil {
+			prog = p
+		}
+	}
+	cmd := exec.Command(prog, cmdline[1:]...)
+	cmd.Args[0] = cmdline[0]
+	cmd.Dir = wd
+	cmd.Env = EnvList(env)
+	master, tty, err := pty.Open()
+	if err != nil {
+		return failed(fmt.Errorf("open pty: %w", err))
+	}
+	defer master.Close()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if x.cfg.CanSetUser {
+		_ = tty.Chown(user.UID, user.GID)
+		groups := make([]uint32, 0, len(user.Groups))
+		for _, g := range user.Groups {
+			groups = append(groups, uint32(g))
+		}
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(user.UID), Gid: uint32(user.GID), Groups: groups}
+	}
+	if err := cmd.Start(); err != nil {
+		tty.Close()
+		return failed(fmt.Errorf("start %s: %w", cmdline[0], err))
+	}
+	tty.Close()
+	sid := cmd.Process.Pid
+	log.Info("Job started", "pid", sid, "user", user.Username, "uid", user.UID, "working_dir", wd)
+
+	quotaHit := make(chan struct{})
+	var quotaOnce bool
+	stripper := logs.NewStripper(func(b []byte) {
+		if !x.chargeQuota(body.LogQuotaHour, len(b)) {
+			if !quotaOnce {
+				quotaOnce = true
+				close(quotaHit)
+			}
+			return
+		}
+		x.appendLog(x.jobLogs, b)
+	})
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := master.Read(buf)
+			if n > 0 {
+				_, _ = hist.Write(buf[:n])
+				_, _ = stripper.Write(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
+
+	var cause error
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		cause = context.Cause(ctx)
+		x.stopSequence(master, sid, exited)
+	case <-quotaHit:
+		cause = errLogQuota
+		signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
+		<-exited
+	}
+	// The main process is gone. Leftovers holding the terminal must not keep
+	// the job alive: hang them up, then kill them if they linger.
+	select {
+	case <-readDone:
+	case <-time.After(x.cfg.DrainGrace / 2):
+		signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
+		signalSession(x.cfg.ProcRoot, sid, syscall.SIGTERM)
+		select {
+		case <-readDone:
+		case <-time.After(x.cfg.DrainGrace / 2):
+			signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
+			select {
+			case <-readDone:
+			case <-time.After(time.Second):
+				master.Close()
+				<-readDone
+			}
+		}
+	}
+	stripper.Close()
+
+	code := cmd.ProcessState.ExitCode()
+	switch {
+	case errors.Is(cause, errLogQuota):
+		return api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonLogQuotaExceeded,
+			TerminationMessage: fmt.Sprintf("Job log output exceeded the hourly quota of %d bytes", body.LogQuotaHour)}
+	case errors.Is(cause, errMaxDuration):
+		return api.JobStateEvent{State: api.JobTerminated, TerminationReason: api.ReasonMaxDurationExceeded, TerminationMessage: "Max duration exceeded"}
+	case cause != nil:
+		return api.JobStateEvent{State: api.JobTerminated}
+	case code == 0:
+		return api.JobStateEvent{State: api.JobDone, ExitStatus: &code}
+	}
+	return api.JobStateEvent{State: api.JobFailed, ExitStatus: &code}
+}
+
+// stopSequence stops the job like a person at the terminal would, then
+// harder: Ctrl-C (the terminal's INTR character reaches the foreground
+// process group, even under an interactive shell), then SIGTERM and SIGHUP
+// to the whole session, then SIGKILL.
+func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}) {
+	intr := byte(3)
+	if t, err := unix.IoctlGetTermios(int(master.Fd()), unix.TCGETS); err == nil && t.Cc[unix.VINTR] != 0 {
+		intr = t.Cc[unix.VINTR]
+	}
+	_, _ = master.Write([]byte{intr})
+	select {
+	case <-exited:
+		return
+	case <-time.After(x.cfg.InterruptGrace):
+	}
+	signalSession(x.cfg.ProcRoot, sid, syscall.SIGTERM)
+	signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
+	select {
+	case <-exited:
+		return
+	case <-time.After(x.cfg.KillGrace):
+	}
+	signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
+	<-exited
+}
+
+// chargeQuota accounts n stripped bytes in the current hour bucket
+// (counted from submit); false when they do not fit.
+func (x *Executor) chargeQuota(quota int64, n int) bool {
+	if quota <= 0 {
+		return true
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	hour := int64(x.cfg.Now().Sub(x.submitAt) / time.Hour)
+	if hour != x.quotaHour {
+		x.quotaHour, x.quotaBytes = hour, 0
+	}
+	if x.quotaBytes+int64(n) > quota {
+		return false
+	}
+	x.quotaBytes += int64(n)
+	return true
+}

@@ -1,0 +1,259 @@
+// Package server is dstack-runner's HTTP API and /logs_ws WebSocket on echo.
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gorilla/websocket"
+	"github.com/labstack/echo/v4"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/httpapi"
+	"github.com/tandem-run/tandem/runner/executor"
+	"github.com/tandem-run/tandem/runner/metrics"
+)
+
+// Metrics is what /api/metrics needs.
+type Metrics interface {
+	Collect(ctx context.Context) (api.MetricsResponse, error)
+}
+
+// Deps are the server's collaborators.
+type Deps struct {
+	Version  string
+	Executor *executor.Executor
+	Metrics  Metrics
+	Log      *slog.Logger
+	// PingInterval for WebSocket clients (default 30 s).
+	PingInterval time.Duration
+}
+
+type srv struct{ d Deps }
+
+// New returns the echo instance serving the runner API.
+func New(d Deps) *echo.Echo {
+	if d.PingInterval == 0 {
+		d.PingInterval = 30 * time.Second
+	}
+	e := httpapi.NewEcho(d.Log)
+	s := &srv{d: d}
+	e.GET("/api/healthcheck", s.healthcheck)
+	e.HEAD("/api/healthcheck", s.healthcheck)
+	e.GET("/api/metrics", s.metrics)
+	e.POST("/api/submit", s.submit)
+	e.POST("/api/upload_archive", s.uploadArchive)
+	e.POST("/api/upload_code", s.uploadCode)
+	e.POST("/api/run", s.run)
+	e.GET("/api/pull", s.pull)
+	e.POST("/api/stop", s.stop)
+	e.GET("/logs_ws", s.logsWS)
+	return e
+}
+
+func toHTTP(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, executor.ErrState):
+		return &httpapi.Error{Status: http.StatusConflict, Message: http.StatusText(http.StatusConflict), Err: err}
+	case errors.Is(err, executor.ErrBadInput):
+		return &httpapi.Error{Status: http.StatusBadRequest, Message: err.Error()}
+	}
+	return &httpapi.Error{Status: http.StatusInternalServerError, Message: err.Error(), Err: err}
+}
+
+func (s *srv) healthcheck(c echo.Context) error {
+	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceRunner, Version: s.d.Version})
+}
+
+func (s *srv) metrics(c echo.Context) error {
+	if s.d.Metrics == nil {
+		return httpapi.Errorf(http.StatusNotFound, "Metrics collector is not available")
+	}
+	m, err := s.d.Metrics.Collect(c.Request().Context())
+	if errors.Is(err, metrics.ErrUnavailable) {
+		return httpapi.Errorf(http.StatusNotFound, "Metrics collector is not available")
+	}
+	if err != nil {
+		return &httpapi.Error{Status: http.StatusInternalServerError, Message: err.Error(), Err: err}
+	}
+	return httpapi.JSON(c, m)
+}
+
+func (s *srv) submit(c echo.Context) error {
+	var body api.SubmitBody
+	if err := httpapi.Bind(c, &body); err != nil {
+		return err
+	}
+	if err := s.d.Executor.Submit(body); err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.OK(c)
+}
+
+func (s *srv) uploadArchive(c echo.Context) error {
+	if s.d.Executor.State() != executor.WaitRun {
+		return toHTTP(executor.ErrState)
+	}
+	ct := c.Request().Header.Get("Content-Type")
+	if ct == "" {
+		return httpapi.Errorf(http.StatusBadRequest, "missing content-type header")
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return &httpapi.Error{Status: http.StatusInternalServerError, Message: err.Error(), Err: err}
+	}
+	if mt != "multipart/form-data" {
+		return httpapi.Errorf(http.StatusBadRequest, "multipart/form-data expected, got %s", mt)
+	}
+	if params["boundary"] == "" {
+		return httpapi.Errorf(http.StatusBadRequest, "missing boundary")
+	}
+	mr := multipart.NewReader(c.Request().Body, params["boundary"])
+	part, err := mr.NextPart()
+	if errors.Is(err, io.EOF) {
+		return httpapi.Errorf(http.StatusBadRequest, "empty form")
+	}
+	if err != nil {
+		return httpapi.Errorf(http.StatusBadRequest, "malformed form: %v", err)
+	}
+	switch {
+	case part.FormName() == "":
+		return httpapi.Errorf(http.StatusBadRequest, "missing field name")
+	case part.FormName() != "archive":
+		return httpapi.Errorf(http.StatusBadRequest, "unexpected field %s", part.FormName())
+	case part.FileName() == "":
+		return httpapi.Errorf(http.StatusBadRequest, "missing file name")
+	}
+	if err := s.d.Executor.UploadArchive(part.FileName(), part); err != nil {
+		return toHTTP(err)
+	}
+	if _, err := mr.NextPart(); !errors.Is(err, io.EOF) {
+		return httpapi.Errorf(http.StatusBadRequest, "extra form field(s)")
+	}
+	return httpapi.OK(c)
+}
+
+func (s *srv) uploadCode(c echo.Context) error {
+	if err := s.d.Executor.UploadCode(c.Request().Body); err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.OK(c)
+}
+
+func (s *srv) run(c echo.Context) error {
+	resp, ok, err := s.d.Executor.Run()
+	if err != nil {
+		return toHTTP(err)
+	}
+	if !ok {
+		return httpapi.OK(c)
+	}
+	return httpapi.JSON(c, resp)
+}
+
+func (s *srv) pull(c echo.Context) error {
+	ts := int64(0)
+	if q := c.QueryParam("timestamp"); q != "" {
+		v, err := strconv.ParseInt(q, 10, 64)
+		if err != nil {
+			return httpapi.Errorf(http.StatusBadRequest, "timestamp must be an integer")
+		}
+		ts = v
+	}
+	resp, err := s.d.Executor.Pull(ts)
+	if err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.JSON(c, resp)
+}
+
+func (s *srv) stop(c echo.Context) error {
+	s.d.Executor.Stop()
+	return httpapi.OK(c)
+}
+
+var upgrader = websocket.Upgrader{CheckOrigin: func(*http.Request) bool { return true }}
+
+func (s *srv) logsWS(c echo.Context) error {
+	conn, err := upgrader.Upgrade(c.Response(), c.Request(), nil)
+	if err != nil {
+		return nil // the upgrader already answered
+	}
+	defer conn.Close()
+	var since time.Time
+	if q := c.QueryParam("start_time"); q != "" {
+		since, err = time.Parse(time.RFC3339Nano, q)
+		if err != nil {
+			_ = conn.WriteControl(websocket.CloseMessage,
+				websocket.FormatCloseMessage(websocket.CloseUnsupportedData, "failed to parse start_time value"), time.Now().Add(time.Second))
+			return nil
+		}
+	}
+	wg := s.d.Executor.Streamers()
+	wg.Add(1)
+	defer wg.Done()
+	ctx, cancel := context.WithCancel(c.Request().Context())
+	defer cancel()
+	// Read (and discard) so pongs and the client's close are processed.
+	go func() {
+		defer cancel()
+		for {
+			if _, _, err := conn.NextReader(); err != nil {
+				return
+			}
+		}
+	}()
+	hist, err := s.d.Executor.History(ctx)
+	if err != nil || hist == nil {
+		_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
+		return nil
+	}
+	r := hist.Reader(since)
+	ping := time.NewTicker(s.d.PingInterval)
+	defer ping.Stop()
+	chunks := make(chan []byte)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			b, err := r.Next(ctx, 32<<10)
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case chunks <- b:
+			case <-ctx.Done():
+				errc <- ctx.Err()
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case b := <-chunks:
+			_ = conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			if err := conn.WriteMessage(websocket.BinaryMessage, b); err != nil {
+				return nil
+			}
+		case <-ping.C:
+			if err := conn.WriteControl(websocket.PingMessage, nil, time.Now().Add(5*time.Second)); err != nil {
+				return nil
+			}
+		case err := <-errc:
+			if errors.Is(err, io.EOF) {
+				// Everything delivered: close like dstack's runner (empty payload).
+				_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
+			}
+			return nil
+		}
+	}
+}
