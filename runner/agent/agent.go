@@ -36,7 +36,10 @@ type Config struct {
 	DstackDir      string // "/dstack"
 	StartTimeout   time.Duration
 	LogsWait       time.Duration
-	Stdout         io.Writer
+	// Linger keeps the runner up this long after the logs were pulled, for
+	// late readers (a CLI attaching over WebSocket, a retried pull).
+	Linger time.Duration
+	Stdout io.Writer
 }
 
 // ErrNoJob is returned when no job arrived in time or a signal came first.
@@ -131,6 +134,10 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-deadline:
 		log.Warn("logs were not pulled before the deadline")
 		return nil
+	}
+	select {
+	case <-time.After(cfg.Linger):
+	case <-deadline:
 	}
 	done := make(chan struct{})
 	go func() { x.Streamers().Wait(); close(done) }()

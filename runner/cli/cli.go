@@ -53,6 +53,7 @@ func App() *cli.App {
 				&cli.StringFlag{Name: "ssh-log-level", Value: "INFO", Usage: "SSH server log level"},
 				&cli.DurationFlag{Name: "start-timeout", Value: 5 * time.Minute, Hidden: true, Usage: "exit 1 when no job runs within this"},
 				&cli.DurationFlag{Name: "logs-wait", Value: 5 * time.Minute, Hidden: true, Usage: "after the job, wait this long at most for logs to be read"},
+				&cli.DurationFlag{Name: "linger", Value: 10 * time.Second, Hidden: true, Usage: "stay up this long after the logs were pulled, for late readers"},
 			},
 			Action: func(c *cli.Context) error {
 				level, err := logging.ParseLevel(c.String("log-level"))
@@ -71,6 +72,7 @@ func App() *cli.App {
 					SSHLogLevel:    c.String("ssh-log-level"),
 					StartTimeout:   c.Duration("start-timeout"),
 					LogsWait:       c.Duration("logs-wait"),
+					Linger:         c.Duration("linger"),
 				})
 			},
 		}},

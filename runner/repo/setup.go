@@ -174,7 +174,7 @@ func cloneAuth(c *api.RepoCredentials) (transport.AuthMethod, error) {
 		}
 		keys.HostKeyCallback = ssh.InsecureIgnoreHostKey() //nolint:gosec // as dstack: repo hosts are not pinned
 		return keys, nil
-	case "file":
+	case "git", "file":
 		return nil, nil
 	}
 	return nil, fmt.Errorf("unsupported clone url scheme %q", ep.Protocol)

@@ -125,15 +125,18 @@ func (s *srv) uploadArchive(c echo.Context) error {
 	if err != nil {
 		return httpapi.Errorf(http.StatusBadRequest, "malformed form: %v", err)
 	}
+	// The raw filename: Part.FileName() strips directories, which would hide
+	// an id like "../x" instead of rejecting it.
+	_, disp, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
 	switch {
 	case part.FormName() == "":
 		return httpapi.Errorf(http.StatusBadRequest, "missing field name")
 	case part.FormName() != "archive":
 		return httpapi.Errorf(http.StatusBadRequest, "unexpected field %s", part.FormName())
-	case part.FileName() == "":
+	case disp["filename"] == "":
 		return httpapi.Errorf(http.StatusBadRequest, "missing file name")
 	}
-	if err := s.d.Executor.UploadArchive(part.FileName(), part); err != nil {
+	if err := s.d.Executor.UploadArchive(disp["filename"], part); err != nil {
 		return toHTTP(err)
 	}
 	if _, err := mr.NextPart(); !errors.Is(err, io.EOF) {
