@@ -20,7 +20,7 @@ import (
 )
 
 // ErrUnavailable means no cgroup data at all could be found.
-var ErrUnavailable = errors.New("Metrics collector is not available") //nolint:staticcheck // wire text
+var ErrUnavailable = errors.New("no cgroup data available")
 
 // Collector reads metrics; the roots are injectable for tests.
 type Collector struct {

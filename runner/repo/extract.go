@@ -31,7 +31,7 @@ func cleanEntry(name string) (string, error) {
 	}
 	for _, part := range strings.Split(name, "/") {
 		if part == ".." {
-			return "", fmt.Errorf("%w: %q goes up with ..", ErrUnsafePath, name)
+			return "", fmt.Errorf("%w: %q climbs out with a \"..\" component", ErrUnsafePath, name)
 		}
 	}
 	c := path.Clean(name)
@@ -166,7 +166,7 @@ func writeEntry(root *os.Root, name string, hdr *tar.Header, r io.Reader, owner 
 			return unsafeOr(name, err)
 		}
 		_ = root.Chmod(name, mode|0o700)
-	case tar.TypeReg, tar.TypeRegA: //nolint:staticcheck // old archives use TypeRegA
+	case tar.TypeReg: // the reader already maps legacy TypeRegA here
 		_ = root.Remove(name) // replace, never write through an existing link
 		f, err := root.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, mode)
 		if err != nil {
