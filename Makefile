@@ -52,6 +52,9 @@ fuzz:
 	go test -run '^$$' -fuzz FuzzDecodeHostInfo -fuzztime 20s ./api
 	go test -run '^$$' -fuzz FuzzShimRequests -fuzztime 20s ./shim/server
 	go test -run '^$$' -fuzz FuzzTrackerFeed -fuzztime 20s ./shim/pull
+	go test -run '^$$' -fuzz FuzzRunnerRequests -fuzztime 20s ./runner/server
+	go test -run '^$$' -fuzz FuzzExtractTar -fuzztime 20s ./runner/repo
+	go test -run '^$$' -fuzz FuzzStripper -fuzztime 20s ./runner/logs
 
 clean:
 	rm -rf $(BIN)

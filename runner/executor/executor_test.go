@@ -1,0 +1,247 @@
+package executor
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+func fixtureRoot(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	_ = os.MkdirAll(filepath.Join(root, "etc"), 0o755)
+	_ = os.MkdirAll(filepath.Join(root, "home", "alice"), 0o755)
+	_ = os.MkdirAll(filepath.Join(root, "root"), 0o755)
+	_ = os.WriteFile(filepath.Join(root, "etc", "passwd"), []byte(`root:x:0:0:root:/root:/bin/bash
+alice:x:1000:1000::/home/alice:/bin/bash
+svc:x:998:998::/nonexistent:/usr/sbin/nologin
+ghost:x:997:997::/home/ghost:/bin/sh
+rel:x:996:996::relative/home:/bin/sh
+`), 0o644)
+	_ = os.WriteFile(filepath.Join(root, "etc", "group"), []byte(`root:x:0:
+video:x:44:alice
+docker:x:999:alice,bob
+alice:x:1000:
+svc:x:998:
+`), 0o644)
+	return root
+}
+
+func TestResolveUser(t *testing.T) {
+	a := Accounts{Root: fixtureRoot(t)}
+	i := func(v int) *int { return &v }
+	s := func(v string) *string { return &v }
+	tests := []struct {
+		name    string
+		in      *api.JobUser
+		want    JobUser
+		wantErr string
+	}{
+		{"no user: the runner's own", nil, JobUser{UID: 0, GID: 0, Groups: []int{0}, Username: "root", Home: "/root", ProvisionHome: true}, ""},
+		{"by name with supplementary groups", &api.JobUser{Username: s("alice")},
+			JobUser{UID: 1000, GID: 1000, Groups: []int{44, 999, 1000}, Username: "alice", Home: "/home/alice", ProvisionHome: true}, ""},
+		{"uid wins over name", &api.JobUser{UID: i(0), Username: s("alice")}, JobUser{UID: 0, GID: 0, Groups: []int{0}, Username: "root", Home: "/root", ProvisionHome: true}, ""},
+		{"unknown uid is tolerated", &api.JobUser{UID: i(4242)}, JobUser{UID: 4242, GID: 0, Groups: []int{0}, Home: "/", ProvisionHome: false}, ""},
+		{"gid given", &api.JobUser{Username: s("alice"), GID: i(5)}, JobUser{UID: 1000, GID: 5, Groups: []int{5}, Username: "alice", Home: "/home/alice", ProvisionHome: true}, ""},
+		{"groupname given", &api.JobUser{Username: s("alice"), Groupname: s("video")}, JobUser{UID: 1000, GID: 44, Groups: []int{44}, Username: "alice", Home: "/home/alice", ProvisionHome: true}, ""},
+		{"nonexistent home becomes /", &api.JobUser{Username: s("svc")}, JobUser{UID: 998, GID: 998, Groups: []int{998}, Username: "svc", Home: "/", ProvisionHome: false}, ""},
+		{"missing home kept", &api.JobUser{Username: s("ghost")}, JobUser{UID: 997, GID: 997, Groups: []int{997}, Username: "ghost", Home: "/home/ghost", ProvisionHome: true}, ""},
+		{"relative home becomes /", &api.JobUser{Username: s("rel")}, JobUser{UID: 996, GID: 996, Groups: []int{996}, Username: "rel", Home: "/", ProvisionHome: false}, ""},
+		{"unknown name", &api.JobUser{Username: s("bob")}, JobUser{}, `user "bob" not found`},
+		{"unknown group", &api.JobUser{Username: s("alice"), Groupname: s("nope")}, JobUser{}, `group "nope" not found`},
+		{"neither uid nor name", &api.JobUser{}, JobUser{}, "neither uid nor username is set"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := a.Resolve(tc.in, 0)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("err %v want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.UID != tc.want.UID || got.GID != tc.want.GID || !slices.Equal(got.Groups, tc.want.Groups) ||
+				got.Username != tc.want.Username || got.Home != tc.want.Home || got.ProvisionHome != tc.want.ProvisionHome {
+				t.Fatalf("got %+v want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestJobEnvOrderAndProfile(t *testing.T) {
+	b := api.SubmitBody{
+		Run:           api.Run{ID: "r", RunSpec: api.RunSpec{RunName: "name", RepoID: "rid"}},
+		JobSubmission: api.JobSubmission{ID: "j"},
+		JobSpec:       api.JobSpec{JobNum: 1, JobsPerReplica: 2, Env: map[string]string{"A": "spec", "DSTACK_RUN_NAME": "override", "Q": "it's"}},
+		ClusterInfo:   api.ClusterInfo{JobIPs: []string{"10.0.0.1", "10.0.0.2"}, MasterJobIP: "10.0.0.1", GPUsPerJob: 4},
+		Secrets:       map[string]string{"A": "secret", "S": "s"},
+	}
+	env := JobEnv([]string{"A=base", "PATH=/bin", "HOME=/wrong", "BASH_FUNC_f%%=() { :; }", "B=base"}, b, "/repo", "/wd", "/dstack/mpi/hostfile", "/home/u")
+	want := map[string]string{"A": "spec", "B": "base", "S": "s", "PATH": "/bin", "HOME": "/home/u", "DSTACK_RUN_NAME": "override",
+		"DSTACK_NODES_IPS": "10.0.0.1\n10.0.0.2", "DSTACK_NODE_RANK": "1", "DSTACK_NODES_NUM": "2", "DSTACK_GPUS_NUM": "8",
+		"DSTACK_GPUS_PER_NODE": "4", "DSTACK_WORKING_DIR": "/wd", "DSTACK_REPO_DIR": "/repo", "DSTACK_MPI_HOSTFILE": "/dstack/mpi/hostfile"}
+	for k, v := range want {
+		if env[k] != v {
+			t.Errorf("%s = %q want %q", k, env[k], v)
+		}
+	}
+	if _, ok := env["BASH_FUNC_f%%"]; ok {
+		t.Error("exported bash functions must be dropped")
+	}
+	dir := t.TempDir()
+	p := Paths{DstackDir: filepath.Join(dir, "dstack"), EtcProfile: filepath.Join(dir, "etc", "profile")}
+	_ = os.MkdirAll(filepath.Dir(p.EtcProfile), 0o755)
+	for i := 0; i < 2; i++ {
+		if err := WriteProfile(p, env); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prof, _ := os.ReadFile(p.ProfilePath())
+	if !strings.Contains(string(prof), `export Q='it'"'"'s'`) || strings.Contains(string(prof), "export HOME=") ||
+		!strings.HasSuffix(string(prof), "cd \"$DSTACK_WORKING_DIR\"\n") {
+		t.Fatalf("profile:\n%s", prof)
+	}
+	etc, _ := os.ReadFile(p.EtcProfile)
+	if strings.Count(string(etc), ". '"+p.ProfilePath()+"'") != 1 {
+		t.Fatalf("hook must be added once:\n%s", etc)
+	}
+	if err := WriteHostfile(p, b.ClusterInfo); err != nil {
+		t.Fatal(err)
+	}
+	hf, _ := os.ReadFile(p.HostfilePath())
+	if string(hf) != "10.0.0.1 slots=4\n10.0.0.2 slots=4\n" {
+		t.Fatalf("hostfile %q", hf)
+	}
+	b.ClusterInfo.JobIPs = []string{"10.0.0.1", ""}
+	_ = WriteHostfile(p, b.ClusterInfo)
+	if hf, _ := os.ReadFile(p.HostfilePath()); len(hf) != 0 {
+		t.Fatalf("an unknown IP makes the hostfile empty: %q", hf)
+	}
+}
+
+func TestExpandPath(t *testing.T) {
+	for _, tc := range []struct{ in, home, base, want, err string }{
+		{"~", "/home/u", "", "/home/u", ""},
+		{"~/a/../b", "/home/u", "", "/home/u/b", ""},
+		{"rel", "/home/u", "/wd", "/wd/rel", ""},
+		{"rel", "/home/u", "", "", "must be absolute"},
+		{"~bob/x", "/home/u", "", "", "~user"},
+	} {
+		got, err := ExpandPath(tc.in, tc.home, tc.base)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%q: err %v", tc.in, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%q: %q %v", tc.in, got, err)
+		}
+	}
+}
+
+func newTestExecutor(t *testing.T) *Executor {
+	t.Helper()
+	x, err := New(Config{TempDir: t.TempDir(), PullCap: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return x
+}
+
+func TestStateMachine(t *testing.T) {
+	x := newTestExecutor(t)
+	if err := x.UploadCode(strings.NewReader("x")); !errors.Is(err, ErrState) {
+		t.Fatalf("upload before submit: %v", err)
+	}
+	if _, _, err := x.Run(); !errors.Is(err, ErrState) {
+		t.Fatalf("run before submit: %v", err)
+	}
+	if err := x.Submit(api.SubmitBody{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.Submit(api.SubmitBody{}); err != nil {
+		t.Fatal("re-submit before run is allowed:", err)
+	}
+	for _, id := range []string{"", ".", "..", "a/b", "../x", "a\\b"} {
+		if err := x.UploadArchive(id, strings.NewReader("")); !errors.Is(err, ErrBadInput) {
+			t.Fatalf("archive id %q: %v", id, err)
+		}
+	}
+	x.Stop() // stop before run ends the wait for a job
+	if x.State() != WaitLogsFinished {
+		t.Fatalf("state %s", x.State())
+	}
+	if err := x.Submit(api.SubmitBody{}); !errors.Is(err, ErrState) {
+		t.Fatalf("submit after stop: %v", err)
+	}
+}
+
+func TestPullCapKeepsEverything(t *testing.T) {
+	x := newTestExecutor(t)
+	for i := 0; i < 10; i++ {
+		x.appendLog(x.jobLogs, []byte(strings.Repeat("j", 30)))
+		x.appendLog(x.runnerLogs, []byte(strings.Repeat("r", 10)))
+	}
+	x.appendState(api.JobStateEvent{State: api.JobDone})
+	var total, pulls int
+	ts := int64(0)
+	sawState := false
+	for {
+		p, err := x.Pull(ts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pulls++
+		size := 0
+		for _, l := range p.JobLogs {
+			size += len(l.Message)
+		}
+		for _, l := range p.RunnerLogs {
+			size += len(l.Message)
+		}
+		if size > 100 {
+			t.Fatalf("answer of %d bytes over the 100-byte cap", size)
+		}
+		total += size
+		sawState = sawState || len(p.JobStates) > 0
+		if p.LastUpdated < ts {
+			t.Fatal("last_updated went back")
+		}
+		ts = p.LastUpdated
+		if len(p.JobLogs)+len(p.RunnerLogs)+len(p.JobStates) == 0 {
+			break
+		}
+		if pulls > 50 {
+			t.Fatal("pull loop does not converge")
+		}
+	}
+	if total != 400 || !sawState || pulls < 4 {
+		t.Fatalf("total %d state %v pulls %d", total, sawState, pulls)
+	}
+}
+
+func TestQuotaHourBuckets(t *testing.T) {
+	now := time.Unix(0, 0)
+	x, _ := New(Config{TempDir: t.TempDir(), Now: func() time.Time { return now }})
+	_ = x.Submit(api.SubmitBody{})
+	if !x.chargeQuota(100, 60) || x.chargeQuota(100, 50) || !x.chargeQuota(100, 40) {
+		t.Fatal("within an hour the quota is shared")
+	}
+	now = now.Add(time.Hour)
+	if !x.chargeQuota(100, 100) {
+		t.Fatal("a new hour resets the quota")
+	}
+	if !x.chargeQuota(0, 1<<30) {
+		t.Fatal("0 means unlimited")
+	}
+}
