@@ -209,6 +209,22 @@ func (x *Executor) requireState(s State, what string) error {
 	return nil
 }
 
+// readErrReader remembers a read error, to tell a broken request (the
+// client's fault) from a failing disk (ours).
+type readErrReader struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErrReader) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		r.err = err
+	}
+	return n, err
+}
+
+// writeFile stores an upload; a failed upload leaves no partial file.
 func writeFile(path string, r io.Reader) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("store upload: %w", err)
@@ -217,11 +233,16 @@ func writeFile(path string, r io.Reader) error {
 	if err != nil {
 		return fmt.Errorf("store upload: %w", err)
 	}
-	_, err = io.Copy(f, r)
+	rr := &readErrReader{r: r}
+	_, err = io.Copy(f, rr)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
+		_ = os.Remove(path)
+		if rr.err != nil {
+			return fmt.Errorf("%w: reading the upload: %v", ErrBadInput, rr.err)
+		}
 		return fmt.Errorf("store upload: %w", err)
 	}
 	return nil
