@@ -281,15 +281,27 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUse
 		}
 		x.appendLog(x.jobLogs, b)
 	})
+	// The reader stores raw output and hands it to the stripper through a
+	// bounded queue, so stripping runs beside reading (memory stays bounded:
+	// when the queue is full the reader, and so the job, waits).
+	chunks := make(chan []byte, 64)
+	stripDone := make(chan struct{})
+	go func() {
+		defer close(stripDone)
+		for c := range chunks {
+			_, _ = stripper.Write(c)
+		}
+	}()
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)
+		defer close(chunks)
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := master.Read(buf)
 			if n > 0 {
 				_, _ = hist.Write(buf[:n])
-				_, _ = stripper.Write(buf[:n])
+				chunks <- append([]byte(nil), buf[:n]...)
 			}
 			if err != nil {
 				return
@@ -332,6 +344,7 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUse
 			}
 		}
 	}
+	<-stripDone
 	stripper.Close()
 
 	code := cmd.ProcessState.ExitCode()

@@ -55,6 +55,10 @@ func (s *Stripper) Write(p []byte) (int, error) {
 	s.feed(data)
 	if s.size > s.MaxBuffer {
 		s.flushLocked(false)
+		if s.size > s.MaxBuffer {
+			// One endless line: emit it in pieces rather than buffer it all.
+			s.flushLocked(true)
+		}
 	}
 	s.armTimers()
 	return len(p), nil
@@ -115,10 +119,20 @@ func (s *Stripper) flushLocked(all bool) {
 	if upto <= 0 {
 		return
 	}
-	var out bytes.Buffer
+	var out []byte
 	for _, l := range s.lines[:upto] {
-		out.WriteString(string(bytes.TrimRight([]byte(string(l)), " \x00")))
-		out.WriteByte('\n')
+		end := len(l)
+		for end > 0 && (l[end-1] == ' ' || l[end-1] == 0) {
+			end--
+		}
+		for _, r := range l[:end] {
+			if r < utf8.RuneSelf {
+				out = append(out, byte(r))
+			} else {
+				out = utf8.AppendRune(out, r)
+			}
+		}
+		out = append(out, '\n')
 	}
 	rest := s.lines[upto:]
 	s.lines = append([][]rune(nil), rest...)
@@ -133,7 +147,7 @@ func (s *Stripper) flushLocked(all bool) {
 	for _, l := range s.lines {
 		s.size += len(l)
 	}
-	s.emit(out.Bytes())
+	s.emit(out)
 }
 
 func (s *Stripper) feed(p []byte) {
@@ -171,6 +185,22 @@ func (s *Stripper) feed(p []byte) {
 		case b < 0x20 || b == 0x7f:
 			i++ // other controls: bell, shift-in/out, ...
 		case b < utf8.RuneSelf:
+			// Fast path: a run of printable ASCII at the end of the line.
+			j := i
+			for j < len(p) && p[j] >= 0x20 && p[j] < 0x7f {
+				j++
+			}
+			line := s.lines[s.row]
+			if s.col == len(line) {
+				for _, c := range p[i:j] {
+					line = append(line, rune(c))
+				}
+				s.lines[s.row] = line
+				s.size += j - i
+				s.col += j - i
+				i = j
+				continue
+			}
 			s.put(rune(b))
 			i++
 		default:

@@ -172,3 +172,27 @@ func FuzzStripper(f *testing.F) {
 		s.Close()
 	})
 }
+
+func TestStripperHugeLineStaysBounded(t *testing.T) {
+	var total, biggest int
+	s := NewStripper(func(b []byte) {
+		total += len(b)
+		biggest = max(biggest, len(b))
+	})
+	s.IdleFlush, s.ForceFlush = time.Hour, time.Hour
+	chunk := []byte(strings.Repeat("x", 4096))
+	for i := 0; i < 256; i++ { // 1 MiB, no newline
+		_, _ = s.Write(chunk)
+	}
+	s.mu.Lock()
+	buffered := s.size
+	s.mu.Unlock()
+	if buffered > s.MaxBuffer+len(chunk) {
+		t.Fatalf("stripper buffers %d bytes of one endless line", buffered)
+	}
+	s.Close()
+	// Every byte arrives, split into bounded pieces each ending in a newline.
+	if total < 256*4096 || biggest > s.MaxBuffer+len(chunk)+1 {
+		t.Fatalf("total %d biggest %d", total, biggest)
+	}
+}

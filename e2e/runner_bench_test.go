@@ -1,0 +1,223 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api/runnerclient"
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+// benchRunner starts the runner as PID 1 of a busybox container (no init, so
+// the container's PID is the runner's) and returns its client and host pid.
+func benchRunner(b *testing.B) (*runnerclient.Client, int, string) {
+	b.Helper()
+	bins := testenv.Binaries(b)
+	img := testenv.Busybox(b)
+	_, port, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	name := randomID("bench-runner")
+	ctx := context.Background()
+	if _, err := testenv.Docker(ctx, "run", "-d", "--name", name, "--network", "host",
+		"-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "-v", b.TempDir()+":/tmp/runner",
+		"--entrypoint", "/usr/local/bin/dstack-runner", img,
+		"start", "--temp-dir", "/tmp/runner", "--http-port", port, "--http-address", "127.0.0.1"); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) })
+	pidStr, err := testenv.Docker(ctx, "inspect", "--format", "{{.State.Pid}}", name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(pidStr))
+	c, _ := runnerclient.New("127.0.0.1:" + port)
+	for i := 0; ; i++ {
+		if _, err := c.Healthcheck(ctx); err == nil {
+			return c, pid, name
+		}
+		if i > 300 {
+			b.Fatal("runner did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func mbEnv(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// writeCmd prints mb MiB of 100-byte lines.
+func writeCmd(mb int) string {
+	return fmt.Sprintf(`yes "$(printf '%%099d' 0)" | head -c %d`, mb<<20)
+}
+
+// pullAll consumes the job's logs like the server and returns the bytes
+// delivered and when the final state was first seen.
+func pullAll(b *testing.B, c *runnerclient.Client, start time.Time) (got int64, jobEnd time.Duration) {
+	ctx := context.Background()
+	var ts int64
+	final := false
+	for {
+		p, err := c.Pull(ctx, ts)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, l := range p.JobLogs {
+			got += int64(len(l.Message))
+		}
+		ts = p.LastUpdated
+		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() && !final {
+			final, jobEnd = true, time.Since(start)
+		}
+		if final && !p.HasMore {
+			return got, jobEnd
+		}
+		if len(p.JobLogs) == 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func readRSS(pid int) int {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(l, "VmRSS:") {
+			n, _ := strconv.Atoi(strings.Fields(l)[1])
+			return n
+		}
+	}
+	return 0
+}
+
+// BenchmarkRunnerLogThroughput: a job writes TANDEM_BENCH_LOG_MB (200) MiB
+// through the pty; reports the job's own run time, the time until a
+// server-like pull loop had every byte, and the runner's peak RSS.
+func BenchmarkRunnerLogThroughput(b *testing.B) {
+	mb := mbEnv("TANDEM_BENCH_LOG_MB", 200)
+	for i := 0; i < b.N; i++ {
+		c, pid, name := benchRunner(b)
+		ctx := context.Background()
+		// The output is prepared first so the job's pace is the terminal's,
+		// not busybox yes's (one 100-byte write per line).
+		if _, err := testenv.Docker(ctx, "exec", name, "sh", "-c", writeCmd(mb)+" > /tmp/big"); err != nil {
+			b.Fatal(err)
+		}
+		var mu sync.Mutex
+		var samples []int
+		stop := make(chan struct{})
+		go func() {
+			t := time.NewTicker(50 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					if kib := readRSS(pid); kib > 0 {
+						mu.Lock()
+						samples = append(samples, kib)
+						mu.Unlock()
+					}
+				}
+			}
+		}()
+		if err := c.Submit(ctx, job("/bin/cat", "/tmp/big")); err != nil {
+			b.Fatal(err)
+		}
+		start := time.Now()
+		if _, _, err := c.Run(ctx); err != nil {
+			b.Fatal(err)
+		}
+		got, jobEnd := pullAll(b, c, start)
+		delivered := time.Since(start)
+		close(stop)
+		if want := int64(mb << 20); got < want {
+			b.Fatalf("delivered %d bytes, want %d", got, want)
+		}
+		mu.Lock()
+		peak, mid := 0, 0
+		for _, v := range samples {
+			peak = max(peak, v)
+		}
+		if len(samples) > 0 {
+			mid = samples[len(samples)/2]
+		}
+		mu.Unlock()
+		b.ReportMetric(jobEnd.Seconds(), "job-s")
+		b.ReportMetric(delivered.Seconds(), "delivered-s")
+		b.ReportMetric(float64(mb)/delivered.Seconds(), "MiB/s")
+		b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
+		b.ReportMetric(float64(mid)/1024, "mid-run-rss-MiB")
+	}
+}
+
+// BenchmarkRunnerPullWithBigHistory: after a job wrote
+// TANDEM_BENCH_HISTORY_MB (1024) MiB, each op pulls one page at a timestamp
+// spread over the whole history; reports the slowest page.
+func BenchmarkRunnerPullWithBigHistory(b *testing.B) {
+	mb := mbEnv("TANDEM_BENCH_HISTORY_MB", 1024)
+	c, pid, _ := benchRunner(b)
+	ctx := context.Background()
+	if err := c.Submit(ctx, job("/bin/sh", "-c", writeCmd(mb))); err != nil {
+		b.Fatal(err)
+	}
+	if _, _, err := c.Run(ctx); err != nil {
+		b.Fatal(err)
+	}
+	// Wait for the end without consuming: a pull past every timestamp
+	// carries nothing, and has_more turns false when the job is over.
+	for {
+		p, err := c.Pull(ctx, 1<<62)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if !p.HasMore {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	p, err := c.Pull(ctx, 0)
+	if err != nil || len(p.JobLogs) == 0 {
+		b.Fatalf("first page: %v", err)
+	}
+	first := p.JobLogs[0].Timestamp
+	end, err := c.Pull(ctx, 1<<62)
+	if err != nil {
+		b.Fatal(err)
+	}
+	span := max(end.LastUpdated-first, 1)
+	b.ResetTimer()
+	var worst time.Duration
+	var bytes int
+	for i := 0; i < b.N; i++ {
+		ts := first + span*int64(i%97)/97
+		start := time.Now()
+		q, err := c.Pull(ctx, ts)
+		worst = max(worst, time.Since(start))
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, l := range q.JobLogs {
+			bytes += len(l.Message)
+		}
+	}
+	b.StopTimer()
+	if bytes == 0 {
+		b.Fatal("pages carried no logs")
+	}
+	b.ReportMetric(float64(worst.Microseconds())/1000, "worst-page-ms")
+	b.ReportMetric(float64(bytes)/float64(b.N)/1024, "KiB/page")
+	b.ReportMetric(float64(readRSS(pid))/1024, "rss-MiB")
+}
