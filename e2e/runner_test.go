@@ -282,3 +282,39 @@ func tarOf(t *testing.T, files map[string]string) []byte {
 	_ = tw.Close()
 	return buf.Bytes()
 }
+
+func TestRunnerMetricsAndNoJobExit(t *testing.T) {
+	t.Parallel()
+	h := startRunner(t, testenv.Busybox(t))
+	m, err := h.client.Metrics(context.Background())
+	if err != nil || m.MemoryUsageBytes == 0 || m.TimestampMicro == 0 || m.GPUs == nil || len(m.GPUs) != 0 {
+		t.Fatalf("metrics from the container's cgroup: %+v %v", m, err)
+	}
+	// No job within --start-timeout: exit 1.
+	bins := testenv.Binaries(t)
+	out, err := testenv.Docker(context.Background(), "run", "--rm", "--network", "none", "-v", bins.Runner+":/r:ro", testenv.Busybox(t),
+		"sh", "-c", "/r start --temp-dir /tmp/r --http-port 10999 --start-timeout 1s >/dev/null 2>&1; echo exit=$?")
+	if err != nil || strings.TrimSpace(out) != "exit=1" {
+		t.Fatalf("no job: %q %v", out, err)
+	}
+}
+
+// A job that ignores Ctrl-C, SIGTERM and SIGHUP is killed after the grace.
+func TestRunnerStopEscalatesToKill(t *testing.T) {
+	t.Parallel()
+	h := startRunner(t, testenv.Busybox(t))
+	h.start(job("/bin/sh", "-c", `trap '' INT TERM HUP; echo stubborn; while :; do sleep 1; done`))
+	var stoppedAt time.Time
+	c := h.pullUntilDone(time.Minute, func(c *collected) {
+		if stoppedAt.IsZero() && strings.Contains(c.logs.String(), "stubborn") {
+			stoppedAt = time.Now()
+			_ = h.client.Stop(context.Background())
+		}
+	})
+	if took := time.Since(stoppedAt); took > 15*time.Second {
+		t.Fatalf("escalation took %s", took)
+	}
+	if f := c.final(); f.State != api.JobTerminated {
+		t.Fatalf("final %+v", f)
+	}
+}

@@ -245,3 +245,37 @@ func TestQuotaHourBuckets(t *testing.T) {
 		t.Fatal("0 means unlimited")
 	}
 }
+
+func TestGitCredentials(t *testing.T) {
+	home := t.TempDir()
+	u := JobUser{Home: home, ProvisionHome: true}
+	cleanup, err := writeGitCredentials(&api.RepoCredentials{CloneURL: "https://github.com/a/b.git", OAuthToken: "tok"}, u, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(home, ".config", "gh", "hosts.yml"))
+	if err != nil || string(b) != "github.com:\n    oauth_token: \"tok\"\n" {
+		t.Fatalf("hosts.yml %q %v", b, err)
+	}
+	if _, err := writeGitCredentials(&api.RepoCredentials{CloneURL: "https://github.com/a/b.git", OAuthToken: "x"}, u, false); err == nil {
+		t.Fatal("an existing file must not be overwritten")
+	}
+	cleanup()
+	if _, err := os.Stat(filepath.Join(home, ".config", "gh", "hosts.yml")); !os.IsNotExist(err) {
+		t.Fatal("cleanup must remove the file")
+	}
+	cleanup, err = writeGitCredentials(&api.RepoCredentials{CloneURL: "ssh://git@host/r.git", PrivateKey: "KEY"}, u, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(home, ".ssh", "id_rsa")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("id_rsa: %v %v", fi, err)
+	}
+	cleanup()
+	if _, err := writeGitCredentials(&api.RepoCredentials{CloneURL: "ssh://git@host/r.git"}, u, false); err == nil {
+		t.Fatal("ssh without a key must fail")
+	}
+	if c, err := writeGitCredentials(&api.RepoCredentials{CloneURL: "https://h/r"}, JobUser{Home: "/", ProvisionHome: false}, false); err != nil || c == nil {
+		t.Fatal("no home provisioning: nothing to do")
+	}
+}

@@ -107,6 +107,12 @@ func (x *Executor) job(ctx context.Context, body api.SubmitBody, user JobUser, w
 		owner = repo.Owner{UID: user.UID, GID: user.GID}
 	}
 
+	removeCreds, err := writeGitCredentials(body.RepoCredentials, user, x.cfg.CanSetUser)
+	if err != nil {
+		log.Warn("git credentials not written", "err", err)
+	}
+	defer removeCreds()
+
 	repoDir, err := x.setupRepo(body, user, wd, codeBlob, owner)
 	if err != nil {
 		log.Error("Executor failed", "err", err)
