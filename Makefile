@@ -7,7 +7,7 @@ export PATH    := $(PATH):$(GOBIN)
 BIN            := $(CURDIR)/bin
 GOTEST_FLAGS   ?= -count=1 -timeout 30m
 
-.PHONY: all build test unit e2e lint deps fuzz bench clean
+.PHONY: all build test unit e2e lint deps demo fuzz bench clean
 
 all: build
 
@@ -16,6 +16,10 @@ build:
 	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-runner ./cmd/dstack-runner
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-shim ./cmd/dstack-shim
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/tandem ./cmd/tandem
+
+## demo: the main job: one run through both agents on this machine
+demo: deps build
+	./scripts/demo.sh
 
 ## deps: install missing Debian packages and tools, start dockerd if needed
 deps:

@@ -2,12 +2,35 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/shimclient"
 	"github.com/tandem-run/tandem/common/version"
+	"github.com/tandem-run/tandem/ctl"
 )
+
+// exitError carries the job's exit status to main.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
+func (e exitError) ExitCode() int { return e.code }
+
+var shimFlag = &cli.StringFlag{Name: "shim", Value: "127.0.0.1:10998", EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host:port"}
 
 // App returns the tandem command.
 func App() *cli.App {
@@ -15,7 +38,17 @@ func App() *cli.App {
 		Name:    "tandem",
 		Usage:   "drive a run through dstack-shim and dstack-runner",
 		Version: version.String(),
-		Commands: []*cli.Command{{
+		ExitErrHandler: func(c *cli.Context, err error) {
+			var ee exitError
+			if errors.As(err, &ee) {
+				if ee.msg != "" {
+					fmt.Fprintln(c.App.ErrWriter, "tandem:", ee.msg)
+				}
+				os.Exit(ee.code)
+			}
+			cli.HandleExitCoder(err)
+		},
+		Commands: []*cli.Command{runCmd(), psCmd(), stopCmd(), infoCmd(), {
 			Name:  "version",
 			Usage: "print the version and the dstack protocol level",
 			Action: func(c *cli.Context) error {
@@ -24,4 +57,208 @@ func App() *cli.App {
 			},
 		}},
 	}
+}
+
+func runCmd() *cli.Command {
+	return &cli.Command{
+		Name:      "run",
+		Usage:     "run a command as a job on the shim's machine",
+		ArgsUsage: "-- COMMAND [ARGS...]",
+		Flags: []cli.Flag{
+			shimFlag,
+			&cli.IntFlag{Name: "runner-port", Value: 10999, Usage: "the runner HTTP port the shim uses (--runner-http-port)"},
+			&cli.StringFlag{Name: "image", Value: "ubuntu:22.04", Usage: "container image"},
+			&cli.StringFlag{Name: "name", Usage: "task name (default: tandem-<id>)"},
+			&cli.StringFlag{Name: "gpus", Value: "0", Usage: "GPUs: a count, or all"},
+			&cli.Float64Flag{Name: "cpu", Usage: "CPU limit in cores (0: none)"},
+			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 8GiB"},
+			&cli.StringFlag{Name: "shm-size", Usage: "/dev/shm size, e.g. 1GiB"},
+			&cli.StringSliceFlag{Name: "env", Aliases: []string{"e"}, Usage: "KEY=VALUE (repeatable)"},
+			&cli.StringFlag{Name: "workdir", Value: "/workflow", Usage: "working dir in the container"},
+			&cli.StringFlag{Name: "code", Usage: "local directory uploaded into the working dir"},
+			&cli.StringSliceFlag{Name: "mount", Usage: "HOSTPATH:PATH (repeatable)"},
+			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
+			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long"},
+		},
+		Action: func(c *cli.Context) error {
+			cmd := c.Args().Slice()
+			if len(cmd) == 0 {
+				return exitError{2, "no command: tandem run [flags] -- COMMAND"}
+			}
+			o := ctl.RunOptions{Shim: c.String("shim"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
+				Image: c.String("image"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
+				Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd,
+				Out: c.App.Writer, Status: c.App.ErrWriter, Env: map[string]string{}}
+			var err error
+			if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
+				return exitError{2, err.Error()}
+			}
+			if o.Memory, err = parseSize(c.String("memory")); err != nil {
+				return exitError{2, "--memory: " + err.Error()}
+			}
+			if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
+				return exitError{2, "--shm-size: " + err.Error()}
+			}
+			for _, kv := range c.StringSlice("env") {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return exitError{2, fmt.Sprintf("--env %q: want KEY=VALUE", kv)}
+				}
+				o.Env[k] = v
+			}
+			for _, m := range c.StringSlice("mount") {
+				host, path, ok := strings.Cut(m, ":")
+				if !ok || !filepath.IsAbs(host) || !filepath.IsAbs(path) {
+					return exitError{2, fmt.Sprintf("--mount %q: want /host/path:/container/path", m)}
+				}
+				o.Mounts = append(o.Mounts, api.InstanceMountPoint{InstancePath: host, Path: path})
+			}
+			if o.CodeDir != "" {
+				if fi, err := os.Stat(o.CodeDir); err != nil || !fi.IsDir() {
+					return exitError{2, fmt.Sprintf("--code %s: not a directory", o.CodeDir)}
+				}
+			}
+			if o.Network != "host" && o.Network != "bridge" {
+				return exitError{2, "--network must be host or bridge"}
+			}
+			sigs := make(chan os.Signal, 2)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			o.Interrupt = sigs
+			res, err := ctl.Run(context.Background(), o)
+			if err != nil {
+				return exitError{1, err.Error()}
+			}
+			code := res.ExitCode()
+			if code != 0 {
+				return exitError{code, ctl.Describe(res)}
+			}
+			fmt.Fprintln(c.App.ErrWriter, ctl.Describe(res))
+			return nil
+		},
+	}
+}
+
+func parseGPUs(s string) (int, error) {
+	if s == "all" {
+		return -1, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("--gpus %q: want a count or all", s)
+	}
+	return n, nil
+}
+
+// parseSize reads 512MiB, 8GiB, 1GB, 100M or plain bytes.
+func parseSize(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	units := []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3},
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
+	for _, u := range units {
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+			if err != nil || f < 0 {
+				return 0, fmt.Errorf("%q is not a size", s)
+			}
+			return int64(f * float64(u.mult)), nil
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%q is not a size", s)
+	}
+	return n, nil
+}
+
+func shim(c *cli.Context) (*shimclient.Client, error) {
+	s, err := shimclient.New(c.String("shim"))
+	if err != nil {
+		return nil, exitError{2, err.Error()}
+	}
+	return s, nil
+}
+
+func psCmd() *cli.Command {
+	return &cli.Command{Name: "ps", Usage: "list the shim's tasks", Flags: []cli.Flag{shimFlag},
+		Action: func(c *cli.Context) error {
+			s, err := shim(c)
+			if err != nil {
+				return err
+			}
+			items, err := s.ListTasks(c.Context)
+			if err != nil {
+				return exitError{1, err.Error()}
+			}
+			w := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "TASK\tSTATUS\tCONTAINER\tREASON")
+			for _, it := range items {
+				info, err := s.GetTask(c.Context, it.ID)
+				if err != nil {
+					continue
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", it.ID, info.Status, info.ContainerName, info.TerminationReason)
+			}
+			return w.Flush()
+		}}
+}
+
+func stopCmd() *cli.Command {
+	return &cli.Command{Name: "stop", Usage: "terminate and remove a task", ArgsUsage: "TASK", Flags: []cli.Flag{shimFlag,
+		&cli.UintFlag{Name: "timeout", Value: 10, Usage: "seconds of graceful stop"}},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return exitError{2, "usage: tandem stop TASK"}
+			}
+			s, err := shim(c)
+			if err != nil {
+				return err
+			}
+			id := c.Args().First()
+			if _, err := s.TerminateTask(c.Context, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: c.Uint("timeout")}); err != nil {
+				return exitError{1, err.Error()}
+			}
+			if err := s.RemoveTask(c.Context, id); err != nil {
+				return exitError{1, err.Error()}
+			}
+			fmt.Fprintln(c.App.Writer, "stopped", id)
+			return nil
+		}}
+}
+
+func infoCmd() *cli.Command {
+	return &cli.Command{Name: "info", Usage: "shim version, GPUs, components", Flags: []cli.Flag{shimFlag},
+		Action: func(c *cli.Context) error {
+			s, err := shim(c)
+			if err != nil {
+				return err
+			}
+			hc, err := s.Healthcheck(c.Context)
+			if err != nil {
+				return exitError{1, fmt.Sprintf("shim at %s is not reachable: %v", c.String("shim"), err)}
+			}
+			fmt.Fprintf(c.App.Writer, "shim:      %s %s\n", hc.Service, hc.Version)
+			if ii, err := s.InstanceInfo(c.Context); err == nil {
+				vendor := string(ii.GPUVendor)
+				if vendor == "" {
+					vendor = "none"
+				}
+				line := "gpus:      vendor " + vendor
+				if ii.GPUDriverVersion != "" {
+					line += ", driver " + ii.GPUDriverVersion
+				}
+				fmt.Fprintln(c.App.Writer, line)
+			}
+			if comps, err := s.Components(c.Context); err == nil {
+				for _, cp := range comps {
+					fmt.Fprintf(c.App.Writer, "component: %s %s (%s)\n", cp.Name, cp.Version, cp.Status)
+				}
+			}
+			return nil
+		}}
 }

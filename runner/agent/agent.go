@@ -128,16 +128,22 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Info("signal: stopping the job")
 		x.Stop()
 	}
+	// Wait for the logs to be read. A signal now means the container is
+	// being stopped: whoever wanted the logs has had its chance.
 	deadline := time.After(cfg.LogsWait)
 	select {
 	case <-x.PullConsumed():
 	case <-deadline:
 		log.Warn("logs were not pulled before the deadline")
 		return nil
+	case <-ctx.Done():
+		return nil
 	}
 	select {
 	case <-time.After(cfg.Linger):
 	case <-deadline:
+	case <-ctx.Done():
+		return nil
 	}
 	done := make(chan struct{})
 	go func() { x.Streamers().Wait(); close(done) }()
@@ -145,6 +151,7 @@ func Run(ctx context.Context, cfg Config) error {
 	case <-done:
 	case <-deadline:
 		log.Warn("log streamers did not finish before the deadline")
+	case <-ctx.Done():
 	}
 	log.Info("dstack-runner done")
 	return nil

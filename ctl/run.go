@@ -1,0 +1,379 @@
+// Package ctl drives runs through dstack-shim and dstack-runner the way the
+// dstack server does: submit a task, wait for its container, hand the job to
+// the runner, stream its logs, and clean up. cmd/tandem is its front end.
+package ctl
+
+import (
+	"archive/tar"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
+	"github.com/tandem-run/tandem/api/shimclient"
+)
+
+// RunOptions describe one run.
+type RunOptions struct {
+	Shim        string // shim address, host:port
+	RunnerPort  int    // runner HTTP port on the host (host network mode)
+	Name        string
+	Image       string
+	GPUs        int // -1 all, 0 none
+	CPU         float64
+	Memory      int64
+	ShmSize     int64
+	Env         map[string]string
+	WorkDir     string
+	CodeDir     string
+	Mounts      []api.InstanceMountPoint
+	Network     string // host or bridge
+	MaxDuration time.Duration
+	Commands    []string
+	// Interrupt delivers Ctrl-C presses: the first stops the job gracefully,
+	// the second tears the task down at once.
+	Interrupt <-chan os.Signal
+	Out       io.Writer // job output
+	Status    io.Writer // progress and status lines
+}
+
+// Result is how a run ended.
+type Result struct {
+	TaskID     string
+	State      api.JobState
+	ExitStatus *int
+	Reason     api.TerminationReason
+	Message    string
+}
+
+// ExitCode maps the result to a process exit code.
+func (r Result) ExitCode() int {
+	switch {
+	case r.ExitStatus != nil:
+		return *r.ExitStatus
+	case r.State == api.JobDone:
+		return 0
+	case r.State == api.JobTerminated:
+		return 130
+	}
+	return 1
+}
+
+func newID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+func (o RunOptions) status(format string, args ...any) {
+	if o.Status != nil {
+		fmt.Fprintf(o.Status, format+"\n", args...)
+	}
+}
+
+// Run drives one run to its end and always removes the task.
+func Run(ctx context.Context, o RunOptions) (Result, error) {
+	if len(o.Commands) == 0 {
+		return Result{}, errors.New("no command given: tandem run [flags] -- COMMAND")
+	}
+	if o.Network == "" {
+		o.Network = "host"
+	}
+	shim, err := shimclient.New(o.Shim)
+	if err != nil {
+		return Result{}, err
+	}
+	hc, err := shim.Healthcheck(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", o.Shim, err)
+	}
+	if hc.Service != api.ServiceShim {
+		return Result{}, fmt.Errorf("%s answers as %q, not dstack-shim", o.Shim, hc.Service)
+	}
+	o.status("shim %s (%s)", o.Shim, hc.Version)
+	id := newID()
+	name := o.Name
+	if name == "" {
+		name = "tandem-" + id[:8]
+	}
+	res := Result{TaskID: id}
+	cfg := api.TaskConfig{ID: id, Name: name, ImageName: o.Image, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
+		ShmSize: o.ShmSize, NetworkMode: o.Network, InstanceMounts: o.Mounts}
+	if err := shim.SubmitTask(ctx, cfg); err != nil {
+		return res, fmt.Errorf("the shim rejected the task: %w", err)
+	}
+	// Whatever happens from here on, take the task down.
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if _, err := shim.TerminateTask(cctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: 5}); err != nil && !errors.Is(err, api.ErrNotFound) {
+			o.status("terminate task %s: %v", id, err)
+		}
+		if err := shim.RemoveTask(cctx, id); err != nil && !errors.Is(err, api.ErrNotFound) {
+			o.status("remove task %s: %v", id, err)
+		}
+	}()
+	info, err := waitTask(ctx, shim, id, o)
+	if err != nil {
+		return res, err
+	}
+	if info.Status == api.TaskTerminated {
+		res.State, res.Reason, res.Message = api.JobFailed, info.TerminationReason, info.TerminationMessage
+		return res, fmt.Errorf("task ended before the job started: %s: %s", info.TerminationReason, info.TerminationMessage)
+	}
+	runnerAddr, err := runnerAddress(o, info)
+	if err != nil {
+		return res, err
+	}
+	runner, err := runnerclient.New(runnerAddr)
+	if err != nil {
+		return res, err
+	}
+	if err := waitRunner(ctx, runner); err != nil {
+		return res, fmt.Errorf("runner at %s did not answer: %w", runnerAddr, err)
+	}
+	if err := submitJob(ctx, runner, o, id, name); err != nil {
+		return res, err
+	}
+	return follow(ctx, runner, o, res)
+}
+
+func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
+	var last api.TaskStatus
+	start := time.Now()
+	for {
+		info, err := shim.GetTask(ctx, id)
+		if err != nil {
+			return info, fmt.Errorf("task %s: %w", id, err)
+		}
+		if info.Status != last {
+			o.status("task %s: %s (%.1fs)", id[:8], info.Status, time.Since(start).Seconds())
+			last = info.Status
+		}
+		if p := info.ImagePullProgress; p != nil && info.Status == api.TaskPulling && p.TotalBytes > 0 {
+			o.status("  pulling %s: %d/%d MiB", o.Image, p.DownloadedBytes>>20, p.TotalBytes>>20)
+		}
+		switch {
+		case info.Status == api.TaskTerminated:
+			return info, nil
+		case info.Status == api.TaskRunning && info.Ports != nil:
+			return info, nil
+		}
+		select {
+		case <-ctx.Done():
+			return info, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func runnerAddress(o RunOptions, info api.TaskInfoResponse) (string, error) {
+	host, _, err := net.SplitHostPort(o.Shim)
+	if err != nil {
+		return "", fmt.Errorf("shim address %q: %w", o.Shim, err)
+	}
+	port := o.RunnerPort
+	if o.Network != "host" {
+		port = 0
+		for _, p := range info.Ports {
+			if p.Container == o.RunnerPort {
+				port = p.Host
+			}
+		}
+		if port == 0 {
+			return "", fmt.Errorf("the shim reported no published runner port (%d) for the task", o.RunnerPort)
+		}
+	}
+	return net.JoinHostPort(host, strconv.Itoa(port)), nil
+}
+
+func waitRunner(ctx context.Context, r *runnerclient.Client) error {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, err := r.Healthcheck(ctx)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func submitJob(ctx context.Context, r *runnerclient.Client, o RunOptions, id, name string) error {
+	repoData := &api.RepoData{RepoType: api.RepoVirtual}
+	body := api.SubmitBody{
+		Run: api.Run{ID: id, RunSpec: api.RunSpec{RunName: name, RepoID: "tandem-code", RepoData: repoData}},
+		JobSpec: api.JobSpec{JobsPerReplica: 1, Commands: o.Commands, Env: o.Env, RepoData: repoData,
+			MaxDuration: int(o.MaxDuration / time.Second)},
+		JobSubmission: api.JobSubmission{ID: id},
+		ClusterInfo:   api.ClusterInfo{JobIPs: []string{""}, GPUsPerJob: max(o.GPUs, 0)},
+		Secrets:       map[string]string{},
+	}
+	wd := o.WorkDir
+	if wd == "" {
+		wd = "/workflow"
+	}
+	body.JobSpec.WorkingDir = &wd
+	body.JobSpec.RepoDir = &wd
+	if err := r.Submit(ctx, body); err != nil {
+		return fmt.Errorf("submit job: %w", err)
+	}
+	if o.CodeDir != "" {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(tarDir(o.CodeDir, pw)) }()
+		err := r.UploadCode(ctx, pr)
+		pr.Close()
+		if err != nil {
+			return fmt.Errorf("upload code from %s: %w", o.CodeDir, err)
+		}
+	}
+	rr, _, err := r.Run(ctx)
+	if err != nil {
+		return fmt.Errorf("start job: %w", err)
+	}
+	if rr.WorkingDir != "" {
+		o.status("job running in %s as %s", rr.WorkingDir, rr.Username)
+	}
+	return nil
+}
+
+// tarDir writes dir as an uncompressed tar with paths relative to it.
+func tarDir(dir string, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if d.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(tw, f)
+			f.Close()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}
+
+// follow streams raw output over /logs_ws and pulls job states until the
+// job ends; Ctrl-C stops it (twice: right away).
+func follow(ctx context.Context, r *runnerclient.Client, o RunOptions, res Result) (Result, error) {
+	wsDone := make(chan struct{})
+	wsCtx, cancelWS := context.WithCancel(ctx)
+	defer cancelWS()
+	go func() {
+		defer close(wsDone)
+		ls, err := r.Logs(wsCtx, time.Time{})
+		if err != nil {
+			o.status("log stream: %v", err)
+			return
+		}
+		defer ls.Close()
+		for {
+			b, err := ls.Next()
+			if err != nil {
+				return
+			}
+			_, _ = o.Out.Write(b)
+		}
+	}()
+	interrupts := 0
+	var ts int64
+	for {
+		p, err := r.Pull(ctx, ts)
+		if err != nil {
+			return res, fmt.Errorf("pull job state: %w", err)
+		}
+		ts = p.LastUpdated
+		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
+			f := p.JobStates[n-1]
+			res.State, res.ExitStatus, res.Reason, res.Message = f.State, f.ExitStatus, f.TerminationReason, f.TerminationMessage
+			select {
+			case <-wsDone: // every byte of output shown
+			case <-time.After(10 * time.Second):
+			}
+			return res, nil
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-o.Interrupt:
+			interrupts++
+			if interrupts == 1 {
+				o.status("stopping the job (Ctrl-C again to kill it)")
+				_ = r.Stop(ctx)
+			} else {
+				o.status("killing the job")
+				res.State = api.JobTerminated
+				return res, nil
+			}
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// Describe renders a result in one line for people.
+func Describe(r Result) string {
+	switch {
+	case r.State == api.JobDone:
+		return "job done"
+	case r.ExitStatus != nil:
+		return fmt.Sprintf("job failed: exit status %d", *r.ExitStatus)
+	case r.Reason != "":
+		msg := strings.TrimSpace(r.Message)
+		if msg != "" {
+			return fmt.Sprintf("job %s: %s: %s", r.State, r.Reason, msg)
+		}
+		return fmt.Sprintf("job %s: %s", r.State, r.Reason)
+	}
+	return "job " + string(r.State)
+}

@@ -1,0 +1,119 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+// realStack starts dstack-shim with the real dstack-runner and returns the
+// shim and runner ports for tandem.
+func realStack(t *testing.T) (h *shimHarness, shimAddr, runnerPort string) {
+	t.Helper()
+	bins := testenv.Binaries(t)
+	_, runnerPort, _ = net.SplitHostPort(testenv.FreeAddr(t))
+	h = startShim(t, bins.Runner, nil, "--runner-http-port", runnerPort)
+	return h, strings.TrimPrefix(h.client.BaseURL(), "http://"), runnerPort
+}
+
+func tandem(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(testenv.Binaries(t).Tandem, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	return cmd, &stdout, &stderr
+}
+
+func exitCodeOf(err error) int {
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		return -1
+	}
+	return 0
+}
+
+func taskContainers(t *testing.T) string {
+	t.Helper()
+	out, _ := testenv.Docker(context.Background(), "ps", "-a", "--filter", "label=ai.dstack.shim.is-task=true", "--filter", "name=tandem-", "-q")
+	return strings.TrimSpace(out)
+}
+
+func TestTandemRunExitStatusAndCode(t *testing.T) {
+	h, shim, rport := realStack(t)
+	code := t.TempDir()
+	_ = os.WriteFile(filepath.Join(code, "train.sh"), []byte("echo training from code dir\n"), 0o755)
+	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--code", code,
+		"--env", "LR=0.1", "--", "/bin/sh", "-c", "sh train.sh; echo lr=$LR; exit 0")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("tandem run: %v\n%s\n%s", err, out, errb)
+	}
+	if !strings.Contains(out.String(), "training from code dir") || !strings.Contains(out.String(), "lr=0.1") {
+		t.Fatalf("output %q", out)
+	}
+	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo failing; exit 7")
+	err := cmd.Run()
+	if exitCodeOf(err) != 7 || !strings.Contains(errb.String(), "exit status 7") {
+		t.Fatalf("exit status must propagate: %v\n%s\n%s", err, out, errb)
+	}
+	// Bad input: unknown image, unreachable shim, no command.
+	cmd, _, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", "no-such-image:v1", "--", "true")
+	if err := cmd.Run(); exitCodeOf(err) == 0 || !strings.Contains(errb.String(), "pullImage error") {
+		t.Fatalf("unknown image: %v %s", err, errb)
+	}
+	cmd, _, errb = tandem(t, "run", "--shim", "127.0.0.1:1", "--", "true")
+	if err := cmd.Run(); exitCodeOf(err) != 1 || !strings.Contains(errb.String(), "not reachable") {
+		t.Fatalf("unreachable shim: %v %s", err, errb)
+	}
+	cmd, _, errb = tandem(t, "run", "--shim", shim)
+	if err := cmd.Run(); exitCodeOf(err) != 2 {
+		t.Fatalf("no command: %v %s", err, errb)
+	}
+	if left := taskContainers(t); left != "" {
+		t.Fatalf("containers left behind: %s", left)
+	}
+}
+
+func TestTandemRunCtrlCLeavesNothing(t *testing.T) {
+	h, shim, rport := realStack(t)
+	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",
+		"/bin/sh", "-c", "echo begun; while :; do sleep 1; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "begun") {
+		if time.Now().After(deadline) {
+			t.Fatalf("job did not start: %s %s", out, errb)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if exitCodeOf(err) == 0 {
+			t.Fatalf("an interrupted run must not exit 0: %s", errb)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("tandem did not exit after Ctrl-C")
+	}
+	if left := taskContainers(t); left != "" {
+		t.Fatalf("containers left behind after Ctrl-C: %s", left)
+	}
+	items, err := h.client.ListTasks(context.Background())
+	if err != nil || len(items) != 0 {
+		t.Fatalf("tasks left on the shim: %+v %v", items, err)
+	}
+}

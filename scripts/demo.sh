@@ -1,0 +1,65 @@
+#!/bin/sh
+# The main job: one run through both agents on this machine. Builds a tiny
+# local image, starts dstack-shim with a temporary home, runs a job with
+# `tandem run` that reports the machine's CPUs, memory and GPUs, streams it,
+# and cleans everything up.
+set -eu
+cd "$(dirname "$0")/.."
+SHIM_PORT="${DEMO_SHIM_PORT:-20998}"
+RUNNER_PORT="${DEMO_RUNNER_PORT:-20999}"
+IMAGE=tandem-demo/busybox:1
+
+if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+	ctx=$(mktemp -d)
+	cp "$(command -v busybox || echo /bin/busybox)" "$ctx/busybox"
+	printf 'root:x:0:0:root:/root:/bin/sh\n' >"$ctx/passwd"
+	printf 'root:x:0:\n' >"$ctx/group"
+	cat >"$ctx/Dockerfile" <<'DOCKERFILE'
+FROM scratch
+COPY busybox /bin/busybox
+RUN ["/bin/busybox", "--install", "-s", "/bin"]
+COPY passwd group /etc/
+RUN mkdir -p /root /tmp && chmod 1777 /tmp
+ENV PATH=/usr/local/bin:/usr/bin:/bin
+DOCKERFILE
+	if ! docker build -q -t "$IMAGE" "$ctx" >/dev/null 2>"$ctx/build.err"; then
+		cat "$ctx/build.err" >&2
+		exit 1
+	fi
+	rm -rf "$ctx"
+fi
+
+home=$(mktemp -d)
+bin/dstack-shim --shim-home "$home" --shim-http-port "$SHIM_PORT" \
+	--runner-binary-path "$PWD/bin/dstack-runner" --runner-http-port "$RUNNER_PORT" \
+	>"$home/shim.out" 2>&1 &
+shim_pid=$!
+cleanup() {
+	kill "$shim_pid" 2>/dev/null || true
+	wait "$shim_pid" 2>/dev/null || true
+	rm -rf "$home"
+}
+trap cleanup EXIT INT TERM
+
+i=0
+until bin/tandem info --shim "127.0.0.1:$SHIM_PORT" >/dev/null 2>&1; do
+	i=$((i + 1))
+	if [ "$i" -ge 50 ]; then
+		echo "demo: the shim did not start:" >&2
+		cat "$home/shim.out" >&2
+		exit 1
+	fi
+	sleep 0.1
+done
+bin/tandem info --shim "127.0.0.1:$SHIM_PORT"
+echo
+# shellcheck disable=SC2016 # expanded inside the job, not here
+bin/tandem run --shim "127.0.0.1:$SHIM_PORT" --runner-port "$RUNNER_PORT" --image "$IMAGE" --env GREETING=hello -- \
+	/bin/sh -c '
+echo "$GREETING from $(hostname) in $DSTACK_WORKING_DIR (run $DSTACK_RUN_NAME)"
+echo "CPUs:   $(nproc)"
+echo "Memory: $(free -m | awk "/Mem:/ {print \$2}") MiB"
+if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi -L; else echo "GPUs:   none visible to this job"; fi
+for i in 1 2 3 4 5; do printf "\rprogress %d/5" "$i"; sleep 0.2; done
+echo
+echo done'
