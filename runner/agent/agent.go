@@ -59,15 +59,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Stdout == nil {
 		cfg.Stdout = os.Stdout
 	}
-	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {
-		return fmt.Errorf("temp dir: %w", err)
-	}
-	logf, err := os.OpenFile(filepath.Join(cfg.TempDir, "default.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	log, logf, err := logging.ToFile(cfg.LogLevel, cfg.Stdout, filepath.Join(cfg.TempDir, "default.log"))
 	if err != nil {
-		return fmt.Errorf("default log: %w", err)
+		return err
 	}
 	defer logf.Close()
-	log := logging.New(cfg.LogLevel, cfg.Stdout, logf)
 	log.Info("dstack-runner starting", "version", version.String(), "temp_dir", cfg.TempDir)
 
 	uid := os.Geteuid()

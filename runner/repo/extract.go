@@ -53,7 +53,7 @@ func ExtractTar(r io.Reader, dir string, owner Owner) error {
 		return fmt.Errorf("extract: %w", err)
 	}
 	defer root.Close()
-	return extract(tar.NewReader(r), root, owner, func(name string) (string, error) { return cleanEntry(name) })
+	return extract(tar.NewReader(r), root, owner)
 }
 
 // ExtractArchive extracts a `files:` archive to dest. The client archives a
@@ -131,7 +131,7 @@ func ExtractArchive(r io.Reader, dest string, owner Owner) error {
 	}
 }
 
-func extract(tr *tar.Reader, root *os.Root, owner Owner, rename func(string) (string, error)) error {
+func extract(tr *tar.Reader, root *os.Root, owner Owner) error {
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -140,7 +140,7 @@ func extract(tr *tar.Reader, root *os.Root, owner Owner, rename func(string) (st
 		if err != nil {
 			return fmt.Errorf("extract: read archive: %w", err)
 		}
-		name, err := rename(hdr.Name)
+		name, err := cleanEntry(hdr.Name)
 		if err != nil {
 			return err
 		}

@@ -54,15 +54,11 @@ type Config struct {
 // Run runs the shim until ctx ends or an API shutdown; running containers
 // are never stopped on exit.
 func Run(ctx context.Context, cfg Config) error {
-	if err := os.MkdirAll(cfg.Home, 0o755); err != nil {
-		return fmt.Errorf("shim home: %w", err)
-	}
-	logFile, err := os.OpenFile(filepath.Join(cfg.Home, "shim.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	log, logFile, err := logging.ToFile(cfg.LogLevel, os.Stderr, filepath.Join(cfg.Home, "shim.log"))
 	if err != nil {
-		return fmt.Errorf("shim log: %w", err)
+		return err
 	}
 	defer logFile.Close()
-	log := logging.New(cfg.LogLevel, os.Stderr, logFile)
 	log.Info("dstack-shim starting", "version", version.String(), "home", cfg.Home)
 
 	// Components.
