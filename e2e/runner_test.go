@@ -318,3 +318,20 @@ func TestRunnerStopEscalatesToKill(t *testing.T) {
 		t.Fatalf("final %+v", f)
 	}
 }
+
+func TestRunnerLogQuota(t *testing.T) {
+	t.Parallel()
+	h := startRunner(t, testenv.Busybox(t))
+	b := job("/bin/sh", "-c", `i=0; while :; do i=$((i+1)); echo "line $i of a job that talks too much"; done`)
+	b.LogQuotaHour = 64 << 10
+	h.start(b)
+	c := h.pullUntilDone(time.Minute, nil)
+	f := c.final()
+	if f.State != api.JobFailed || f.TerminationReason != api.ReasonLogQuotaExceeded ||
+		f.TerminationMessage != "Job log output exceeded the hourly quota of 65536 bytes" {
+		t.Fatalf("final %+v", f)
+	}
+	if n := c.logs.Len(); n > 64<<10 || n == 0 {
+		t.Fatalf("stored %d bytes of job logs for a 64 KiB quota", n)
+	}
+}
