@@ -42,6 +42,9 @@ type RunOptions struct {
 	Commands    []string
 	// Interrupt delivers Ctrl-C presses: the first stops the job gracefully,
 	// the second tears the task down at once.
+	// Dial, when set, opens agent connections (e.g. a Tunnel's Dial); Shim
+	// and runner addresses are then as seen from the far end.
+	Dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 	Interrupt <-chan os.Signal
 	Out       io.Writer // job output
 	Status    io.Writer // progress and status lines
@@ -91,7 +94,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if o.Network == "" {
 		o.Network = "host"
 	}
-	shim, err := shimclient.New(o.Shim)
+	shim, err := shimclient.NewWithDialer(o.Shim, o.Dial)
 	if err != nil {
 		return Result{}, err
 	}
@@ -137,7 +140,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	runner, err := runnerclient.New(runnerAddr)
+	runner, err := runnerclient.NewWithDialer(runnerAddr, o.Dial)
 	if err != nil {
 		return res, err
 	}

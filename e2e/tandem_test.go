@@ -117,3 +117,32 @@ func TestTandemRunCtrlCLeavesNothing(t *testing.T) {
 		t.Fatalf("tasks left on the shim: %+v %v", items, err)
 	}
 }
+
+// tandem reaches the shim and the runner through a real OpenSSH server, the
+// way the dstack server does; a wrong host key is refused.
+func TestTandemOverSSH(t *testing.T) {
+	h, shim, rport := realStack(t)
+	sshd := testenv.StartSSHD(t)
+	cmd, out, errb := tandem(t, "run", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts,
+		"--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo through the tunnel")
+	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "through the tunnel") {
+		t.Fatalf("run over ssh: %v\n%s\n%s", err, out, errb)
+	}
+	cmd, out, errb = tandem(t, "info", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts, "--shim", shim)
+	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "dstack-shim 0.21.2+tandem.") {
+		t.Fatalf("info over ssh: %v\n%s\n%s", err, out, errb)
+	}
+	bad := filepath.Join(t.TempDir(), "known_hosts")
+	host, port, _ := net.SplitHostPort(sshd.Addr)
+	_ = os.WriteFile(bad, []byte("["+host+"]:"+port+" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"), 0o644)
+	cmd, _, errb = tandem(t, "ps", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", bad, "--shim", shim)
+	if err := cmd.Run(); exitCodeOf(err) != 1 || !strings.Contains(errb.String(), "HOST KEY MISMATCH") {
+		t.Fatalf("wrong host key: %v %s", err, errb)
+	}
+	wrongKey := filepath.Join(t.TempDir(), "k")
+	_ = exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", wrongKey).Run()
+	cmd, _, errb = tandem(t, "ps", "--ssh", sshd.User+"@"+sshd.Addr, "-i", wrongKey, "--known-hosts", sshd.KnownHosts, "--shim", shim)
+	if err := cmd.Run(); exitCodeOf(err) != 1 || !strings.Contains(errb.String(), "unable to authenticate") {
+		t.Fatalf("wrong key: %v %s", err, errb)
+	}
+}

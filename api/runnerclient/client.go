@@ -31,7 +31,13 @@ type Client struct {
 // New returns a client for addr: "host:port", "http://host:port" or
 // "unix:///path.sock".
 func New(addr string) (*Client, error) {
-	t, err := transport.New(addr)
+	return NewWithDialer(addr, nil)
+}
+
+// NewWithDialer is New with connections opened by dial, e.g. through an SSH
+// tunnel (addr is then as seen from the far end).
+func NewWithDialer(addr string, dial transport.DialFunc) (*Client, error) {
+	t, err := transport.NewWithDialer(addr, dial)
 	if err != nil {
 		return nil, fmt.Errorf("runner client: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -30,7 +31,30 @@ type exitError struct {
 func (e exitError) Error() string { return e.msg }
 func (e exitError) ExitCode() int { return e.code }
 
-var shimFlag = &cli.StringFlag{Name: "shim", Value: "127.0.0.1:10998", EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host:port"}
+var shimFlag = &cli.StringFlag{Name: "shim", Value: "127.0.0.1:10998", EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host:port (with --ssh: as seen on the host)"}
+
+// connFlags reach a machine directly (--shim) or over SSH (--ssh), as the
+// dstack server does.
+func connFlags() []cli.Flag {
+	return []cli.Flag{shimFlag,
+		&cli.StringFlag{Name: "ssh", EnvVars: []string{"TANDEM_SSH"}, Usage: "reach the host over SSH: user@host[:port]"},
+		&cli.StringFlag{Name: "identity", Aliases: []string{"i"}, Usage: "SSH private key (default ~/.ssh/id_ed25519, id_rsa)"},
+		&cli.StringFlag{Name: "known-hosts", Usage: "known_hosts file (default ~/.ssh/known_hosts)"},
+	}
+}
+
+// dialer returns the SSH tunnel's dial function (nil without --ssh) and a
+// closer for it.
+func dialer(c *cli.Context) (func(context.Context, string, string) (net.Conn, error), func(), error) {
+	if c.String("ssh") == "" {
+		return nil, func() {}, nil
+	}
+	t, err := ctl.DialSSH(c.Context, ctl.SSHTarget{Target: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts")})
+	if err != nil {
+		return nil, nil, exitError{1, err.Error()}
+	}
+	return t.Dial, func() { t.Close() }, nil
+}
 
 // App returns the tandem command.
 func App() *cli.App {
@@ -64,8 +88,7 @@ func runCmd() *cli.Command {
 		Name:      "run",
 		Usage:     "run a command as a job on the shim's machine",
 		ArgsUsage: "-- COMMAND [ARGS...]",
-		Flags: []cli.Flag{
-			shimFlag,
+		Flags: append(connFlags(),
 			&cli.IntFlag{Name: "runner-port", Value: 10999, Usage: "the runner HTTP port the shim uses (--runner-http-port)"},
 			&cli.StringFlag{Name: "image", Value: "ubuntu:22.04", Usage: "container image"},
 			&cli.StringFlag{Name: "name", Usage: "task name (default: tandem-<id>)"},
@@ -79,7 +102,7 @@ func runCmd() *cli.Command {
 			&cli.StringSliceFlag{Name: "mount", Usage: "HOSTPATH:PATH (repeatable)"},
 			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
 			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long"},
-		},
+		),
 		Action: func(c *cli.Context) error {
 			cmd := c.Args().Slice()
 			if len(cmd) == 0 {
@@ -121,6 +144,12 @@ func runCmd() *cli.Command {
 			if o.Network != "host" && o.Network != "bridge" {
 				return exitError{2, "--network must be host or bridge"}
 			}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			defer closeDial()
+			o.Dial = dial
 			sigs := make(chan os.Signal, 2)
 			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(sigs)
@@ -176,21 +205,28 @@ func parseSize(s string) (int64, error) {
 	return n, nil
 }
 
-func shim(c *cli.Context) (*shimclient.Client, error) {
-	s, err := shimclient.New(c.String("shim"))
+// shim returns a client for the shim and a closer for its connection.
+func shim(c *cli.Context) (*shimclient.Client, func(), error) {
+	dial, closeDial, err := dialer(c)
 	if err != nil {
-		return nil, exitError{2, err.Error()}
+		return nil, nil, err
 	}
-	return s, nil
+	s, err := shimclient.NewWithDialer(c.String("shim"), dial)
+	if err != nil {
+		closeDial()
+		return nil, nil, exitError{2, err.Error()}
+	}
+	return s, closeDial, nil
 }
 
 func psCmd() *cli.Command {
-	return &cli.Command{Name: "ps", Usage: "list the shim's tasks", Flags: []cli.Flag{shimFlag},
+	return &cli.Command{Name: "ps", Usage: "list the shim's tasks", Flags: connFlags(),
 		Action: func(c *cli.Context) error {
-			s, err := shim(c)
+			s, done, err := shim(c)
 			if err != nil {
 				return err
 			}
+			defer done()
 			items, err := s.ListTasks(c.Context)
 			if err != nil {
 				return exitError{1, err.Error()}
@@ -209,16 +245,17 @@ func psCmd() *cli.Command {
 }
 
 func stopCmd() *cli.Command {
-	return &cli.Command{Name: "stop", Usage: "terminate and remove a task", ArgsUsage: "TASK", Flags: []cli.Flag{shimFlag,
-		&cli.UintFlag{Name: "timeout", Value: 10, Usage: "seconds of graceful stop"}},
+	return &cli.Command{Name: "stop", Usage: "terminate and remove a task", ArgsUsage: "TASK", Flags: append(connFlags(),
+		&cli.UintFlag{Name: "timeout", Value: 10, Usage: "seconds of graceful stop"}),
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return exitError{2, "usage: tandem stop TASK"}
 			}
-			s, err := shim(c)
+			s, done, err := shim(c)
 			if err != nil {
 				return err
 			}
+			defer done()
 			id := c.Args().First()
 			if _, err := s.TerminateTask(c.Context, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: c.Uint("timeout")}); err != nil {
 				return exitError{1, err.Error()}
@@ -232,12 +269,13 @@ func stopCmd() *cli.Command {
 }
 
 func infoCmd() *cli.Command {
-	return &cli.Command{Name: "info", Usage: "shim version, GPUs, components", Flags: []cli.Flag{shimFlag},
+	return &cli.Command{Name: "info", Usage: "shim version, GPUs, components", Flags: connFlags(),
 		Action: func(c *cli.Context) error {
-			s, err := shim(c)
+			s, done, err := shim(c)
 			if err != nil {
 				return err
 			}
+			defer done()
 			hc, err := s.Healthcheck(c.Context)
 			if err != nil {
 				return exitError{1, fmt.Sprintf("shim at %s is not reachable: %v", c.String("shim"), err)}

@@ -37,10 +37,22 @@ type Client struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
+// DialFunc opens a connection to an agent.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
 // New parses addr: "host:port", "http://host:port" or "unix:///path.sock".
 func New(addr string) (*Client, error) {
+	return NewWithDialer(addr, nil)
+}
+
+// NewWithDialer is New with connections opened by dial (for instance through
+// an SSH tunnel, where addr is as seen from the far end). nil: a plain dialer.
+func NewWithDialer(addr string, through DialFunc) (*Client, error) {
 	var d net.Dialer
 	dial := d.DialContext
+	if through != nil {
+		dial = through
+	}
 	base := addr
 	switch {
 	case strings.HasPrefix(addr, "unix://"):
@@ -48,8 +60,9 @@ func New(addr string) (*Client, error) {
 		if sock == "" {
 			return nil, fmt.Errorf("address %q: empty socket path", addr)
 		}
+		inner := dial
 		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return d.DialContext(ctx, "unix", sock)
+			return inner(ctx, "unix", sock)
 		}
 		base = "http://agent.sock"
 	case strings.HasPrefix(addr, "http://"):

@@ -1,0 +1,132 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+)
+
+// SSHTarget is how to reach a machine over SSH, as the dstack server does:
+// a login on the host, tunnelling to the agents' local ports there.
+type SSHTarget struct {
+	Target     string // user@host[:port]
+	Identity   string // private key file ("" = ~/.ssh/id_ed25519, then id_rsa)
+	KnownHosts string // known_hosts file ("" = ~/.ssh/known_hosts)
+}
+
+// Tunnel is an SSH connection whose Dial opens connections from the far end.
+type Tunnel struct{ client *ssh.Client }
+
+// Dial connects to addr as seen from the SSH host. SSH channels have no
+// deadlines; the returned conn emulates them by closing the channel when a
+// deadline passes, so libraries that bound a handshake with one still work.
+func (t *Tunnel) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := t.client.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &deadlineConn{Conn: c}, nil
+}
+
+type deadlineConn struct {
+	net.Conn
+	mu    sync.Mutex // guards timer
+	timer *time.Timer
+}
+
+func (c *deadlineConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if !t.IsZero() {
+		c.timer = time.AfterFunc(time.Until(t), func() { c.Conn.Close() })
+	}
+	return nil
+}
+
+func (c *deadlineConn) SetReadDeadline(t time.Time) error  { return c.SetDeadline(t) }
+func (c *deadlineConn) SetWriteDeadline(t time.Time) error { return c.SetDeadline(t) }
+
+// Close ends the SSH connection.
+func (t *Tunnel) Close() error { return t.client.Close() }
+
+// DialSSH logs in to the target, checking its host key against known_hosts.
+func DialSSH(ctx context.Context, s SSHTarget) (*Tunnel, error) {
+	login, hostport, ok := strings.Cut(s.Target, "@")
+	if !ok {
+		u, err := user.Current()
+		if err != nil {
+			return nil, fmt.Errorf("--ssh %q: no user given", s.Target)
+		}
+		login, hostport = u.Username, s.Target
+	}
+	if _, _, err := net.SplitHostPort(hostport); err != nil {
+		hostport = net.JoinHostPort(hostport, "22")
+	}
+	home, _ := os.UserHomeDir()
+	keyFiles := []string{s.Identity}
+	if s.Identity == "" {
+		keyFiles = []string{filepath.Join(home, ".ssh", "id_ed25519"), filepath.Join(home, ".ssh", "id_rsa")}
+	}
+	var signer ssh.Signer
+	var keyErr error
+	for _, kf := range keyFiles {
+		b, err := os.ReadFile(kf)
+		if err != nil {
+			keyErr = err
+			continue
+		}
+		if signer, keyErr = ssh.ParsePrivateKey(b); keyErr == nil {
+			break
+		}
+		keyErr = fmt.Errorf("%s: %w", kf, keyErr)
+	}
+	if signer == nil {
+		return nil, fmt.Errorf("no usable SSH key (give one with -i): %w", keyErr)
+	}
+	kh := s.KnownHosts
+	if kh == "" {
+		kh = filepath.Join(home, ".ssh", "known_hosts")
+	}
+	check, err := knownhosts.New(kh)
+	if err != nil {
+		return nil, fmt.Errorf("known hosts %s: %w (connect once with ssh to record the host key)", kh, err)
+	}
+	cfg := &ssh.ClientConfig{
+		User:            login,
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		HostKeyCallback: check,
+		Timeout:         15 * time.Second,
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", hostport)
+	if err != nil {
+		return nil, fmt.Errorf("ssh %s: %w", hostport, err)
+	}
+	c, chans, reqs, err := ssh.NewClientConn(conn, hostport, cfg)
+	if err != nil {
+		conn.Close()
+		var kerr *knownhosts.KeyError
+		if errors.As(err, &kerr) {
+			if len(kerr.Want) == 0 {
+				return nil, fmt.Errorf("ssh %s: host key not in %s (connect once with ssh to record it)", hostport, kh)
+			}
+			return nil, fmt.Errorf("ssh %s: HOST KEY MISMATCH against %s: refusing to connect", hostport, kh)
+		}
+		return nil, fmt.Errorf("ssh %s as %s: %w", hostport, login, err)
+	}
+	return &Tunnel{client: ssh.NewClient(c, chans, reqs)}, nil
+}

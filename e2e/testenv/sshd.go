@@ -1,0 +1,98 @@
+package testenv
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// SSHD is a real OpenSSH server on a loopback port with its own host key,
+// accepting one client key for the current user.
+type SSHD struct {
+	Addr       string // 127.0.0.1:port
+	User       string
+	ClientKey  string // private key file for the client
+	KnownHosts string // known_hosts file with the server's key
+	HostPub    string // the host public key line
+}
+
+// StartSSHD runs /usr/sbin/sshd -D with a private config (Debian package
+// openssh-server); it stops with the test.
+func StartSSHD(t testing.TB) *SSHD {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if InCI() {
+			t.Fatal("sshd tests need root (CI runs as root)")
+		}
+		t.Skip("sshd tests need root")
+	}
+	if _, err := os.Stat("/usr/sbin/sshd"); err != nil {
+		t.Fatalf("sshd missing (install openssh-server; make deps does): %v", err)
+	}
+	dir := t.TempDir()
+	keygen := func(path string) {
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path).CombinedOutput(); err != nil {
+			t.Fatalf("ssh-keygen: %v %s", err, out)
+		}
+	}
+	hostKey, clientKey := filepath.Join(dir, "host_key"), filepath.Join(dir, "client_key")
+	keygen(hostKey)
+	keygen(clientKey)
+	pub, _ := os.ReadFile(clientKey + ".pub")
+	ak := filepath.Join(dir, "authorized_keys")
+	if err := os.WriteFile(ak, pub, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.MkdirAll("/run/sshd", 0o755)
+	s := &SSHD{Addr: FreeAddr(t), User: "root", ClientKey: clientKey}
+	host, port, _ := net.SplitHostPort(s.Addr)
+	cfg := fmt.Sprintf(`Port %s
+ListenAddress %s
+HostKey %s
+AuthorizedKeysFile %s
+PidFile none
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+AllowTcpForwarding yes
+StrictModes no
+LogLevel ERROR
+`, port, host, hostKey, ak)
+	cfgPath := filepath.Join(dir, "sshd_config")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/usr/sbin/sshd", "-D", "-e", "-f", cfgPath)
+	logf, _ := os.Create(filepath.Join(dir, "sshd.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start sshd: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); logf.Close() })
+	hostPub, _ := os.ReadFile(hostKey + ".pub")
+	f := strings.Fields(string(hostPub))
+	s.HostPub = f[0] + " " + f[1]
+	s.KnownHosts = filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(s.KnownHosts, []byte(fmt.Sprintf("[%s]:%s %s\n", host, port, s.HostPub)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", s.Addr)
+		if err == nil {
+			c.Close()
+			return s
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "sshd.log"))
+			t.Fatalf("sshd did not listen: %s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
