@@ -150,7 +150,20 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if err := submitJob(ctx, runner, o, id, name); err != nil {
 		return res, err
 	}
-	return follow(ctx, runner, o, res)
+	res, err = follow(ctx, runner, o, res)
+	if err != nil {
+		// The runner is gone: the shim knows why.
+		info, gerr := shim.GetTask(ctx, id)
+		switch {
+		case errors.Is(gerr, api.ErrNotFound):
+			res.State = api.JobTerminated
+			return res, fmt.Errorf("task %s was terminated and removed by someone else (tandem stop or the server)", id[:8])
+		case gerr == nil && info.Status == api.TaskTerminated:
+			res.State, res.Reason, res.Message = api.JobTerminated, info.TerminationReason, info.TerminationMessage
+			return res, fmt.Errorf("task %s was terminated: %s %s", id[:8], info.TerminationReason, strings.TrimSpace(info.TerminationMessage))
+		}
+	}
+	return res, err
 }
 
 func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {

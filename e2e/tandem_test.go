@@ -146,3 +146,64 @@ func TestTandemOverSSH(t *testing.T) {
 		t.Fatalf("wrong key: %v %s", err, errb)
 	}
 }
+
+func TestTandemPsLogsStop(t *testing.T) {
+	h, shim, rport := realStack(t)
+	run, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",
+		"/bin/sh", "-c", "echo first-line; sleep 1; echo second-line; sleep 300")
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- run.Wait() }()
+	var task string
+	deadline := time.Now().Add(30 * time.Second)
+	for task == "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("no running task: %s %s", out, errb)
+		}
+		ps, psOut, _ := tandem(t, "ps", "--shim", shim)
+		_ = ps.Run()
+		for _, l := range strings.Split(psOut.String(), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[1] == "running" {
+				task = f[0]
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for !strings.Contains(out.String(), "second-line") {
+		if time.Now().After(deadline) {
+			t.Fatalf("job output: %s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// logs streams the history and follows; stop ends the task and the stream.
+	logs, logsOut, logsErr := tandem(t, "logs", "--shim", shim, "--runner-port", rport, task)
+	if err := logs.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	stop, stopOut, stopErr := tandem(t, "stop", "--shim", shim, "--timeout", "2", task)
+	if err := stop.Run(); err != nil || !strings.Contains(stopOut.String(), "stopped "+task) {
+		t.Fatalf("stop: %v %s %s", err, stopOut, stopErr)
+	}
+	_ = logs.Wait()
+	if !strings.Contains(logsOut.String(), "first-line") || !strings.Contains(logsOut.String(), "second-line") {
+		t.Fatalf("logs: %q %q", logsOut, logsErr)
+	}
+	select {
+	case err := <-done:
+		if exitCodeOf(err) == 0 || !strings.Contains(errb.String(), "was terminated and removed by someone else") {
+			t.Fatalf("run of a task stopped elsewhere: %v %s", err, errb)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("tandem run did not end after its task was stopped")
+	}
+	if left := taskContainers(t); left != "" {
+		t.Fatalf("containers left: %s", left)
+	}
+	nolog, _, nologErr := tandem(t, "logs", "--shim", shim, "no-such-task")
+	if err := nolog.Run(); exitCodeOf(err) != 1 || !strings.Contains(nologErr.String(), "no task no-such-task") {
+		t.Fatalf("unknown task: %v %s", err, nologErr)
+	}
+}

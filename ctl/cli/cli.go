@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -72,7 +73,7 @@ func App() *cli.App {
 			}
 			cli.HandleExitCoder(err)
 		},
-		Commands: []*cli.Command{runCmd(), psCmd(), stopCmd(), infoCmd(), {
+		Commands: []*cli.Command{runCmd(), psCmd(), logsCmd(), stopCmd(), infoCmd(), {
 			Name:  "version",
 			Usage: "print the version and the dstack protocol level",
 			Action: func(c *cli.Context) error {
@@ -241,6 +242,30 @@ func psCmd() *cli.Command {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", it.ID, info.Status, info.ContainerName, info.TerminationReason)
 			}
 			return w.Flush()
+		}}
+}
+
+func logsCmd() *cli.Command {
+	return &cli.Command{Name: "logs", Usage: "stream a running task's output", ArgsUsage: "TASK", Flags: append(connFlags(),
+		&cli.IntFlag{Name: "runner-port", Value: 10999, Usage: "the runner HTTP port the shim uses (host network)"},
+		&cli.DurationFlag{Name: "since", Usage: "only output newer than this, e.g. 5m"}),
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return exitError{2, "usage: tandem logs TASK"}
+			}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			defer closeDial()
+			o := ctl.LogsOptions{Shim: c.String("shim"), RunnerPort: c.Int("runner-port"), Network: "host", Dial: dial}
+			if d := c.Duration("since"); d > 0 {
+				o.Since = time.Now().Add(-d)
+			}
+			if err := ctl.Logs(c.Context, c.Args().First(), o, c.App.Writer); err != nil {
+				return exitError{1, err.Error()}
+			}
+			return nil
 		}}
 }
 
