@@ -48,6 +48,8 @@ type RunOptions struct {
 	Interrupt <-chan os.Signal
 	Out       io.Writer // job output
 	Status    io.Writer // progress and status lines
+	// StatusTTY redraws progress in place (Status is a terminal).
+	StatusTTY bool
 }
 
 // Result is how a run ended.
@@ -168,23 +170,40 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 
 func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
 	var last api.TaskStatus
-	start := time.Now()
+	start, phase := time.Now(), time.Now()
+	var lastProgress time.Time
+	redrawn := false
 	for {
 		info, err := shim.GetTask(ctx, id)
 		if err != nil {
 			return info, fmt.Errorf("task %s: %w", id, err)
 		}
 		if info.Status != last {
-			o.status("task %s: %s (%.1fs)", id[:8], info.Status, time.Since(start).Seconds())
-			last = info.Status
+			if redrawn {
+				fmt.Fprintln(o.Status)
+				redrawn = false
+			}
+			if last != "" {
+				o.status("task %s: %s done in %.2fs", id[:8], last, time.Since(phase).Seconds())
+			}
+			phase, last = time.Now(), info.Status
 		}
-		if p := info.ImagePullProgress; p != nil && info.Status == api.TaskPulling && p.TotalBytes > 0 {
-			o.status("  pulling %s: %d/%d MiB", o.Image, p.DownloadedBytes>>20, p.TotalBytes>>20)
+		if p := info.ImagePullProgress; p != nil && info.Status == api.TaskPulling && p.TotalBytes > 0 && o.Status != nil {
+			line := fmt.Sprintf("  pulling %s: %s", o.Image, progressBar(p.DownloadedBytes, p.TotalBytes, p.IsTotalBytesFinal))
+			switch {
+			case o.StatusTTY:
+				fmt.Fprintf(o.Status, "\r\x1b[K%s", line)
+				redrawn = true
+			case time.Since(lastProgress) >= 5*time.Second:
+				fmt.Fprintln(o.Status, line)
+				lastProgress = time.Now()
+			}
 		}
-		switch {
-		case info.Status == api.TaskTerminated:
-			return info, nil
-		case info.Status == api.TaskRunning && info.Ports != nil:
+		if info.Status == api.TaskTerminated || (info.Status == api.TaskRunning && info.Ports != nil) {
+			if redrawn {
+				fmt.Fprintln(o.Status)
+			}
+			o.status("task %s: %s after %.2fs", id[:8], info.Status, time.Since(start).Seconds())
 			return info, nil
 		}
 		select {
@@ -193,6 +212,18 @@ func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOpti
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// progressBar renders "[#####-----] 12/40 MiB".
+func progressBar(done, total int64, final bool) string {
+	const width = 24
+	n := int(float64(width) * float64(done) / float64(max(total, 1)))
+	n = min(max(n, 0), width)
+	suffix := ""
+	if !final {
+		suffix = "+"
+	}
+	return fmt.Sprintf("[%s%s] %d/%d%s MiB", strings.Repeat("#", n), strings.Repeat("-", width-n), done>>20, total>>20, suffix)
 }
 
 func runnerAddress(o RunOptions, info api.TaskInfoResponse) (string, error) {

@@ -31,3 +31,20 @@ func TestResultExitCodeAndDescribe(t *testing.T) {
 		t.Errorf("task ids are UUIDv4: %q", id)
 	}
 }
+
+func TestProgressBar(t *testing.T) {
+	for _, tc := range []struct {
+		done, total int64
+		final       bool
+		want        string
+	}{
+		{0, 40 << 20, true, "[------------------------] 0/40 MiB"},
+		{10 << 20, 40 << 20, false, "[######------------------] 10/40+ MiB"},
+		{40 << 20, 40 << 20, true, "[########################] 40/40 MiB"},
+		{50 << 20, 40 << 20, true, "[########################] 50/40 MiB"},
+	} {
+		if got := progressBar(tc.done, tc.total, tc.final); got != tc.want {
+			t.Errorf("progressBar(%d, %d) = %q want %q", tc.done, tc.total, got, tc.want)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net"
 	"os"
 	"os/exec"
@@ -65,6 +66,22 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	err := cmd.Run()
 	if exitCodeOf(err) != 7 || !strings.Contains(errb.String(), "exit status 7") {
 		t.Fatalf("exit status must propagate: %v\n%s\n%s", err, out, errb)
+	}
+	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "-o", "json", "--", "/bin/sh", "-c", "exit 3")
+	err = cmd.Run()
+	var res struct {
+		TaskID     string `json:"task_id"`
+		State      string `json:"state"`
+		ExitStatus *int   `json:"exit_status"`
+		ExitCode   int    `json:"exit_code"`
+	}
+	if exitCodeOf(err) != 3 || json.Unmarshal(out.Bytes(), &res) != nil || res.State != "failed" || res.ExitStatus == nil || *res.ExitStatus != 3 || res.ExitCode != 3 || res.TaskID == "" {
+		t.Fatalf("json output: %v %q %s", err, out, errb)
+	}
+	cmd, out, _ = tandem(t, "info", "--shim", shim, "-o", "json")
+	var info map[string]any
+	if err := cmd.Run(); err != nil || json.Unmarshal(out.Bytes(), &info) != nil || info["service"] != "dstack-shim" {
+		t.Fatalf("info json: %v %q", err, out)
 	}
 	// Bad input: unknown image, unreachable shim, no command.
 	cmd, _, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", "no-such-image:v1", "--", "true")

@@ -3,6 +3,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/shimclient"
@@ -103,6 +105,7 @@ func runCmd() *cli.Command {
 			&cli.StringSliceFlag{Name: "mount", Usage: "HOSTPATH:PATH (repeatable)"},
 			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
 			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long"},
+			outputFlag,
 		),
 		Action: func(c *cli.Context) error {
 			cmd := c.Args().Slice()
@@ -112,7 +115,11 @@ func runCmd() *cli.Command {
 			o := ctl.RunOptions{Shim: c.String("shim"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
 				Image: c.String("image"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 				Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd,
-				Out: c.App.Writer, Status: c.App.ErrWriter, Env: map[string]string{}}
+				Out: c.App.Writer, Status: c.App.ErrWriter, StatusTTY: isTerminal(os.Stderr), Env: map[string]string{}}
+			jsonOut := c.String("output") == "json"
+			if jsonOut {
+				o.Status, o.StatusTTY = nil, false
+			}
 			var err error
 			if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
 				return exitError{2, err.Error()}
@@ -156,6 +163,16 @@ func runCmd() *cli.Command {
 			defer signal.Stop(sigs)
 			o.Interrupt = sigs
 			res, err := ctl.Run(context.Background(), o)
+			if jsonOut {
+				out := map[string]any{"task_id": res.TaskID, "state": res.State, "exit_status": res.ExitStatus,
+					"termination_reason": res.Reason, "termination_message": res.Message, "exit_code": res.ExitCode()}
+				if err != nil {
+					out["error"], out["exit_code"] = err.Error(), 1
+				}
+				if werr := writeJSON(c, out); werr != nil {
+					return werr
+				}
+			}
 			if err != nil {
 				return exitError{1, err.Error()}
 			}
@@ -220,8 +237,21 @@ func shim(c *cli.Context) (*shimclient.Client, func(), error) {
 	return s, closeDial, nil
 }
 
+var outputFlag = &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json"}
+
+func writeJSON(c *cli.Context, v any) error {
+	enc := json.NewEncoder(c.App.Writer)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+
 func psCmd() *cli.Command {
-	return &cli.Command{Name: "ps", Usage: "list the shim's tasks", Flags: connFlags(),
+	return &cli.Command{Name: "ps", Usage: "list the shim's tasks", Flags: append(connFlags(), outputFlag),
 		Action: func(c *cli.Context) error {
 			s, done, err := shim(c)
 			if err != nil {
@@ -232,14 +262,19 @@ func psCmd() *cli.Command {
 			if err != nil {
 				return exitError{1, err.Error()}
 			}
+			infos := []api.TaskInfoResponse{}
+			for _, it := range items {
+				if info, err := s.GetTask(c.Context, it.ID); err == nil {
+					infos = append(infos, info)
+				}
+			}
+			if c.String("output") == "json" {
+				return writeJSON(c, infos)
+			}
 			w := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "TASK\tSTATUS\tCONTAINER\tREASON")
-			for _, it := range items {
-				info, err := s.GetTask(c.Context, it.ID)
-				if err != nil {
-					continue
-				}
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", it.ID, info.Status, info.ContainerName, info.TerminationReason)
+			for _, info := range infos {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", info.ID, info.Status, info.ContainerName, info.TerminationReason)
 			}
 			return w.Flush()
 		}}
@@ -294,7 +329,7 @@ func stopCmd() *cli.Command {
 }
 
 func infoCmd() *cli.Command {
-	return &cli.Command{Name: "info", Usage: "shim version, GPUs, components", Flags: connFlags(),
+	return &cli.Command{Name: "info", Usage: "shim version, GPUs, components", Flags: append(connFlags(), outputFlag),
 		Action: func(c *cli.Context) error {
 			s, done, err := shim(c)
 			if err != nil {
@@ -304,6 +339,16 @@ func infoCmd() *cli.Command {
 			hc, err := s.Healthcheck(c.Context)
 			if err != nil {
 				return exitError{1, fmt.Sprintf("shim at %s is not reachable: %v", c.String("shim"), err)}
+			}
+			if c.String("output") == "json" {
+				out := map[string]any{"service": hc.Service, "version": hc.Version}
+				if ii, err := s.InstanceInfo(c.Context); err == nil {
+					out["instance"] = ii
+				}
+				if comps, err := s.Components(c.Context); err == nil {
+					out["components"] = comps
+				}
+				return writeJSON(c, out)
 			}
 			fmt.Fprintf(c.App.Writer, "shim:      %s %s\n", hc.Service, hc.Version)
 			if ii, err := s.InstanceInfo(c.Context); err == nil {
