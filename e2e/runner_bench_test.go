@@ -22,12 +22,13 @@ func benchRunner(b *testing.B) (*runnerclient.Client, int, string) {
 	bins := testenv.Binaries(b)
 	img := testenv.Busybox(b)
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
 	name := randomID("bench-runner")
 	ctx := context.Background()
 	if _, err := testenv.Docker(ctx, "run", "-d", "--name", name, "--network", "host",
 		"-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "-v", b.TempDir()+":/tmp/runner",
 		"--entrypoint", "/usr/local/bin/dstack-runner", img,
-		"start", "--temp-dir", "/tmp/runner", "--http-port", port, "--http-address", "127.0.0.1"); err != nil {
+		"start", "--temp-dir", "/tmp/runner", "--http-port", port, "--http-address", "127.0.0.1", "--ssh-port", sshPort); err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) })

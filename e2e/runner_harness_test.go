@@ -20,25 +20,35 @@ type runnerHarness struct {
 	container string
 	tempDir   string
 	client    *runnerclient.Client
+	sshPort   string
 }
 
 // startRunner runs the static runner as the entrypoint of a container of
 // image (host network, under docker's init like the shim does).
 func startRunner(t *testing.T, image string) *runnerHarness {
 	t.Helper()
+	return startRunnerWith(t, image)
+}
+
+// startRunnerWith passes extra arguments to `dstack-runner start`.
+func startRunnerWith(t *testing.T, image string, extra ...string) *runnerHarness {
+	t.Helper()
 	bins := testenv.Binaries(t)
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	tmp := t.TempDir()
 	name := randomID("runner")
 	ctx := context.Background()
-	_, err := testenv.Docker(ctx, "run", "-d", "--init", "--name", name, "--network", "host",
-		"-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "-v", tmp+":/tmp/runner",
+	args := []string{"run", "-d", "--init", "--name", name, "--network", "host",
+		"-v", bins.Runner + ":/usr/local/bin/dstack-runner:ro", "-v", tmp + ":/tmp/runner",
 		"--entrypoint", "/usr/local/bin/dstack-runner", image,
-		"--log-level", "debug", "start", "--temp-dir", "/tmp/runner", "--http-port", port, "--http-address", "127.0.0.1", "--logs-wait", "20s")
+		"--log-level", "debug", "start", "--temp-dir", "/tmp/runner", "--http-port", port, "--http-address", "127.0.0.1",
+		"--logs-wait", "20s", "--ssh-port", sshPort}
+	_, err := testenv.Docker(ctx, append(args, extra...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &runnerHarness{t: t, container: name, tempDir: tmp}
+	h := &runnerHarness{t: t, container: name, tempDir: tmp, sshPort: sshPort}
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := testenv.Docker(context.Background(), "logs", "--tail", "40", name)

@@ -22,7 +22,8 @@ func realStack(t *testing.T) (h *shimHarness, shimAddr, runnerPort string) {
 	t.Helper()
 	bins := testenv.Binaries(t)
 	_, runnerPort, _ = net.SplitHostPort(testenv.FreeAddr(t))
-	h = startShim(t, bins.Runner, nil, "--runner-http-port", runnerPort)
+	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	h = startShim(t, bins.Runner, nil, "--runner-http-port", runnerPort, "--runner-ssh-port", sshPort)
 	return h, strings.TrimPrefix(h.client.BaseURL(), "http://"), runnerPort
 }
 

@@ -7,6 +7,7 @@ set -eu
 cd "$(dirname "$0")/.."
 SHIM_PORT="${DEMO_SHIM_PORT:-20998}"
 RUNNER_PORT="${DEMO_RUNNER_PORT:-20999}"
+RUNNER_SSH_PORT="${DEMO_RUNNER_SSH_PORT:-20022}"
 IMAGE=tandem-demo/busybox:1
 
 if ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
@@ -31,7 +32,7 @@ fi
 
 home=$(mktemp -d)
 bin/dstack-shim --shim-home "$home" --shim-http-port "$SHIM_PORT" \
-	--runner-binary-path "$PWD/bin/dstack-runner" --runner-http-port "$RUNNER_PORT" \
+	--runner-binary-path "$PWD/bin/dstack-runner" --runner-http-port "$RUNNER_PORT" --runner-ssh-port "$RUNNER_SSH_PORT" \
 	>"$home/shim.out" 2>&1 &
 shim_pid=$!
 cleanup() {

@@ -44,6 +44,9 @@ func NewWithDialer(addr string, dial transport.DialFunc) (*Client, error) {
 	return &Client{t: t}, nil
 }
 
+// BaseURL is the http:// URL the client talks to.
+func (c *Client) BaseURL() string { return c.t.BaseURL }
+
 // SetTimeout changes the per-call timeout (default 9 s, as the server's).
 func (c *Client) SetTimeout(d time.Duration) { c.t.Timeout = d }
 

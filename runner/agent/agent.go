@@ -22,6 +22,7 @@ import (
 	"github.com/tandem-run/tandem/runner/executor"
 	"github.com/tandem-run/tandem/runner/metrics"
 	"github.com/tandem-run/tandem/runner/server"
+	"github.com/tandem-run/tandem/runner/sshd"
 )
 
 // Config is the runner's configuration.
@@ -79,17 +80,55 @@ func Run(ctx context.Context, cfg Config) error {
 	if !canSet {
 		log.Info("runner cannot switch users; jobs run as the runner's user", "uid", uid)
 	}
-	log.Info("embedded SSH server is not part of this build yet; SSH port unused", "ssh_port", cfg.SSHPort, "authorized_keys", len(cfg.AuthorizedKeys))
-
-	x, err := executor.New(executor.Config{
-		TempDir:    cfg.TempDir,
-		Paths:      executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"},
-		Accounts:   executor.Accounts{Root: "/"},
-		SelfUID:    uid,
+	keys := &sshd.KeySet{}
+	for _, k := range cfg.AuthorizedKeys {
+		if err := keys.Add(k); err != nil {
+			log.Warn("ignoring an authorized key", "err", err)
+		}
+	}
+	tracker := sshd.NewTracker()
+	self, err := os.Executable()
+	if err != nil {
+		self = "/usr/local/bin/dstack-runner"
+	}
+	var x *executor.Executor
+	accounts := executor.Accounts{Root: "/"}
+	sshSrv, err := sshd.New(sshd.Config{
+		HostKeyDir: filepath.Join(cfg.TempDir, "ssh"),
+		Accounts:   accounts,
+		Env:        func() []string { return x.SessionEnv() },
 		CanSetUser: canSet,
-		BaseEnv:    os.Environ(),
+		Self:       self,
+		Tracker:    tracker,
 		Log:        log,
-		Stdout:     cfg.Stdout,
+	}, keys)
+	if err != nil {
+		return fmt.Errorf("ssh server: %w", err)
+	}
+	sshLn, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(cfg.SSHPort)))
+	if err != nil {
+		return fmt.Errorf("ssh listen :%d: %w", cfg.SSHPort, err)
+	}
+	go func() {
+		if err := sshSrv.Serve(sshLn); err != nil {
+			log.Error("ssh server stopped", "err", err)
+		}
+	}()
+	defer sshSrv.Close()
+	log.Info("ssh server serving", "addr", sshLn.Addr().String(), "authorized_keys", len(cfg.AuthorizedKeys))
+
+	x, err = executor.New(executor.Config{
+		TempDir:      cfg.TempDir,
+		Paths:        executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"},
+		Accounts:     accounts,
+		SelfUID:      uid,
+		CanSetUser:   canSet,
+		BaseEnv:      os.Environ(),
+		Log:          log,
+		Stdout:       cfg.Stdout,
+		Connections:  tracker,
+		AuthorizeKey: func(line string) error { return keys.Add(line) },
+		SSHPort:      cfg.SSHPort,
 	})
 	if err != nil {
 		return err

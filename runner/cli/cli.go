@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/agent"
+	"github.com/tandem-run/tandem/runner/sshd"
 )
 
 // Config is what `dstack-runner start` was asked to do.
@@ -41,6 +42,11 @@ func App() *cli.App {
 			return err
 		},
 		Commands: []*cli.Command{{
+			Name:   "sftp-server",
+			Hidden: true,
+			Usage:  "serve sftp on stdin/stdout (started by the SSH server as the login user)",
+			Action: func(*cli.Context) error { return sshd.ServeSFTP() },
+		}, {
 			Name:  "start",
 			Usage: "start the runner and wait for a job",
 			Flags: []cli.Flag{

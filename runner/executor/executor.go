@@ -59,6 +59,19 @@ type Config struct {
 	Now     func() time.Time
 	Log     *slog.Logger
 	Stdout  io.Writer
+	// Connections reports SSH activity for no_connections_secs (may be nil).
+	Connections Connections
+	// AuthorizeKey adds a key to the SSH server's shared authorized keys
+	// (the job's multi-node key); may be nil.
+	AuthorizeKey func(line string) error
+	// SSHPort is written into ~/.ssh/config for the other nodes.
+	SSHPort int
+}
+
+// Connections is the SSH server's activity, as the executor needs it.
+type Connections interface {
+	Start(now time.Time)
+	NoConnectionsSecs(now time.Time) int64
 }
 
 // Executor runs one job.
@@ -78,6 +91,7 @@ type Executor struct {
 	finished   chan struct{} // closed when the job goroutine ended
 	quotaHour  int64         // hour bucket index
 	quotaBytes int64
+	jobEnv     []string // the job's environment once built, for SSH sessions
 
 	statesMu sync.Mutex // guards states; appended under the clock's stamp
 	states   []api.JobStateEvent
@@ -346,6 +360,9 @@ func (x *Executor) Pull(after int64) (api.PullResponse, error) {
 	if err != nil {
 		return resp, err
 	}
+	if x.cfg.Connections != nil {
+		resp.NoConnectionsSecs = x.cfg.Connections.NoConnectionsSecs(x.cfg.Now())
+	}
 	state := x.State()
 	resp.HasMore = capped || state != WaitLogsFinished
 	if state == WaitLogsFinished && !capped {
@@ -385,6 +402,17 @@ func (x *Executor) History(ctx context.Context) (*logs.History, error) {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// SessionEnv is the environment SSH sessions start from: the job's once it
+// was built, else the runner's own.
+func (x *Executor) SessionEnv() []string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.jobEnv != nil {
+		return x.jobEnv
+	}
+	return x.cfg.BaseEnv
 }
 
 // Streamers tracks WebSocket clients so shutdown can wait for them.

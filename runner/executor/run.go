@@ -124,6 +124,12 @@ func (x *Executor) job(ctx context.Context, body api.SubmitBody, user JobUser, w
 		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: fmt.Sprintf("Failed to set up files (%v)", err)})
 		return
 	}
+	if err := x.setupClusterSSH(body, user); err != nil {
+		log.Warn("cluster ssh", "err", err)
+	}
+	if x.cfg.Connections != nil {
+		x.cfg.Connections.Start(x.cfg.Now())
+	}
 	x.appendState(api.JobStateEvent{State: api.JobRunning})
 
 	runCtx := ctx
@@ -227,6 +233,9 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUse
 		return failed(errors.New("job has no commands"))
 	}
 	env := JobEnv(x.cfg.BaseEnv, body, repoDir, wd, x.cfg.Paths.HostfilePath(), user.Home)
+	x.mu.Lock()
+	x.jobEnv = EnvList(env)
+	x.mu.Unlock()
 	if err := WriteProfile(x.cfg.Paths, env); err != nil {
 		log.Warn("write profile", "err", err)
 	}

@@ -181,3 +181,30 @@ func (a Accounts) Resolve(u *api.JobUser, selfUID int) (JobUser, error) {
 	}
 	return ju, nil
 }
+
+// Login is an account an SSH session runs as.
+type Login struct {
+	JobUser
+	Shell string
+}
+
+// Login looks a user up by name for an SSH login: uid, primary and
+// supplementary groups, home and shell.
+func (a Accounts) Login(name string) (Login, error) {
+	u := name
+	ju, err := a.Resolve(&api.JobUser{Username: &u}, 0)
+	if err != nil {
+		return Login{}, err
+	}
+	pw, err := a.passwd()
+	if err != nil {
+		return Login{}, err
+	}
+	l := Login{JobUser: ju}
+	for _, e := range pw {
+		if e.name == name {
+			l.Shell = e.shell
+		}
+	}
+	return l, nil
+}
