@@ -78,6 +78,22 @@ func TestSSHBusybox(t *testing.T) {
 		t.Fatalf("wrong key: %v %s", err, out)
 	}
 
+	// Password and keyboard-interactive are not offered; garbage on the
+	// socket drops that connection only.
+	pw := exec.Command("ssh", append(r.sshArgs("root", "-o", "PreferredAuthentications=password,keyboard-interactive"), "true")...)
+	if out, err := pw.CombinedOutput(); exitCodeOf(err) != 255 || !strings.Contains(string(out), "Permission denied") {
+		t.Fatalf("password auth: %v %s", err, out)
+	}
+	if c, err := net.Dial("tcp", "127.0.0.1:"+r.sshPort); err == nil {
+		_, _ = c.Write([]byte("GET / HTTP/1.1\r\n\r\n\x00\xff garbage\r\n"))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.ReadAll(c)
+		c.Close()
+	}
+	if out, code := r.ssh(t, "root", nil, "echo still-serving"); code != 0 || out != "still-serving\n" {
+		t.Fatalf("after garbage: %d %q", code, out)
+	}
+
 	// -L to the runner's own API, -R back to a server on the host.
 	local := testenv.FreeAddr(t)
 	fwd := exec.Command("ssh", r.sshArgs("root", "-N", "-L", local+":127.0.0.1:"+portOf(t, r))...)

@@ -279,3 +279,30 @@ func TestGitCredentials(t *testing.T) {
 		t.Fatal("no home provisioning: nothing to do")
 	}
 }
+
+func TestClusterSSH(t *testing.T) {
+	home := t.TempDir()
+	var authorized []string
+	x, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(l string) error { authorized = append(authorized, l); return nil }})
+	b := api.SubmitBody{JobSpec: api.JobSpec{SSHKey: &api.SSHKey{Private: "PRIVATE", Public: "ssh-ed25519 AAAA job"}},
+		ClusterInfo: api.ClusterInfo{JobIPs: []string{"10.0.0.1", "10.0.0.2"}}}
+	if err := x.setupClusterSSH(b, JobUser{Home: home, ProvisionHome: true}); err != nil {
+		t.Fatal(err)
+	}
+	key, _ := os.ReadFile(filepath.Join(home, ".ssh", "dstack_job"))
+	cfg, _ := os.ReadFile(filepath.Join(home, ".ssh", "config"))
+	if string(key) != "PRIVATE\n" || strings.Count(string(cfg), "Port 10022") != 2 || !strings.Contains(string(cfg), "Host 10.0.0.2\n") ||
+		!strings.Contains(string(cfg), "IdentityFile "+filepath.Join(home, ".ssh", "dstack_job")) {
+		t.Fatalf("key %q config:\n%s", key, cfg)
+	}
+	if len(authorized) != 1 || authorized[0] != "ssh-ed25519 AAAA job" {
+		t.Fatalf("authorized %v", authorized)
+	}
+	// Single node: nothing.
+	other := t.TempDir()
+	b.ClusterInfo.JobIPs = []string{"10.0.0.1"}
+	_ = x.setupClusterSSH(b, JobUser{Home: other, ProvisionHome: true})
+	if _, err := os.Stat(filepath.Join(other, ".ssh")); !os.IsNotExist(err) {
+		t.Fatal("single-node jobs get no cluster ssh files")
+	}
+}
