@@ -11,10 +11,11 @@ import (
 )
 
 func main() {
-	// The runner shares the container with the job: keep its heap tight
-	// (log volume flows through it) unless GOGC says otherwise.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(50)
+	// The runner shares the container with the job. A soft memory limit
+	// keeps it small under log floods while normal GC pacing keeps SSH
+	// forwarding fast (GOGC=50 cost a quarter of forward throughput).
+	if os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "" {
+		debug.SetMemoryLimit(20 << 20)
 	}
 	if err := cli.App().Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "dstack-runner:", err)

@@ -34,6 +34,7 @@ type Config struct {
 	SSHPort        int
 	AuthorizedKeys []string
 	SSHLogLevel    string
+	SSHCiphers     []string
 	DstackDir      string // "/dstack"
 	StartTimeout   time.Duration
 	LogsWait       time.Duration
@@ -101,6 +102,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Self:       self,
 		Tracker:    tracker,
 		Log:        log,
+		Ciphers:    cfg.SSHCiphers,
 	}, keys)
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)

@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+func sshKey(b *testing.B) (priv, pub string) {
+	b.Helper()
+	priv = filepath.Join(b.TempDir(), "id")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", priv).CombinedOutput(); err != nil {
+		b.Fatalf("ssh-keygen: %v %s", err, out)
+	}
+	p, _ := os.ReadFile(priv + ".pub")
+	return priv, strings.TrimSpace(string(p))
+}
+
+func sshOpts(key, port string) []string {
+	return []string{"-p", port, "-i", key, "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+		"-o", "BatchMode=yes", "-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes"}
+}
+
+// BenchmarkSSHFirstLogin: from `docker run` of a container whose entrypoint
+// is the runner to the first successful `ssh ... true`.
+func BenchmarkSSHFirstLogin(b *testing.B) {
+	bins := testenv.Binaries(b)
+	img := testenv.Busybox(b)
+	key, pub := sshKey(b)
+	var total time.Duration
+	for i := 0; i < b.N; i++ {
+		_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
+		_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
+		name := randomID("ssh-bench")
+		start := time.Now()
+		if _, err := testenv.Docker(context.Background(), "run", "-d", "--init", "--name", name, "--network", "host",
+			"-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "--entrypoint", "/usr/local/bin/dstack-runner", img,
+			"start", "--http-port", httpPort, "--ssh-port", sshPort, "--ssh-authorized-key", pub); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			if exec.Command("ssh", append(sshOpts(key, sshPort), "root@127.0.0.1", "true")...).Run() == nil {
+				break
+			}
+			if time.Since(start) > 30*time.Second {
+				b.Fatal("no ssh login within 30s")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		total += time.Since(start)
+		_, _ = testenv.Docker(context.Background(), "rm", "-f", name)
+	}
+	b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms-to-first-ssh")
+}
+
+var cipherRe = regexp.MustCompile(`kex: server->client cipher: (\S+)`)
+
+// forwardThroughput pushes size bytes through `ssh -L` into a sink on the
+// host and returns MiB/s and the negotiated cipher.
+func forwardThroughput(b *testing.B, sshArgs []string, size int) (float64, string) {
+	b.Helper()
+	sink, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sink.Close()
+	got := make(chan int64, 1)
+	go func() {
+		c, err := sink.Accept()
+		if err != nil {
+			got <- 0
+			return
+		}
+		n, _ := io.Copy(io.Discard, c)
+		c.Close()
+		got <- n
+	}()
+	local := testenv.FreeAddr(b)
+	var stderr bytes.Buffer
+	cmd := exec.Command("ssh", append(append([]string{"-v", "-N", "-L", local + ":" + sink.Addr().String()}, sshArgs[:len(sshArgs)-1]...), sshArgs[len(sshArgs)-1])...)
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var c net.Conn
+	for i := 0; ; i++ {
+		if c, err = net.Dial("tcp", local); err == nil {
+			break
+		}
+		if i > 400 {
+			b.Fatalf("forward did not open: %s", stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	buf := make([]byte, 256<<10)
+	start := time.Now()
+	for sent := 0; sent < size; sent += len(buf) {
+		if _, err := c.Write(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	c.Close()
+	n := <-got
+	d := time.Since(start)
+	if n < int64(size) {
+		b.Fatalf("sink got %d of %d bytes", n, size)
+	}
+	cipher := "?"
+	if m := cipherRe.FindStringSubmatch(stderr.String()); m != nil {
+		cipher = m[1]
+	}
+	return float64(n) / d.Seconds() / (1 << 20), cipher
+}
+
+// BenchmarkSSHForwardThroughput: one -L stream through the runner's SSH
+// server and through OpenSSH's sshd on the same machine, same run.
+func BenchmarkSSHForwardThroughput(b *testing.B) {
+	const size = 512 << 20
+	key, pub := sshKey(b)
+	bins := testenv.Binaries(b)
+	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	name := randomID("ssh-tput")
+	if _, err := testenv.Docker(context.Background(), "run", "-d", "--init", "--name", name, "--network", "host",
+		"-e", "GOGC="+os.Getenv("TANDEM_BENCH_RUNNER_GOGC"), "-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "--entrypoint", "/usr/local/bin/dstack-runner", testenv.Busybox(b),
+		"start", "--http-port", httpPort, "--ssh-port", sshPort, "--ssh-authorized-key", pub); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) }()
+	sshd := testenv.StartSSHD(b)
+	var ours, theirs, theirsSame float64
+	var oursCipher, theirsCipher, sameCipher string
+	_, sport, _ := net.SplitHostPort(sshd.Addr)
+	for i := 0; i < b.N; i++ {
+		ours, oursCipher = forwardThroughput(b, append(sshOpts(key, sshPort), "root@127.0.0.1"), size)
+		theirs, theirsCipher = forwardThroughput(b, append(sshOpts(sshd.ClientKey, sport), "root@127.0.0.1"), size)
+		theirsSame, sameCipher = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, sport), "-c", oursCipher), "root@127.0.0.1"), size)
+	}
+	b.ReportMetric(ours, "tandem-MiB/s")
+	b.ReportMetric(theirs, "openssh-default-MiB/s")
+	b.ReportMetric(ours/theirs, "ratio-vs-default")
+	b.ReportMetric(theirsSame, "openssh-same-cipher-MiB/s")
+	b.ReportMetric(ours/theirsSame, "ratio-same-cipher")
+	b.Logf("ciphers: tandem %s, openssh default %s, openssh forced %s", oursCipher, theirsCipher, sameCipher)
+}
