@@ -309,4 +309,3 @@ func portOf(t *testing.T, r *sshRunner) string {
 	}
 	return port
 }
-
