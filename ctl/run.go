@@ -39,7 +39,9 @@ type RunOptions struct {
 	Mounts      []api.InstanceMountPoint
 	Network     string // host or bridge
 	MaxDuration time.Duration
-	Commands    []string
+	// SSHKeys are public keys authorized in the job container (tandem ssh).
+	SSHKeys  []string
+	Commands []string
 	// Interrupt delivers Ctrl-C presses: the first stops the job gracefully,
 	// the second tears the task down at once.
 	// Dial, when set, opens agent connections (e.g. a Tunnel's Dial); Shim
@@ -115,7 +117,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	}
 	res := Result{TaskID: id}
 	cfg := api.TaskConfig{ID: id, Name: name, ImageName: o.Image, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
-		ShmSize: o.ShmSize, NetworkMode: o.Network, InstanceMounts: o.Mounts}
+		ShmSize: o.ShmSize, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
 	if err := shim.SubmitTask(ctx, cfg); err != nil {
 		return res, fmt.Errorf("the shim rejected the task: %w", err)
 	}

@@ -8,11 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/tandem-run/tandem/ctl"
 	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
@@ -20,11 +23,18 @@ import (
 // shim and runner ports for tandem.
 func realStack(t *testing.T) (h *shimHarness, shimAddr, runnerPort string) {
 	t.Helper()
+	h, shimAddr, runnerPort, _ = realStackSSH(t)
+	return h, shimAddr, runnerPort
+}
+
+// realStackSSH also returns the runner SSH port the shim passes on.
+func realStackSSH(t *testing.T) (h *shimHarness, shimAddr, runnerPort, sshPort string) {
+	t.Helper()
 	bins := testenv.Binaries(t)
 	_, runnerPort, _ = net.SplitHostPort(testenv.FreeAddr(t))
-	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	_, sshPort, _ = net.SplitHostPort(testenv.FreeAddr(t))
 	h = startShim(t, bins.Runner, nil, "--runner-http-port", runnerPort, "--runner-ssh-port", sshPort)
-	return h, strings.TrimPrefix(h.client.BaseURL(), "http://"), runnerPort
+	return h, strings.TrimPrefix(h.client.BaseURL(), "http://"), runnerPort, sshPort
 }
 
 func tandem(t *testing.T, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
@@ -224,4 +234,46 @@ func TestTandemPsLogsStop(t *testing.T) {
 	if err := nolog.Run(); exitCodeOf(err) != 1 || !strings.Contains(nologErr.String(), "no task no-such-task") {
 		t.Fatalf("unknown task: %v %s", err, nologErr)
 	}
+}
+
+func TestTandemSSHIntoTask(t *testing.T) {
+	h, shim, rport, sshPort := realStackSSH(t)
+	key := filepath.Join(t.TempDir(), "id")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	run, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "-i", key, "--", "/bin/sh", "-c", "echo up; sleep 300")
+	if err := run.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = run.Process.Signal(syscall.SIGINT); _ = run.Wait() }()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(out.String(), "up") {
+		if time.Now().After(deadline) {
+			t.Fatalf("job did not start: %s %s", out, errb)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	items, err := h.client.ListTasks(context.Background())
+	if err != nil || len(items) != 1 {
+		t.Fatalf("tasks %+v %v", items, err)
+	}
+	task := items[0].ID
+	ssh, sshOut, sshErr := tandem(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "echo", "$DSTACK_RUN_ID")
+	if err := ssh.Run(); err != nil || strings.TrimSpace(sshOut.String()) != task {
+		t.Fatalf("tandem ssh: %v %q %q", err, sshOut, sshErr)
+	}
+	// Over --ssh the host becomes OpenSSH's jump host for the container.
+	argv, err := ctl.SSHCommand(context.Background(), task, ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222", Identity: key}, []string{"true"})
+	if err != nil || !slices.Contains(argv, "-J") || !slices.Contains(argv, "ubuntu@gpu-host:2222") || argv[len(argv)-1] != "true" {
+		t.Fatalf("jump argv: %q %v", argv, err)
+	}
+	if ssh2, o2, e2 := tandem(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "exit", "5"); exitCodeOf(ssh2.Run()) != 5 {
+		t.Fatalf("exit status through tandem ssh: %q %q", o2, e2)
+	}
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
 }

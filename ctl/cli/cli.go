@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -75,7 +76,7 @@ func App() *cli.App {
 			}
 			cli.HandleExitCoder(err)
 		},
-		Commands: []*cli.Command{runCmd(), psCmd(), logsCmd(), stopCmd(), infoCmd(), {
+		Commands: []*cli.Command{runCmd(), psCmd(), logsCmd(), sshCmd(), stopCmd(), infoCmd(), {
 			Name:  "version",
 			Usage: "print the version and the dstack protocol level",
 			Action: func(c *cli.Context) error {
@@ -105,6 +106,7 @@ func runCmd() *cli.Command {
 			&cli.StringSliceFlag{Name: "mount", Usage: "HOSTPATH:PATH (repeatable)"},
 			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
 			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long"},
+			&cli.StringSliceFlag{Name: "authorized-key", Usage: "public key allowed into the container for tandem ssh (default: yours)"},
 			outputFlag,
 		),
 		Action: func(c *cli.Context) error {
@@ -151,6 +153,12 @@ func runCmd() *cli.Command {
 			}
 			if o.Network != "host" && o.Network != "bridge" {
 				return exitError{2, "--network must be host or bridge"}
+			}
+			o.SSHKeys = c.StringSlice("authorized-key")
+			if len(o.SSHKeys) == 0 {
+				if k := ctl.DefaultPublicKey(c.String("identity")); k != "" {
+					o.SSHKeys = []string{k}
+				}
 			}
 			dial, closeDial, err := dialer(c)
 			if err != nil {
@@ -298,6 +306,43 @@ func logsCmd() *cli.Command {
 				o.Since = time.Now().Add(-d)
 			}
 			if err := ctl.Logs(c.Context, c.Args().First(), o, c.App.Writer); err != nil {
+				return exitError{1, err.Error()}
+			}
+			return nil
+		}}
+}
+
+func sshCmd() *cli.Command {
+	return &cli.Command{Name: "ssh", Usage: "open a shell (or run a command) in a task's container", ArgsUsage: "TASK [-- COMMAND...]",
+		Flags: append(connFlags(),
+			&cli.IntFlag{Name: "runner-ssh-port", Value: 10022, Usage: "the runner SSH port the shim uses (--runner-ssh-port)"},
+			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"}),
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 {
+				return exitError{2, "usage: tandem ssh TASK [-- COMMAND...]"}
+			}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			argv, err := ctl.SSHCommand(c.Context, c.Args().First(), ctl.SSHOptions{Shim: c.String("shim"),
+				RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"),
+				User: c.String("user"), Dial: dial}, c.Args().Slice()[1:])
+			closeDial()
+			if err != nil {
+				return exitError{1, err.Error()}
+			}
+			bin, err := exec.LookPath("ssh")
+			if err != nil {
+				return exitError{1, "the OpenSSH client (ssh) is not installed"}
+			}
+			cmd := exec.Command(bin, argv[1:]...)
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
+			if err := cmd.Run(); err != nil {
+				var ee *exec.ExitError
+				if errors.As(err, &ee) {
+					return exitError{ee.ExitCode(), ""}
+				}
 				return exitError{1, err.Error()}
 			}
 			return nil
