@@ -46,6 +46,9 @@ type Config struct {
 	KeepAliveMax int
 	Tracker      *Tracker
 	Log          *slog.Logger
+	// MaxChannels caps concurrent channels per connection (IDEs multiplex
+	// dozens; thousands would be abuse).
+	MaxChannels int
 	// Ciphers offered, in order; nil means DefaultCiphers.
 	Ciphers []string
 }
@@ -108,6 +111,9 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 	if cfg.KeepAliveMax == 0 {
 		cfg.KeepAliveMax = 4
 	}
+	if cfg.MaxChannels == 0 {
+		cfg.MaxChannels = 512
+	}
 	if cfg.Tracker == nil {
 		cfg.Tracker = NewTracker()
 	}
@@ -128,9 +134,9 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 		LocalPortForwardingCallback:   func(gssh.Context, string, uint32) bool { return true },
 		ReversePortForwardingCallback: func(gssh.Context, string, uint32) bool { return true },
 		ChannelHandlers: map[string]gssh.ChannelHandler{
-			"session":                        s.keepAlive(gssh.DefaultSessionHandler),
-			"direct-tcpip":                   s.keepAlive(gssh.DirectTCPIPHandler),
-			"direct-streamlocal@openssh.com": s.keepAlive(sl.direct),
+			"session":                        s.channel(gssh.DefaultSessionHandler),
+			"direct-tcpip":                   s.channel(directTCPIP),
+			"direct-streamlocal@openssh.com": s.channel(sl.direct),
 		},
 		RequestHandlers: map[string]gssh.RequestHandler{
 			"tcpip-forward":                          fwd.HandleSSHRequest,
@@ -218,22 +224,35 @@ func (s *Server) auth(ctx gssh.Context, key gssh.PublicKey) bool {
 	return false
 }
 
-type keepAliveKey struct{}
+type connStateKey struct{}
 
-// keepAlive wraps a channel handler so that the first channel of each
-// connection starts keep-alive probes; clients that stop answering are
-// dropped, like OpenSSH's ClientAliveInterval/CountMax.
-func (s *Server) keepAlive(h gssh.ChannelHandler) gssh.ChannelHandler {
+// connState is per-connection bookkeeping kept in the connection's context.
+type connState struct {
+	channels atomic.Int64
+}
+
+// channel wraps a channel handler: the first channel of a connection starts
+// keep-alive probes (clients that stop answering are dropped, like
+// OpenSSH's ClientAliveInterval/CountMax), and each connection may hold at
+// most MaxChannels channels at once.
+func (s *Server) channel(h gssh.ChannelHandler) gssh.ChannelHandler {
 	return func(srv *gssh.Server, conn *gossh.ServerConn, ch gossh.NewChannel, ctx gssh.Context) {
 		ctx.Lock()
-		started := ctx.Value(keepAliveKey{}) != nil
-		if !started {
-			ctx.SetValue(keepAliveKey{}, true)
+		st, ok := ctx.Value(connStateKey{}).(*connState)
+		if !ok {
+			st = &connState{}
+			ctx.SetValue(connStateKey{}, st)
 		}
 		ctx.Unlock()
-		if !started {
+		if !ok {
 			go s.probe(ctx, conn)
 		}
+		if n := st.channels.Add(1); n > int64(s.cfg.MaxChannels) {
+			st.channels.Add(-1)
+			_ = ch.Reject(gossh.ResourceShortage, fmt.Sprintf("too many channels (max %d)", s.cfg.MaxChannels))
+			return
+		}
+		defer st.channels.Add(-1)
 		h(srv, conn, ch, ctx)
 	}
 }

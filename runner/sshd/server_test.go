@@ -2,7 +2,16 @@ package sshd
 
 import (
 	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
 	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
 )
 
 func TestHostKeysPersist(t *testing.T) {
@@ -33,4 +42,60 @@ func TestKeySet(t *testing.T) {
 	if err := k.Add("", "  "); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A real server over loopback: the channel cap rejects the channel beyond
+// it and the connection keeps working.
+func TestChannelCap(t *testing.T) {
+	keys := &KeySet{}
+	_, clientPriv, _ := ed25519.GenerateKey(rand.Reader)
+	signer, _ := gossh.NewSignerFromKey(clientPriv)
+	if err := keys.Add(string(gossh.MarshalAuthorizedKey(signer.PublicKey()))); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := New(Config{HostKeyDir: t.TempDir(), MaxChannels: 2, Log: slog.New(slog.DiscardHandler)}, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	echo, _ := net.Listen("tcp", "127.0.0.1:0")
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(c, c) }()
+		}
+	}()
+	c, err := gossh.Dial("tcp", ln.Addr().String(), &gossh.ClientConfig{User: "root", Auth: []gossh.AuthMethod{gossh.PublicKeys(signer)},
+		HostKeyCallback: gossh.InsecureIgnoreHostKey()}) //nolint:gosec // test
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	a, err1 := c.Dial("tcp", echo.Addr().String())
+	b, err2 := c.Dial("tcp", echo.Addr().String())
+	if err1 != nil || err2 != nil {
+		t.Fatalf("within the cap: %v %v", err1, err2)
+	}
+	if _, err := c.Dial("tcp", echo.Addr().String()); err == nil || !strings.Contains(err.Error(), "too many channels") {
+		t.Fatalf("over the cap: %v", err)
+	}
+	a.Close()
+	time.Sleep(100 * time.Millisecond)
+	d, err := c.Dial("tcp", echo.Addr().String())
+	if err != nil {
+		t.Fatalf("a freed slot is usable again: %v", err)
+	}
+	_, _ = d.Write([]byte("ping"))
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(d, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("forward works: %q %v", buf, err)
+	}
+	b.Close()
+	d.Close()
 }

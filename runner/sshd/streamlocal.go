@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"sync"
 
 	gssh "github.com/gliderlabs/ssh"
@@ -127,4 +128,35 @@ func (sl *streamLocal) close(path string) bool {
 		_ = os.Remove(path)
 	}
 	return ok
+}
+
+type directTCPIPData struct {
+	DestAddr   string
+	DestPort   uint32
+	OriginAddr string
+	OriginPort uint32
+}
+
+// directTCPIP serves ssh -L to a TCP address. Unlike gliderlabs' handler it
+// returns only when the forward ends, so per-connection channel accounting
+// holds for forwards too.
+func directTCPIP(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, ctx gssh.Context) {
+	var d directTCPIPData
+	if err := gossh.Unmarshal(nc.ExtraData(), &d); err != nil {
+		_ = nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")
+		return
+	}
+	var dialer net.Dialer
+	conn, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(d.DestAddr, strconv.Itoa(int(d.DestPort))))
+	if err != nil {
+		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
+		return
+	}
+	ch, reqs, err := nc.Accept()
+	if err != nil {
+		conn.Close()
+		return
+	}
+	go gossh.DiscardRequests(reqs)
+	pipe(ch, conn)
 }
