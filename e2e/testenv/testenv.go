@@ -222,7 +222,7 @@ func Binaries(t testing.TB) Bins {
 			for _, b := range []struct{ name, cgo string }{{"dstack-runner", "0"}, {"dstack-shim", "1"}, {"tandem", "1"}} {
 				cmd := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, b.name), "./cmd/"+b.name)
 				cmd.Dir = root
-				cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo)
+				cmd.Env = append(os.Environ(), "CGO_ENABLED="+b.cgo, "CGO_CFLAGS=-O2 -Wno-deprecated-declarations")
 				if out, err := cmd.CombinedOutput(); err != nil {
 					buildErr = fmt.Errorf("build %s: %w\n%s", b.name, err, out)
 					return

@@ -7,36 +7,40 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-
-	"github.com/tandem-run/tandem/api"
 )
-
-// GPU is one detected accelerator.
-type GPU struct {
-	Vendor        api.GPUVendor
-	Name          string
-	MemoryMiB     int64
-	ID            string // resource id: NVIDIA UUID, AMD render node, ...
-	Index         int
-	DriverVersion string
-}
 
 // ErrNoCapacity is returned when fewer GPUs are free than requested.
 var ErrNoCapacity = errors.New("no capacity")
 
-// Locks is the GPU lock table. The order of IDs is the order GPUs were
-// found in, and allocation is deterministic: lowest free indices first.
+// Locks is the GPU lock table. Allocation is deterministic and keeps a
+// task's GPUs close: the first NUMA node (in discovery order) that can hold
+// the whole request, else the lowest free indices.
 type Locks struct {
 	mu     sync.Mutex // guards holder
 	ids    []string
+	node   map[string]int    // gpu id → NUMA node (-1 unknown)
 	holder map[string]string // gpu id → task id ("" = free)
 }
 
-// NewLocks returns a table of the given GPU ids, all free.
+// NewLocks returns a table of the given GPU ids, all free, no topology.
 func NewLocks(ids []string) *Locks {
-	l := &Locks{ids: slices.Clone(ids), holder: make(map[string]string, len(ids))}
+	l := &Locks{ids: slices.Clone(ids), node: map[string]int{}, holder: make(map[string]string, len(ids))}
 	for _, id := range ids {
 		l.holder[id] = ""
+		l.node[id] = -1
+	}
+	return l
+}
+
+// NewLocksFor returns a table of the discovered GPUs with their topology.
+func NewLocksFor(gpus []GPU) *Locks {
+	ids := make([]string, 0, len(gpus))
+	for _, g := range gpus {
+		ids = append(ids, g.ID)
+	}
+	l := NewLocks(ids)
+	for _, g := range gpus {
+		l.node[g.ID] = g.NUMANode
 	}
 	return l
 }
@@ -59,7 +63,7 @@ func (l *Locks) Acquire(task string, n int) ([]string, error) {
 		if len(free) < n {
 			return nil, fmt.Errorf("%w: %d GPUs requested, %d available", ErrNoCapacity, n, len(free))
 		}
-		free = free[:n]
+		free = l.closest(free, n)
 	}
 	for _, id := range free {
 		l.holder[id] = task
@@ -108,4 +112,27 @@ func (l *Locks) Free() int {
 		}
 	}
 	return n
+}
+
+// closest picks n of the free ids: all from one NUMA node when one node has
+// enough (the first such node in discovery order), else the first n.
+func (l *Locks) closest(free []string, n int) []string {
+	byNode := map[int][]string{}
+	var order []int
+	for _, id := range free {
+		nd := l.node[id]
+		if nd < 0 {
+			continue
+		}
+		if _, ok := byNode[nd]; !ok {
+			order = append(order, nd)
+		}
+		byNode[nd] = append(byNode[nd], id)
+	}
+	for _, nd := range order {
+		if len(byNode[nd]) >= n {
+			return byNode[nd][:n]
+		}
+	}
+	return free[:n]
 }
