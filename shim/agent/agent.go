@@ -95,13 +95,33 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	cancel()
 
-	// GPUs: vendor discovery arrives separately; until then the host has none.
-	var gpus []gpu.GPU
-	ids := make([]string, 0, len(gpus))
-	for _, g := range gpus {
-		ids = append(ids, g.ID)
+	// GPUs: every vendor is asked; discrete GPUs of two vendors stop the
+	// shim with a clear error instead of a silent pick.
+	nvmlSrc := gpu.NewNVML()
+	gpus, err := gpu.Discover(ctx, log, nvmlSrc, gpu.AMD{Root: "/"})
+	if err != nil {
+		return err
 	}
-	locks := gpu.NewLocks(ids)
+	locks := gpu.NewLocksFor(gpus)
+	var vendor api.GPUVendor
+	if len(gpus) > 0 {
+		vendor = gpus[0].Vendor
+	}
+	nvidiaCDI := false
+	if vendor == api.GPUVendorNVIDIA {
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		mode, err := rt.GPUMode(mctx)
+		cancel()
+		switch {
+		case err != nil:
+			log.Warn("cannot tell how Docker reaches NVIDIA GPUs; assuming the runtime hook", "err", err)
+		case mode == "cdi":
+			nvidiaCDI = true
+			log.Info("NVIDIA GPUs via CDI device requests")
+		case mode == "":
+			log.Warn("Docker has neither the NVIDIA runtime nor CDI; GPU tasks will fail to start until nvidia-container-toolkit is set up")
+		}
+	}
 
 	env := passEnv(cfg.PassEnv)
 	if cfg.PJRTDevice != "" {
@@ -118,7 +138,18 @@ func Run(ctx context.Context, cfg Config) error {
 		Privileged:        cfg.Privileged,
 		PullStallTimeout:  cfg.PullStallTimeout,
 		PullTimeout:       cfg.PullTimeout,
+		GPUVendor:         vendor,
+		NvidiaCDI:         nvidiaCDI,
 	}, rt, locks, &authkeys.Editor{}, log)
+
+	var health func(context.Context) *api.DCGMHealth
+	var taskMetrics func(context.Context, []string) (string, bool, error)
+	if vendor == api.GPUVendorNVIDIA {
+		xids := nvmlSrc.WatchXIDs(ctx)
+		health = func(context.Context) *api.DCGMHealth { return nvmlSrc.Health(xids()) }
+		m := &gpu.Metrics{NVML: nvmlSrc, Interval: 5 * time.Second}
+		taskMetrics = func(_ context.Context, ids []string) (string, bool, error) { return m.Text(ids), true, nil }
+	}
 
 	if cfg.ServiceMode {
 		hi, err := hostinfo.Collect(gpus, diskPath)
@@ -146,9 +177,11 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return api.InstanceInfoResponse{GPUVendor: gpus[0].Vendor, GPUDriverVersion: gpus[0].DriverVersion}
 		},
-		GPUIDs:   engine.GPUIDs,
-		Shutdown: sd.request,
-		Log:      log,
+		GPUIDs:      engine.GPUIDs,
+		Health:      health,
+		TaskMetrics: taskMetrics,
+		Shutdown:    sd.request,
+		Log:         log,
 	})
 	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
 	ln, err := net.Listen("tcp", addr)

@@ -88,6 +88,16 @@ func (r *Runtime) Pull(ctx context.Context, ref string, auth task.RegistryAuth) 
 
 // Create creates a container from spec.
 func (r *Runtime) Create(ctx context.Context, s task.ContainerSpec) (string, error) {
+	cfg, hc := Build(s)
+	resp, err := r.c.ContainerCreate(ctx, cfg, hc, nil, nil, s.Name)
+	if err != nil {
+		return "", fmt.Errorf("create container %s: %w", s.Name, err)
+	}
+	return resp.ID, nil
+}
+
+// Build turns a spec into Docker's create configuration.
+func Build(s task.ContainerSpec) (*container.Config, *container.HostConfig) {
 	exposed := nat.PortSet{}
 	bindings := nat.PortMap{}
 	for _, p := range s.ExposedTCP {
@@ -110,6 +120,10 @@ func (r *Runtime) Create(ctx context.Context, s task.ContainerSpec) (string, err
 		PortBindings: bindings,
 		Privileged:   s.Privileged,
 		Init:         &init,
+		Runtime:      s.Runtime,
+		IpcMode:      container.IpcMode(s.IpcMode),
+		CapAdd:       s.CapAdd,
+		SecurityOpt:  s.SecurityOpt,
 		Resources: container.Resources{
 			NanoCPUs: s.NanoCPUs,
 			Memory:   s.Memory,
@@ -131,11 +145,31 @@ func (r *Runtime) Create(ctx context.Context, s task.ContainerSpec) (string, err
 	if s.MemlockUnlimited {
 		hc.Ulimits = append(hc.Ulimits, &container.Ulimit{Name: "memlock", Soft: -1, Hard: -1})
 	}
-	resp, err := r.c.ContainerCreate(ctx, cfg, hc, nil, nil, s.Name)
-	if err != nil {
-		return "", fmt.Errorf("create container %s: %w", s.Name, err)
+	if g := s.GPUs; g != nil {
+		req := container.DeviceRequest{Driver: g.Driver, DeviceIDs: g.DeviceIDs}
+		if len(g.Capabilities) > 0 {
+			req.Capabilities = [][]string{g.Capabilities}
+		}
+		hc.DeviceRequests = []container.DeviceRequest{req}
 	}
-	return resp.ID, nil
+	return cfg, hc
+}
+
+// GPUMode reports how this Docker reaches NVIDIA GPUs: "hook" when the
+// NVIDIA runtime is registered, "cdi" when CDI spec dirs are configured,
+// "" when neither.
+func (r *Runtime) GPUMode(ctx context.Context) (string, error) {
+	info, err := r.c.Info(ctx)
+	if err != nil {
+		return "", fmt.Errorf("docker info: %w", err)
+	}
+	if _, ok := info.Runtimes["nvidia"]; ok {
+		return "hook", nil
+	}
+	if len(info.CDISpecDirs) > 0 {
+		return "cdi", nil
+	}
+	return "", nil
 }
 
 // Start starts a container.

@@ -190,7 +190,10 @@ func TestNVMLMetricsText(t *testing.T) {
 	for i, d := range srv.Devices {
 		dev := d.(*dgxa100.Device)
 		i := i
-		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { calls++; return nvml.Utilization{Gpu: uint32(10 * i)}, nvml.SUCCESS }
+		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+			calls++
+			return nvml.Utilization{Gpu: uint32(10 * i)}, nvml.SUCCESS
+		}
 		dev.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 40 << 30, Used: 1 << 30}, nvml.SUCCESS }
 		dev.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 250500, nvml.SUCCESS }
 		dev.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 55, nvml.SUCCESS }

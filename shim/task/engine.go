@@ -68,7 +68,14 @@ type Config struct {
 	// TerminateWait bounds how long terminate waits for the pipeline to wind
 	// down after the container stopped or a pre-run stage was cancelled.
 	TerminateWait time.Duration
+	// GPUVendor is the host's GPU vendor; NvidiaCDI selects CDI device
+	// requests instead of the NVIDIA runtime hook.
+	GPUVendor api.GPUVendor
+	NvidiaCDI bool
 }
+
+// nvidiaCapabilities are the driver capabilities a task gets (dstack's).
+var nvidiaCapabilities = []string{"gpu", "utility", "compute", "graphics", "video", "display", "compat32"}
 
 // Engine runs tasks.
 type Engine struct {
@@ -455,7 +462,19 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 	if ctx.Err() != nil {
 		return aborted()
 	}
-	if err := e.rt.Start(context.WithoutCancel(ctx), id); err != nil {
+	err = e.rt.Start(context.WithoutCancel(ctx), id)
+	if err != nil && strings.Contains(err.Error(), "/dev/nvidia-modeset") && spec.GPUs != nil && slices.Contains(spec.GPUs.Capabilities, "display") {
+		log.Warn("no /dev/nvidia-modeset on this host; starting without the display capability", "err", err)
+		_ = e.rt.Remove(context.WithoutCancel(ctx), id)
+		spec = withoutDisplay(spec)
+		if id, err = e.rt.Create(context.WithoutCancel(ctx), spec); err == nil {
+			e.mu.Lock()
+			t.contID = id
+			e.mu.Unlock()
+			err = e.rt.Start(context.WithoutCancel(ctx), id)
+		}
+	}
+	if err != nil {
 		return fail(api.ReasonCreatingContainerError, "startContainer error: %v", err)
 	}
 	mark("start")
@@ -635,13 +654,54 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		Init:        true,
 	}
 	if len(gpuIDs) > 0 {
-		for _, d := range cfg.GPUDevices {
-			spec.Devices = append(spec.Devices, Device{Host: d.PathOnHost, Container: d.PathInContainer, Perms: "rwm"})
-		}
+		e.wireGPUs(&spec, cfg, gpuIDs)
 	}
 	if _, err := os.Stat(e.cfg.InfinibandPath); !os.IsNotExist(err) {
 		spec.Devices = append(spec.Devices, Device{Host: e.cfg.InfinibandPath, Container: "/dev/infiniband", Perms: "rwm"})
 		spec.MemlockUnlimited = true
+	}
+	return spec
+}
+
+// wireGPUs gives the container its GPUs: explicit gpu_devices replace all
+// vendor logic; otherwise NVIDIA gets a device request (runtime hook or
+// CDI) and AMD the kfd and render nodes with what ROCm needs.
+func (e *Engine) wireGPUs(spec *ContainerSpec, cfg api.TaskConfig, gpuIDs []string) {
+	if len(cfg.GPUDevices) > 0 {
+		for _, d := range cfg.GPUDevices {
+			spec.Devices = append(spec.Devices, Device{Host: d.PathOnHost, Container: d.PathInContainer, Perms: "rwm"})
+		}
+		return
+	}
+	switch e.cfg.GPUVendor {
+	case api.GPUVendorNVIDIA:
+		if e.cfg.NvidiaCDI {
+			ids := make([]string, 0, len(gpuIDs))
+			for _, id := range gpuIDs {
+				ids = append(ids, "nvidia.com/gpu="+id)
+			}
+			spec.GPUs = &GPURequest{Driver: "cdi", DeviceIDs: ids}
+			return
+		}
+		spec.GPUs = &GPURequest{DeviceIDs: slices.Clone(gpuIDs), Capabilities: slices.Clone(nvidiaCapabilities)}
+	case api.GPUVendorAMD:
+		spec.Devices = append(spec.Devices, Device{Host: "/dev/kfd", Container: "/dev/kfd", Perms: "rwm"})
+		for _, id := range gpuIDs {
+			spec.Devices = append(spec.Devices, Device{Host: id, Container: id, Perms: "rwm"})
+		}
+		spec.IpcMode = "host"
+		spec.CapAdd = []string{"SYS_PTRACE"}
+		spec.SecurityOpt = []string{"seccomp=unconfined"}
+	}
+}
+
+// withoutDisplay drops the display capability (headless hosts have no
+// /dev/nvidia-modeset; dstack issue #4004).
+func withoutDisplay(spec ContainerSpec) ContainerSpec {
+	if spec.GPUs != nil {
+		g := *spec.GPUs
+		g.Capabilities = slices.DeleteFunc(slices.Clone(g.Capabilities), func(c string) bool { return c == "display" })
+		spec.GPUs = &g
 	}
 	return spec
 }

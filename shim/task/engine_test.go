@@ -98,12 +98,21 @@ func (r *stepRuntime) Stop(ctx context.Context, id string, _ time.Duration) erro
 	}
 	return nil
 }
-func (r *stepRuntime) Remove(ctx context.Context, name string) error {
+
+// Remove takes a name or an id, as Docker does.
+func (r *stepRuntime) Remove(ctx context.Context, idOrName string) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if id, ok := r.names[name]; ok {
+	if id, ok := r.names[idOrName]; ok {
 		delete(r.created, id)
-		delete(r.names, name)
+		delete(r.names, idOrName)
+		return nil
+	}
+	delete(r.created, idOrName)
+	for name, id := range r.names {
+		if id == idOrName {
+			delete(r.names, name)
+		}
 	}
 	return nil
 }

@@ -59,6 +59,20 @@ type ContainerSpec struct {
 	MemlockUnlimited bool
 	// Init runs the command under Docker's init, so SIGTERM reaches it.
 	Init bool
+	// GPU wiring (only for tasks holding GPUs).
+	GPUs        *GPURequest
+	Runtime     string
+	IpcMode     string
+	CapAdd      []string
+	SecurityOpt []string
+}
+
+// GPURequest is a Docker device request: the NVIDIA hook (Driver "") or CDI
+// (Driver "cdi", qualified device names).
+type GPURequest struct {
+	Driver       string
+	DeviceIDs    []string
+	Capabilities []string
 }
 
 // Bind is a bind mount.

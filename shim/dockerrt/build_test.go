@@ -1,0 +1,64 @@
+package dockerrt
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/tandem-run/tandem/shim/task"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func base() task.ContainerSpec {
+	return task.ContainerSpec{
+		Name: "job-1-44f7cb95", Image: "dstackai/base:cuda-12.1", User: "root",
+		Entrypoint:  []string{"/usr/local/bin/dstack-runner"},
+		Cmd:         []string{"--log-level", "info", "start", "--temp-dir", "/tmp/runner", "--http-port", "10999", "--ssh-port", "10022", "--http-address", "localhost"},
+		Env:         []string{"http_proxy=http://proxy:3128"},
+		Labels:      map[string]string{"ai.dstack.shim.is-task": "true", "ai.dstack.shim.task-id": "t1"},
+		NetworkMode: "host", ExposedTCP: []int{10999, 10022},
+		Binds: []task.Bind{{Source: "/root/.dstack/runners/job-1-44f7cb95", Target: "/tmp/runner"},
+			{Source: "/usr/local/bin/dstack-runner", Target: "/usr/local/bin/dstack-runner", ReadOnly: true}},
+		ShmSize: 1 << 30, NanoCPUs: 8e9, Memory: 64 << 30, Init: true,
+	}
+}
+
+// TestBuildGolden pins the Docker create request per vendor.
+func TestBuildGolden(t *testing.T) {
+	nvidia := base()
+	nvidia.GPUs = &task.GPURequest{DeviceIDs: []string{"GPU-1", "GPU-2"}, Capabilities: []string{"gpu", "utility", "compute", "graphics", "video", "display", "compat32"}}
+	cdi := base()
+	cdi.GPUs = &task.GPURequest{Driver: "cdi", DeviceIDs: []string{"nvidia.com/gpu=GPU-1"}}
+	amd := base()
+	amd.Devices = []task.Device{{Host: "/dev/kfd", Container: "/dev/kfd", Perms: "rwm"}, {Host: "/dev/dri/renderD128", Container: "/dev/dri/renderD128", Perms: "rwm"}}
+	amd.IpcMode, amd.CapAdd, amd.SecurityOpt = "host", []string{"SYS_PTRACE"}, []string{"seccomp=unconfined"}
+	bridge := base()
+	bridge.NetworkMode = "bridge"
+	bridge.MemlockUnlimited = true
+	bridge.Devices = []task.Device{{Host: "/dev/infiniband", Container: "/dev/infiniband", Perms: "rwm"}}
+	for name, spec := range map[string]task.ContainerSpec{"create_cpu_host": base(), "create_nvidia": nvidia, "create_nvidia_cdi": cdi, "create_amd": amd, "create_bridge_ib": bridge} {
+		t.Run(name, func(t *testing.T) {
+			cfg, hc := Build(spec)
+			got, err := json.MarshalIndent(map[string]any{"Config": cfg, "HostConfig": hc}, "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, '\n')
+			path := filepath.Join("testdata", name+".json")
+			if *update {
+				_ = os.WriteFile(path, got, 0o644)
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (go test ./shim/dockerrt -update)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("create request drifted from %s:\n%s", path, got)
+			}
+		})
+	}
+}

@@ -1,0 +1,89 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+func TestGPUWiringPerVendor(t *testing.T) {
+	ids := []string{"GPU-a", "GPU-b"}
+	tests := []struct {
+		name   string
+		vendor api.GPUVendor
+		cdi    bool
+		check  func(t *testing.T, s ContainerSpec)
+	}{
+		{"nvidia hook", api.GPUVendorNVIDIA, false, func(t *testing.T, s ContainerSpec) {
+			if s.GPUs == nil || s.GPUs.Driver != "" || !slices.Equal(s.GPUs.DeviceIDs, ids) || !slices.Contains(s.GPUs.Capabilities, "display") || len(s.GPUs.Capabilities) != 7 {
+				t.Fatalf("%+v", s.GPUs)
+			}
+		}},
+		{"nvidia cdi", api.GPUVendorNVIDIA, true, func(t *testing.T, s ContainerSpec) {
+			if s.GPUs == nil || s.GPUs.Driver != "cdi" || !slices.Equal(s.GPUs.DeviceIDs, []string{"nvidia.com/gpu=GPU-a", "nvidia.com/gpu=GPU-b"}) {
+				t.Fatalf("%+v", s.GPUs)
+			}
+		}},
+		{"amd", api.GPUVendorAMD, false, func(t *testing.T, s ContainerSpec) {
+			if s.GPUs != nil || s.IpcMode != "host" || !slices.Equal(s.CapAdd, []string{"SYS_PTRACE"}) || !slices.Equal(s.SecurityOpt, []string{"seccomp=unconfined"}) ||
+				len(s.Devices) != 3 || s.Devices[0].Host != "/dev/kfd" || s.Devices[1].Host != "GPU-a" {
+				t.Fatalf("%+v", s)
+			}
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _ := newEngine(t, newStepRuntime())
+			e.cfg.GPUVendor, e.cfg.NvidiaCDI = tc.vendor, tc.cdi
+			cfg := normalize(api.TaskConfig{ID: "t", Name: "n", ImageName: "i"})
+			tc.check(t, e.containerSpec(&task{cfg: cfg, name: "n-1"}, "/r", ids))
+		})
+	}
+}
+
+// modesetRuntime fails the first start like Docker on a headless host.
+type modesetRuntime struct {
+	*stepRuntime
+	mu     sync.Mutex
+	specs  []ContainerSpec
+	starts int
+}
+
+func (m *modesetRuntime) Create(ctx context.Context, s ContainerSpec) (string, error) {
+	m.mu.Lock()
+	m.specs = append(m.specs, s)
+	m.mu.Unlock()
+	return m.stepRuntime.Create(ctx, s)
+}
+
+func (m *modesetRuntime) Start(ctx context.Context, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.starts++
+	if m.starts == 1 {
+		return errors.New("error running hook: nvidia-container-cli: mount error: stat failed: /dev/nvidia-modeset: no such file or directory")
+	}
+	return nil
+}
+
+func TestModesetRetryWithoutDisplay(t *testing.T) {
+	rt := &modesetRuntime{stepRuntime: newStepRuntime()}
+	e, _ := newEngine(t, rt, "GPU-a")
+	e.cfg.GPUVendor = api.GPUVendorNVIDIA
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img", GPU: 1}); err != nil {
+		t.Fatal(err)
+	}
+	info := waitStatus(t, e, "t", api.TaskRunning)
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if len(rt.specs) != 2 || !slices.Contains(rt.specs[0].GPUs.Capabilities, "display") || slices.Contains(rt.specs[1].GPUs.Capabilities, "display") {
+		t.Fatalf("specs %+v", rt.specs)
+	}
+	if rt.live() != 1 || info.ContainerID == "" {
+		t.Fatalf("the failed container must be removed and the new id recorded: live=%d %+v", rt.live(), info)
+	}
+}
