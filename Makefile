@@ -49,6 +49,7 @@ e2e: build
 
 ## bench: shim latency and memory on a warm local image (see the issue notes)
 bench: deps build
+	go test -run '^$$' -bench . -benchmem ./shim/gpu
 	TANDEM_BIN=$(BIN) go test -run '^$$' -bench . -benchtime 20x -count 1 ./e2e/
 
 ## fuzz: run each fuzz target briefly

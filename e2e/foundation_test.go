@@ -4,7 +4,10 @@ package e2e
 
 import (
 	"context"
+	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -79,5 +82,39 @@ func TestAgentVersionsAreThreeWords(t *testing.T) {
 		if !strings.HasPrefix(f[2], "0.21.2+") {
 			t.Fatalf("%s reports %s; protocol level must stay 0.21.2 until tasks survive shim restarts", name, f[2])
 		}
+	}
+}
+
+// A shim built without cgo cannot load NVML: it still builds, serves, and
+// says why it sees no NVIDIA GPUs.
+func TestShimWithoutCgoExplainsNoNVIDIA(t *testing.T) {
+	testenv.RequireDocker(t)
+	bin := filepath.Join(t.TempDir(), "dstack-shim")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/dstack-shim")
+	build.Dir = filepath.Join("..")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 build: %v\n%s", err, out)
+	}
+	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	home := t.TempDir()
+	cmd := exec.Command(bin, "--shim-home", home, "--shim-http-port", port, "--runner-binary-path", testenv.Binaries(t).Runner)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(filepath.Join(home, "shim.log"))
+		if strings.Contains(string(b), "shim API serving") {
+			if !strings.Contains(string(b), "built without cgo, so NVML cannot be loaded") {
+				t.Fatalf("no reason logged:\n%s", b)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shim did not start:\n%s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

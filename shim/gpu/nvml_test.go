@@ -232,8 +232,10 @@ func TestNVMLMetricsText(t *testing.T) {
 }
 
 func BenchmarkDiscovery8(b *testing.B) {
+	fixture, _ := dgx(b)
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		src, _ := dgx(b)
+		src := &NVML{Lib: fixture.Lib, SysRoot: fixture.SysRoot} // a fresh Init each time
 		if gpus, err := src.Discover(context.Background()); err != nil || len(gpus) != 8 {
 			b.Fatal(err)
 		}
