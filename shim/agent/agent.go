@@ -47,6 +47,7 @@ type Config struct {
 	ServiceMode       bool
 	PullStallTimeout  time.Duration
 	PullTimeout       time.Duration
+	DCGMExporterPort  int
 	// Ready, if set, receives the listen address once the API serves.
 	Ready func(addr string)
 }
@@ -148,7 +149,16 @@ func Run(ctx context.Context, cfg Config) error {
 		xids := nvmlSrc.WatchXIDs(ctx)
 		health = func(context.Context) *api.DCGMHealth { return nvmlSrc.Health(xids()) }
 		m := &gpu.Metrics{NVML: nvmlSrc, Interval: 5 * time.Second}
-		taskMetrics = func(_ context.Context, ids []string) (string, bool, error) { return m.Text(ids), true, nil }
+		exp := &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", cfg.DCGMExporterPort), Interval: 5 * time.Second}
+		taskMetrics = func(ctx context.Context, ids []string) (string, bool, error) {
+			// A dcgm-exporter on the host wins (dstack's behaviour); NVML otherwise.
+			if cfg.DCGMExporterPort > 0 {
+				if text, err := exp.Fetch(ctx); err == nil {
+					return gpu.FilterExposition(text, ids), true, nil
+				}
+			}
+			return m.Text(ids), true, nil
+		}
 	}
 
 	if cfg.ServiceMode {

@@ -89,6 +89,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		ServiceMode:       c.Bool("service"),
 		PullStallTimeout:  c.Duration("pull-stall-timeout"),
 		PullTimeout:       c.Duration("pull-timeout"),
+		DCGMExporterPort:  c.Int("dcgm-exporter-http-port"),
 	}, nil
 }
 
