@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
@@ -78,9 +79,10 @@ func TestAgentVersionsAreThreeWords(t *testing.T) {
 		if len(f) != 3 || f[0] != name || f[1] != "version" || !versionRe.MatchString(f[2]) {
 			t.Fatalf("%s --version printed %q", name, out)
 		}
-		// Until restart-safety lands we must not claim 0.21.3.
-		if !strings.HasPrefix(f[2], "0.21.2+") {
-			t.Fatalf("%s reports %s; protocol level must stay 0.21.2 until tasks survive shim restarts", name, f[2])
+		// 0.21.3 tells the server running tasks survive a shim restart:
+		// TestShimKill9Restart is what earns it.
+		if !strings.HasPrefix(f[2], version.ProtocolLevel+"+tandem.") || version.ProtocolLevel != "0.21.3" {
+			t.Fatalf("%s reports %s; want protocol level 0.21.3", name, f[2])
 		}
 	}
 }

@@ -42,7 +42,7 @@ func TestShimServiceModeComponentsAndShutdown(t *testing.T) {
 	if err != nil || comps[0].Name != api.ComponentRunner || comps[0].Status != api.ComponentInstalled || comps[0].Version != "0.0.1+stand.in" {
 		t.Fatalf("runner downloaded at start: %+v %v", comps, err)
 	}
-	if comps[1].Name != api.ComponentShim || comps[1].Status != api.ComponentInstalled || !strings.HasPrefix(comps[1].Version, "0.21.2+tandem.") {
+	if comps[1].Name != api.ComponentShim || comps[1].Status != api.ComponentInstalled || !strings.HasPrefix(comps[1].Version, "0.21.3+tandem.") {
 		t.Fatalf("shim component: %+v", comps[1])
 	}
 	var hi api.HostInfo

@@ -5,10 +5,11 @@
 // server parses that as 0.21.2 and gates features on it.
 package version
 
-// ProtocolLevel is the dstack release whose agent protocol we implement. It
-// stays below 0.21.3 until tasks survive a shim restart: a 0.21.3 shim is
-// restarted by the server while tasks run.
-const ProtocolLevel = "0.21.2"
+// ProtocolLevel is the dstack release whose agent protocol we implement.
+// 0.21.3 promises that running tasks survive a shim restart (the server
+// restarts such shims with tasks running): shim/task's records and Restore
+// keep that promise.
+const ProtocolLevel = "0.21.3"
 
 // tandem is our own release, set at build time with
 // -ldflags "-X github.com/tandem-run/tandem/common/version.tandem=0.1.0".

@@ -143,6 +143,14 @@ func Run(ctx context.Context, cfg Config) error {
 		NvidiaCDI:         nvidiaCDI,
 	}, rt, locks, &authkeys.Editor{}, log)
 
+	// Restart safety: tasks come back from their records, re-attached to
+	// their containers; what Docker cannot answer for now is settled by the
+	// reconcile loop once it does.
+	if err := engine.Restore(ctx); err != nil {
+		log.Warn("restoring tasks is incomplete until Docker answers", "err", err)
+	}
+	go engine.ReconcileLoop(ctx, 5*time.Second)
+
 	var health func(context.Context) *api.DCGMHealth
 	var taskMetrics func(context.Context, []string) (string, bool, error)
 	if vendor == api.GPUVendorNVIDIA {

@@ -18,6 +18,7 @@ import (
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/mount"
 	"github.com/docker/docker/api/types/registry"
@@ -186,11 +187,15 @@ func (r *Runtime) Ports(ctx context.Context, id string) ([]api.PortMapping, erro
 	if err != nil {
 		return nil, fmt.Errorf("inspect container %s: %w", short(id), err)
 	}
-	out := []api.PortMapping{}
 	if ins.NetworkSettings == nil {
-		return out, nil
+		return []api.PortMapping{}, nil
 	}
-	for port, binds := range ins.NetworkSettings.Ports {
+	return portsOf(ins.NetworkSettings.Ports), nil
+}
+
+func portsOf(ports nat.PortMap) []api.PortMapping {
+	out := []api.PortMapping{}
+	for port, binds := range ports {
 		if port.Proto() != "tcp" {
 			continue
 		}
@@ -206,7 +211,63 @@ func (r *Runtime) Ports(ctx context.Context, id string) ([]api.PortMapping, erro
 		}
 	}
 	slices.SortFunc(out, func(a, b api.PortMapping) int { return cmp.Or(a.Container-b.Container, a.Host-b.Host) })
+	return out
+}
+
+// Containers lists the shim's labelled containers, stopped ones included.
+func (r *Runtime) Containers(ctx context.Context) ([]task.ContainerState, error) {
+	list, err := r.c.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", task.LabelIsTask+"=true"))})
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	out := make([]task.ContainerState, 0, len(list))
+	for _, c := range list {
+		st, err := r.Inspect(ctx, c.ID)
+		if err != nil {
+			continue // removed between the list and the inspect
+		}
+		out = append(out, st)
+	}
 	return out, nil
+}
+
+// Inspect returns a container's state for recovery.
+func (r *Runtime) Inspect(ctx context.Context, id string) (task.ContainerState, error) {
+	ins, err := r.c.ContainerInspect(ctx, id)
+	if cerrdefs.IsNotFound(err) {
+		return task.ContainerState{}, task.ErrContainerGone
+	}
+	if err != nil {
+		return task.ContainerState{}, fmt.Errorf("inspect container %s: %w", short(id), err)
+	}
+	st := task.ContainerState{ID: ins.ID, Name: strings.TrimPrefix(ins.Name, "/")}
+	if ins.Config != nil {
+		st.TaskID = ins.Config.Labels[task.LabelTaskID]
+	}
+	if ins.State != nil {
+		st.Running = ins.State.Running || ins.State.Restarting || ins.State.Paused
+		st.NeverStarted = ins.State.Status == "created"
+		st.ExitCode = ins.State.ExitCode
+	}
+	if hc := ins.HostConfig; hc != nil {
+		for _, dr := range hc.DeviceRequests {
+			for _, id := range dr.DeviceIDs {
+				st.GPUIDs = append(st.GPUIDs, strings.TrimPrefix(id, "nvidia.com/gpu="))
+			}
+		}
+		for _, d := range hc.Devices {
+			if strings.HasPrefix(d.PathOnHost, "/dev/dri/renderD") {
+				st.GPUIDs = append(st.GPUIDs, d.PathOnHost)
+			}
+		}
+		if hc.NetworkMode.IsHost() {
+			st.Ports = []api.PortMapping{}
+		}
+	}
+	if st.Ports == nil && ins.NetworkSettings != nil {
+		st.Ports = portsOf(ins.NetworkSettings.Ports)
+	}
+	return st, nil
 }
 
 // Wait waits until the container is not running.

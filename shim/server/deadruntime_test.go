@@ -26,3 +26,8 @@ func (deadRuntime) Wait(context.Context, string) (int, error)                  {
 func (deadRuntime) Stop(context.Context, string, time.Duration) error          { return errDown }
 func (deadRuntime) Remove(context.Context, string) error                       { return errDown }
 func (deadRuntime) LogTail(context.Context, string, int) (string, error)       { return "", errDown }
+
+func (deadRuntime) Containers(context.Context) ([]task.ContainerState, error) { return nil, errDown }
+func (deadRuntime) Inspect(context.Context, string) (task.ContainerState, error) {
+	return task.ContainerState{}, errDown
+}

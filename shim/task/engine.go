@@ -89,6 +89,7 @@ type Engine struct {
 	mu    sync.RWMutex // guards tasks and every task's record fields
 	tasks map[string]*task
 	wg    sync.WaitGroup // pipelines
+	recs  *records       // nil: tasks are not persisted
 }
 
 // task is one task. Record fields are guarded by Engine.mu; op serializes
@@ -108,6 +109,11 @@ type task struct {
 	stopReq   *api.TaskTerminateRequest // set by terminate
 	cancelPre context.CancelFunc        // aborts stages before running
 	done      chan struct{}             // closed when the pipeline ended
+	keysAdded bool                      // host keys are in authorized_keys
+	released  bool                      // GPUs and keys given back
+	watched   bool                      // a goroutine waits for its container
+
+	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu)
 }
 
 // New returns an engine. gpus may hold no GPUs; keys may be nil when no
@@ -125,7 +131,33 @@ func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logg
 	if cfg.InfinibandPath == "" {
 		cfg.InfinibandPath = "/dev/infiniband"
 	}
-	return &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
+	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
+	if cfg.Home != "" {
+		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks")}
+	}
+	return e
+}
+
+// save writes t's record. Each call snapshots the latest state, and writes
+// of one task are serialized, so the file never goes back in time.
+func (e *Engine) save(t *task) {
+	if e.recs == nil {
+		return
+	}
+	t.saveMu.Lock()
+	defer t.saveMu.Unlock()
+	e.mu.RLock()
+	if e.tasks[t.cfg.ID] != t { // removed meanwhile: no resurrection
+		e.mu.RUnlock()
+		return
+	}
+	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
+		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
+		Released: t.released, StopRequest: t.stopReq}
+	e.mu.RUnlock()
+	if err := e.recs.save(rec); err != nil {
+		e.log.Error("persist task", "task_id", t.cfg.ID, "err", err)
+	}
 }
 
 // ContainerName is dstack's deterministic name: <name>-<8 hex of sha256(name/id)>.
@@ -205,6 +237,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	info := e.infoLocked(t)
 	e.wg.Add(1)
 	e.mu.Unlock()
+	e.save(t)
 	go func() {
 		defer e.wg.Done()
 		e.run(ctx, t)
@@ -272,8 +305,16 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 // errTransition means the task moved on (terminated) under the pipeline.
 var errTransition = errors.New("status transition rejected")
 
-// commit moves t to next, applying update under the lock.
+// commit moves t to next, applying update under the lock, and persists it.
 func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
+	if err := e.commitLocked(t, next, update); err != nil {
+		return err
+	}
+	e.save(t)
+	return nil
+}
+
+func (e *Engine) commitLocked(t *task, next api.TaskStatus, update func()) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !t.status.CanTransitionTo(next) {
@@ -293,6 +334,11 @@ func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
 // finish commits terminated. A reason already recorded wins; a terminate
 // request's reason beats the pipeline's; never an empty reason.
 func (e *Engine) finish(t *task, reason api.TerminationReason, msg string) {
+	e.finishLocked(t, reason, msg)
+	e.save(t)
+}
+
+func (e *Engine) finishLocked(t *task, reason api.TerminationReason, msg string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if t.status == api.TaskTerminated && t.reason != "" {
@@ -310,8 +356,13 @@ func (e *Engine) finish(t *task, reason api.TerminationReason, msg string) {
 	t.status, t.reason, t.message = api.TaskTerminated, reason, msg
 }
 
-func (e *Engine) runnerDir(t *task) string {
-	return filepath.Join(e.cfg.Home, "runners", t.name)
+// runnerDir is <home>/runners/<container name>; a name that is not one path
+// component (a damaged record) has no dir, never a parent's.
+func (e *Engine) runnerDir(t *task) (string, error) {
+	if t.name == "" || t.name != filepath.Base(t.name) || t.name == "." || t.name == ".." {
+		return "", fmt.Errorf("task %s has no valid container name (%q)", t.cfg.ID, t.name)
+	}
+	return filepath.Join(e.cfg.Home, "runners", t.name), nil
 }
 
 // failure is how a pipeline stage ends a task.
@@ -326,37 +377,59 @@ func (e *Engine) run(ctx context.Context, t *task) {
 	log := e.log.With("task_id", t.cfg.ID, "container", t.name)
 	defer close(t.done)
 	defer t.cancelPre()
-	var cleanups []func()
-	defer func() {
-		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
-		}
-	}()
-	// Cleanups run before the terminal commit so that a terminated task
-	// never still holds GPUs, keys or mounts.
-	end := func(f failure) {
-		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
-		}
-		cleanups = nil
-		e.finish(t, f.reason, f.msg)
-		log.Info("task terminated", "reason", f.reason, "message", f.msg)
-	}
-	f := e.start(ctx, t, log, &cleanups)
-	if f != nil {
-		end(*f)
+	if f := e.start(ctx, t, log); f != nil {
+		e.end(t, log, *f)
 		return
 	}
-	// Running: wait for the container to exit, whoever stops it.
-	code, err := e.rt.Wait(context.WithoutCancel(ctx), t.contID)
+	e.watch(t, log)
+}
+
+// end releases the task's host resources, then commits terminated, so a
+// terminated task never still holds GPUs or keys.
+func (e *Engine) end(t *task, log *slog.Logger, f failure) {
+	e.release(t, log)
+	e.finish(t, f.reason, f.msg)
+	log.Info("task terminated", "reason", f.reason, "message", f.msg)
+}
+
+// release gives back the task's GPUs and host keys, exactly once.
+func (e *Engine) release(t *task, log *slog.Logger) {
+	e.mu.Lock()
+	if t.released {
+		e.mu.Unlock()
+		return
+	}
+	t.released = true
+	ids, keys, user := slices.Clone(t.gpuIDs), t.keysAdded, t.cfg.HostSSHUser
+	e.mu.Unlock()
+	if len(ids) > 0 {
+		e.gpus.Release(t.cfg.ID, ids)
+	}
+	if keys && e.keys != nil {
+		if err := e.keys.Remove(user, t.cfg.ID); err != nil {
+			log.Error("remove host keys", "err", err)
+		}
+	}
+	e.save(t)
+}
+
+// watch waits for the running container to exit, whoever stops it, and
+// ends the task with the matching reason.
+func (e *Engine) watch(t *task, log *slog.Logger) {
+	e.mu.RLock()
+	id := t.contID
+	e.mu.RUnlock()
+	code, err := e.waitExit(id, log)
 	switch {
+	case errors.Is(err, ErrContainerGone):
+		e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared"})
 	case err != nil:
-		end(failure{api.ReasonContainerExitedWithError, err.Error()})
+		e.end(t, log, failure{api.ReasonContainerExitedWithError, err.Error()})
 	case code == 0:
-		end(failure{api.ReasonDoneByRunner, ""})
+		e.end(t, log, failure{api.ReasonDoneByRunner, ""})
 	default:
-		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		tailText, lerr := e.rt.LogTail(lctx, t.contID, 5)
+		lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		tailText, lerr := e.rt.LogTail(lctx, id, 5)
 		cancel()
 		if lerr != nil {
 			log.Warn("read container log tail", "err", lerr)
@@ -364,13 +437,36 @@ func (e *Engine) run(ctx context.Context, t *task) {
 		if tailText == "" {
 			tailText = fmt.Sprintf("container exited with code %d", code)
 		}
-		end(failure{api.ReasonContainerExitedWithError, tailText})
+		e.end(t, log, failure{api.ReasonContainerExitedWithError, tailText})
+	}
+}
+
+// waitExit waits for a container to stop. A wait cut by a Docker restart is
+// resumed (the task stays running meanwhile); only a container that is
+// really gone or stopped ends it.
+func (e *Engine) waitExit(id string, log *slog.Logger) (int, error) {
+	backoff := 500 * time.Millisecond
+	for {
+		code, err := e.rt.Wait(context.Background(), id)
+		if err == nil {
+			return code, nil
+		}
+		st, ierr := e.rt.Inspect(context.Background(), id)
+		switch {
+		case errors.Is(ierr, ErrContainerGone):
+			return -1, ErrContainerGone
+		case ierr == nil && !st.Running:
+			return st.ExitCode, nil
+		}
+		log.Warn("lost the wait on the container; retrying", "err", err, "retry_in", backoff)
+		time.Sleep(backoff)
+		backoff = min(backoff*2, 10*time.Second)
 	}
 }
 
 // start runs the stages up to a running container. A nil result means the
 // container runs; cleanups collects what must be undone when the task ends.
-func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups *[]func()) *failure {
+func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure {
 	fail := func(reason api.TerminationReason, format string, args ...any) *failure {
 		return &failure{reason, fmt.Sprintf(format, args...)}
 	}
@@ -388,8 +484,11 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 	if err := e.commit(t, api.TaskPreparing, nil); err != nil {
 		return aborted()
 	}
-	dir := e.runnerDir(t)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	dir, err := e.runnerDir(t)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
 		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)
 	}
 
@@ -400,24 +499,25 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 			return fail(api.ReasonExecutorError, "%v", err)
 		}
 		gpuIDs = ids
-		*cleanups = append(*cleanups, func() { e.gpus.Release(cfg.ID, ids) })
 	}
 	e.mu.Lock()
 	t.gpuIDs = gpuIDs
 	e.mu.Unlock()
+	e.save(t)
 
 	if len(cfg.HostSSHKeys) > 0 && cfg.HostSSHUser != "" {
 		if e.keys == nil {
 			return fail(api.ReasonExecutorError, "host keys error: no authorized_keys editor")
 		}
+		// Recorded before the edit: a crash in between leaves a removal that
+		// finds nothing, never a line nobody removes.
+		e.mu.Lock()
+		t.keysAdded = true
+		e.mu.Unlock()
+		e.save(t)
 		if err := e.keys.Add(cfg.HostSSHUser, cfg.ID, cfg.HostSSHKeys); err != nil {
 			return fail(api.ReasonExecutorError, "host keys error: %v", err)
 		}
-		*cleanups = append(*cleanups, func() {
-			if err := e.keys.Remove(cfg.HostSSHUser, cfg.ID); err != nil {
-				log.Error("remove host keys", "err", err)
-			}
-		})
 	}
 	if len(cfg.Volumes) > 0 {
 		names := make([]string, 0, len(cfg.Volumes))
@@ -459,6 +559,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 	e.mu.Lock()
 	t.contID = id
 	e.mu.Unlock()
+	e.save(t)
 	if ctx.Err() != nil {
 		return aborted()
 	}
@@ -471,6 +572,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 			e.mu.Lock()
 			t.contID = id
 			e.mu.Unlock()
+			e.save(t)
 			err = e.rt.Start(context.WithoutCancel(ctx), id)
 		}
 	}
@@ -486,7 +588,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger, cleanups 
 			ports = []api.PortMapping{}
 		}
 	}
-	if err := e.commit(t, api.TaskRunning, func() { t.ports = ports }); err != nil {
+	if err := e.commit(t, api.TaskRunning, func() { t.ports, t.watched = ports, true }); err != nil {
 		// Terminated while we were starting it: do not leave it running.
 		_ = e.rt.Stop(context.WithoutCancel(ctx), id, 0)
 		return aborted()
@@ -734,6 +836,7 @@ func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminate
 	}
 	status, contID := t.status, t.contID
 	e.mu.Unlock()
+	e.save(t)
 
 	t.cancelPre()
 	if status == api.TaskRunning && contID != "" {
@@ -772,16 +875,28 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	case <-time.After(e.cfg.TerminateWait):
 		e.log.Warn("removing a task whose pipeline is still winding down", "task_id", id)
 	}
-	// By name: it also finds a container whose id was never recorded.
-	if err := e.rt.Remove(ctx, t.name); err != nil {
-		return err
+	// By name: it also finds a container whose id was never recorded. A
+	// task restored from an unreadable record has neither name nor dir.
+	if t.name != "" {
+		if err := e.rt.Remove(ctx, t.name); err != nil {
+			return err
+		}
+		if dir, err := e.runnerDir(t); err == nil {
+			if err := os.RemoveAll(dir); err != nil {
+				return fmt.Errorf("remove runner dir: %w", err)
+			}
+		}
 	}
-	if err := os.RemoveAll(e.runnerDir(t)); err != nil {
-		return fmt.Errorf("remove runner dir: %w", err)
-	}
+	t.saveMu.Lock() // no save may write the record back after this
 	e.mu.Lock()
 	delete(e.tasks, id)
 	e.mu.Unlock()
+	t.saveMu.Unlock()
+	if e.recs != nil {
+		if err := e.recs.remove(id); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -312,3 +312,38 @@ func TestSubmitErrorsAreClassified(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func (r *stepRuntime) state(id string) ContainerState {
+	ch := r.exit[id]
+	st := ContainerState{ID: id, Running: len(ch) == 0, Ports: []api.PortMapping{}}
+	if !st.Running {
+		code := <-ch
+		ch <- code
+		st.ExitCode = code
+	}
+	for name, cid := range r.names {
+		if cid == id {
+			st.Name = name
+		}
+	}
+	return st
+}
+
+func (r *stepRuntime) Containers(context.Context) ([]ContainerState, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []ContainerState
+	for id := range r.created {
+		out = append(out, r.state(id))
+	}
+	return out, nil
+}
+
+func (r *stepRuntime) Inspect(_ context.Context, id string) (ContainerState, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.created[id] {
+		return ContainerState{}, ErrContainerGone
+	}
+	return r.state(id), nil
+}

@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"errors"
 	"io"
 	"time"
 
@@ -30,6 +31,23 @@ type Runtime interface {
 	Remove(ctx context.Context, idOrName string) error
 	// LogTail returns the last n lines of the container's output.
 	LogTail(ctx context.Context, id string, n int) (string, error)
+	// Containers lists the shim's labelled containers, stopped ones too.
+	Containers(ctx context.Context) ([]ContainerState, error)
+	// Inspect returns one container's state; ErrContainerGone if it is gone.
+	Inspect(ctx context.Context, id string) (ContainerState, error)
+}
+
+// ErrContainerGone means the container does not exist (any more).
+var ErrContainerGone = errors.New("container not found")
+
+// ContainerState is what recovery needs to know about a container.
+type ContainerState struct {
+	ID, Name, TaskID string
+	Running          bool
+	NeverStarted     bool // created but not started
+	ExitCode         int
+	GPUIDs           []string
+	Ports            []api.PortMapping
 }
 
 // RegistryAuth are credentials for a private registry.

@@ -1,0 +1,132 @@
+package task
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// record is a task's durable state: enough to answer for it, re-attach to
+// its container and clean up after it when the shim restarts.
+type record struct {
+	Version       int                       `json:"version"`
+	Config        api.TaskConfig            `json:"config"` // registry password removed
+	Status        api.TaskStatus            `json:"status"`
+	Reason        api.TerminationReason     `json:"termination_reason"`
+	Message       string                    `json:"termination_message"`
+	ContainerName string                    `json:"container_name"`
+	ContainerID   string                    `json:"container_id"`
+	Ports         []api.PortMapping         `json:"ports"`
+	GPUIDs        []string                  `json:"gpu_ids"`
+	KeysAdded     bool                      `json:"keys_added"`
+	Released      bool                      `json:"released"` // GPUs, keys cleaned up
+	StopRequest   *api.TaskTerminateRequest `json:"stop_request,omitempty"`
+}
+
+const recordVersion = 1
+
+// records stores one JSON file per task; the file name is the escaped task
+// id, so even an unreadable record still names its task.
+type records struct{ dir string }
+
+func (r records) path(id string) string {
+	return filepath.Join(r.dir, url.PathEscape(id)+".json")
+}
+
+// save writes rec atomically: temp file, fsync, rename, fsync of the dir.
+func (r records) save(rec record) error {
+	rec.Version = recordVersion
+	rec.Config.RegistryPassword = ""
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode task record: %w", err)
+	}
+	if err := os.MkdirAll(r.dir, 0o700); err != nil {
+		return fmt.Errorf("task records: %w", err)
+	}
+	f, err := os.CreateTemp(r.dir, ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("task record: %w", err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, r.path(rec.Config.ID))
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("task record %s: %w", rec.Config.ID, err)
+	}
+	if d, err := os.Open(r.dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+func (r records) remove(id string) error {
+	if err := os.Remove(r.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove task record: %w", err)
+	}
+	return nil
+}
+
+// loaded is a record read back, or the reason it could not be.
+type loaded struct {
+	id  string
+	rec record
+	err error
+}
+
+// load reads every record; unreadable ones come back with their error.
+func (r records) load() ([]loaded, error) {
+	entries, err := os.ReadDir(r.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("task records: %w", err)
+	}
+	var out []loaded
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".tmp-") {
+			_ = os.Remove(filepath.Join(r.dir, name)) // a write cut short
+			continue
+		}
+		if !strings.HasSuffix(name, ".json") {
+			continue
+		}
+		id, err := url.PathUnescape(strings.TrimSuffix(name, ".json"))
+		if err != nil {
+			continue
+		}
+		l := loaded{id: id}
+		b, err := os.ReadFile(filepath.Join(r.dir, name))
+		if err == nil {
+			err = json.Unmarshal(b, &l.rec)
+		}
+		switch {
+		case err != nil:
+			l.err = err
+		case l.rec.Config.ID != id:
+			l.err = fmt.Errorf("record names task %q", l.rec.Config.ID)
+		case !l.rec.Status.Valid():
+			l.err = fmt.Errorf("unknown status %q", l.rec.Status)
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}

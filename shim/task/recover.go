@@ -1,0 +1,232 @@
+package task
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/pull"
+)
+
+// Restore rebuilds the task table after a shim restart, from the records
+// and the labelled containers. Every task the server knows keeps answering.
+// The cases:
+//
+//  1. Record terminated: kept as is; if its resources were not released
+//     (the shim died in between), they are released now.
+//  2. Record before running (pending … pulling, or creating with no
+//     container id yet): the pipeline died with the shim. The task ends
+//     executor_error saying so; a container it may have created is removed;
+//     resources are released. A creating record that names its container is
+//     settled like 3–5 (the shim may have died just after starting it); a
+//     container that was never started is removed and the task ends
+//     executor_error.
+//  3. Record running, container running: re-attached. GPUs are re-locked
+//     from the record (not recomputed), ports re-read, exit watched.
+//  4. Record running, container stopped: terminated with its exit code and
+//     log tail, like a live exit.
+//  5. Record running, no container: terminated, the container disappeared.
+//  6. Unreadable record: the task (named by its file) answers terminated,
+//     executor_error, with the reason.
+//  7. Labelled container without a record (an older shim, dstack's own):
+//     adopted. Running: re-attached like 3. Stopped: terminated with its
+//     exit code.
+//
+// Steps 3–5 and 7 need Docker. When it does not answer, running tasks stay
+// running and Reconcile settles them once it does.
+func (e *Engine) Restore(ctx context.Context) error {
+	if e.recs == nil {
+		return nil
+	}
+	loaded, err := e.recs.load()
+	if err != nil {
+		return err
+	}
+	for _, l := range loaded {
+		t := e.restored(l)
+		e.mu.Lock()
+		e.tasks[t.cfg.ID] = t
+		e.mu.Unlock()
+		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
+		switch {
+		case l.err != nil: // 6
+			log.Error("unreadable task record", "err", l.err)
+			close(t.done)
+		case t.status == api.TaskTerminated: // 1
+			close(t.done)
+			if !t.released {
+				e.release(t, log)
+			}
+		case t.status == api.TaskCreating && t.contID != "": // settled as 3–5
+			t.status = api.TaskRunning
+			fallthrough
+		case t.status == api.TaskRunning:
+			if len(t.gpuIDs) > 0 {
+				if err := e.gpus.Lock(t.cfg.ID, t.gpuIDs); err != nil {
+					log.Error("restored task's GPUs are held by another task", "err", err)
+				}
+			}
+		default: // 2
+			status := t.status
+			if t.name != "" {
+				_ = e.rt.Remove(ctx, t.name)
+			}
+			e.end(t, log, failure{api.ReasonExecutorError, fmt.Sprintf("the shim restarted while the task was %s; submit it again", status)})
+			close(t.done)
+		}
+		e.save(t)
+	}
+	return e.Reconcile(ctx)
+}
+
+// restored builds a task from a record (or from a failed read).
+func (e *Engine) restored(l loaded) *task {
+	t := &task{tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{})}
+	if l.err != nil {
+		t.cfg = api.TaskConfig{ID: l.id}
+		t.status, t.reason = api.TaskTerminated, api.ReasonExecutorError
+		t.message = fmt.Sprintf("the shim could not read this task's record after a restart: %v", l.err)
+		t.released, t.ports, t.gpuIDs = true, []api.PortMapping{}, []string{}
+		return t
+	}
+	r := l.rec
+	t.cfg, t.status, t.reason, t.message = r.Config, r.Status, r.Reason, r.Message
+	t.name, t.contID, t.ports, t.gpuIDs = r.ContainerName, r.ContainerID, r.Ports, r.GPUIDs
+	t.keysAdded, t.released, t.stopReq = r.KeysAdded, r.Released, r.StopRequest
+	if t.name == "" {
+		t.name = ContainerName(r.Config.Name, r.Config.ID)
+	}
+	return t
+}
+
+// Reconcile settles running tasks that are not watched yet against the
+// containers Docker has (cases 3–5, 7). It is idempotent; the shim calls it
+// at start and on every tick until Docker answers.
+func (e *Engine) Reconcile(ctx context.Context) error {
+	conts, err := e.rt.Containers(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	byID, byName := map[string]ContainerState{}, map[string]ContainerState{}
+	byTask := map[string]bool{}
+	for _, c := range conts {
+		byID[c.ID], byName[c.Name] = c, c
+	}
+	e.mu.Lock()
+	var pending []*task
+	for _, t := range e.tasks {
+		byTask[t.cfg.ID] = true
+		if t.status == api.TaskRunning && !t.watched {
+			t.watched = true
+			pending = append(pending, t)
+		}
+	}
+	e.mu.Unlock()
+	for _, t := range pending {
+		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
+		c, ok := byID[t.contID]
+		if !ok {
+			c, ok = byName[t.name]
+		}
+		switch {
+		case !ok: // 5
+			e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared while the shim was down"})
+			close(t.done)
+		case c.NeverStarted: // 2, caught after create
+			_ = e.rt.Remove(ctx, c.ID)
+			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before starting the container; submit it again"})
+			close(t.done)
+		default: // 3, 4: watch handles a stopped container at once
+			e.mu.Lock()
+			t.contID = c.ID
+			if c.Ports != nil {
+				t.ports = c.Ports
+			}
+			e.mu.Unlock()
+			e.save(t)
+			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", t.gpuIDs)
+			e.follow(t, log)
+		}
+	}
+	// 7: labelled containers nobody has a record of.
+	for _, c := range conts {
+		if c.TaskID == "" || byTask[c.TaskID] {
+			continue
+		}
+		e.adopt(c)
+	}
+	return nil
+}
+
+// follow watches an attached task's container in the background.
+func (e *Engine) follow(t *task, log *slog.Logger) {
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(t.done)
+		e.watch(t, log)
+	}()
+}
+
+// adopt takes over a labelled container that has no record.
+func (e *Engine) adopt(c ContainerState) {
+	t := &task{cfg: api.TaskConfig{ID: c.TaskID, Name: c.Name, ContainerUser: "root", NetworkMode: "host"},
+		tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{}),
+		name: c.Name, contID: c.ID, ports: c.Ports, gpuIDs: c.GPUIDs}
+	if t.gpuIDs == nil {
+		t.gpuIDs = []string{}
+	}
+	log := e.log.With("task_id", c.TaskID, "container", c.Name)
+	e.mu.Lock()
+	if _, exists := e.tasks[c.TaskID]; exists {
+		e.mu.Unlock()
+		return
+	}
+	e.tasks[c.TaskID] = t
+	if c.Running {
+		t.status, t.watched = api.TaskRunning, true
+	} else {
+		t.status = api.TaskTerminated
+	}
+	e.mu.Unlock()
+	if !c.Running {
+		reason, msg := api.ReasonDoneByRunner, ""
+		if c.ExitCode != 0 {
+			reason, msg = api.ReasonContainerExitedWithError, fmt.Sprintf("container exited with code %d (adopted after a shim restart)", c.ExitCode)
+		}
+		e.mu.Lock()
+		t.reason, t.message, t.released = reason, msg, true
+		e.mu.Unlock()
+		e.save(t)
+		close(t.done)
+		log.Info("adopted a stopped task container", "exit_code", c.ExitCode)
+		return
+	}
+	if len(t.gpuIDs) > 0 {
+		if err := e.gpus.Lock(c.TaskID, t.gpuIDs); err != nil {
+			log.Error("adopted task's GPUs are held by another task", "err", err)
+		}
+	}
+	e.save(t)
+	log.Info("adopted a running task container", "gpus", t.gpuIDs)
+	e.follow(t, log)
+}
+
+// ReconcileLoop retries Reconcile every interval until ctx ends: it settles
+// what Docker could not answer for at start, and adopts new strays.
+func (e *Engine) ReconcileLoop(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := e.Reconcile(ctx); err != nil {
+				e.log.Debug("reconcile", "err", err)
+			}
+		}
+	}
+}
