@@ -184,7 +184,7 @@ func TestShimKill9Restart(t *testing.T) {
 		t.Fatalf("finished task after restart: %+v", rc)
 	}
 	rd := p.waitStatus(d.ID, terminated)
-	if rd.TerminationReason != api.ReasonExecutorError || !strings.Contains(rd.TerminationMessage, "restarted while the task was pulling") {
+	if rd.TerminationReason != api.ReasonExecutorError || !strings.Contains(rd.TerminationMessage, "restarted before the task's container started") {
 		t.Fatalf("mid-pull task: %+v", rd)
 	}
 	// A re-attached task's exit is still seen, with the right reason, and its

@@ -305,12 +305,19 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 // errTransition means the task moved on (terminated) under the pipeline.
 var errTransition = errors.New("status transition rejected")
 
-// commit moves t to next, applying update under the lock, and persists it.
+// commit moves t to next, applying update under the lock. Only running is
+// persisted here: recovery treats every status before it alike (the
+// pipeline died, the task ends), so writing preparing, pulling and creating
+// would buy nothing but fsyncs on the start path. What recovery does need
+// is written where it happens: the submit, host keys before the edit, the
+// container id, running, terminated and stop requests.
 func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
 	if err := e.commitLocked(t, next, update); err != nil {
 		return err
 	}
-	e.save(t)
+	if next == api.TaskRunning {
+		e.save(t)
+	}
 	return nil
 }
 
@@ -501,9 +508,8 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		gpuIDs = ids
 	}
 	e.mu.Lock()
-	t.gpuIDs = gpuIDs
+	t.gpuIDs = gpuIDs // persisted with the container id: locks start empty after a restart
 	e.mu.Unlock()
-	e.save(t)
 
 	if len(cfg.HostSSHKeys) > 0 && cfg.HostSSHUser != "" {
 		if e.keys == nil {

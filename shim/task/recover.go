@@ -69,11 +69,10 @@ func (e *Engine) Restore(ctx context.Context) error {
 				}
 			}
 		default: // 2
-			status := t.status
 			if t.name != "" {
 				_ = e.rt.Remove(ctx, t.name)
 			}
-			e.end(t, log, failure{api.ReasonExecutorError, fmt.Sprintf("the shim restarted while the task was %s; submit it again", status)})
+			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before the task's container started; submit it again"})
 			close(t.done)
 		}
 		e.save(t)
