@@ -89,7 +89,54 @@ type Engine struct {
 	mu    sync.RWMutex // guards tasks and every task's record fields
 	tasks map[string]*task
 	wg    sync.WaitGroup // pipelines
-	recs  *records       // nil: tasks are not persisted
+	recs    *records   // nil: tasks are not persisted
+	writers int        // background record writers running; guarded by mu
+	idle    *sync.Cond // signalled (on mu) when writers drops to 0
+}
+
+// saveSoon persists t in the background, coalescing bursts into one write
+// of the latest state. Used on the start path, where recovery already copes
+// with a record one step behind (a pending or creating record whose
+// container exists is reconciled or cleaned up).
+func (e *Engine) saveSoon(t *task) {
+	if e.recs == nil {
+		return
+	}
+	e.mu.Lock()
+	t.dirty = true
+	if t.writing {
+		e.mu.Unlock()
+		return
+	}
+	t.writing = true
+	e.writers++
+	e.mu.Unlock()
+	go func() {
+		for {
+			e.mu.Lock()
+			if !t.dirty {
+				t.writing = false
+				e.writers--
+				if e.writers == 0 {
+					e.idle.Broadcast()
+				}
+				e.mu.Unlock()
+				return
+			}
+			t.dirty = false
+			e.mu.Unlock()
+			e.save(t)
+		}
+	}()
+}
+
+// Sync waits until no background record write is running.
+func (e *Engine) Sync() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for e.writers > 0 {
+		e.idle.Wait()
+	}
 }
 
 // task is one task. Record fields are guarded by Engine.mu; op serializes
@@ -112,6 +159,8 @@ type task struct {
 	keysAdded bool                      // host keys are in authorized_keys
 	released  bool                      // GPUs and keys given back
 	watched   bool                      // a goroutine waits for its container
+	dirty     bool                      // a newer state awaits writing
+	writing   bool                      // a background writer runs
 
 	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu)
 }
@@ -132,6 +181,7 @@ func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logg
 		cfg.InfinibandPath = "/dev/infiniband"
 	}
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
+	e.idle = sync.NewCond(&e.mu)
 	if cfg.Home != "" {
 		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks")}
 	}
@@ -316,7 +366,7 @@ func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
 		return err
 	}
 	if next == api.TaskRunning {
-		e.save(t)
+		e.saveSoon(t)
 	}
 	return nil
 }
@@ -342,7 +392,7 @@ func (e *Engine) commitLocked(t *task, next api.TaskStatus, update func()) error
 // request's reason beats the pipeline's; never an empty reason.
 func (e *Engine) finish(t *task, reason api.TerminationReason, msg string) {
 	e.finishLocked(t, reason, msg)
-	e.save(t)
+	e.saveSoon(t)
 }
 
 func (e *Engine) finishLocked(t *task, reason api.TerminationReason, msg string) {
@@ -417,7 +467,7 @@ func (e *Engine) release(t *task, log *slog.Logger) {
 			log.Error("remove host keys", "err", err)
 		}
 	}
-	e.save(t)
+	e.saveSoon(t)
 }
 
 // watch waits for the running container to exit, whoever stops it, and
@@ -565,7 +615,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	e.mu.Lock()
 	t.contID = id
 	e.mu.Unlock()
-	e.save(t)
+	e.saveSoon(t)
 	if ctx.Err() != nil {
 		return aborted()
 	}

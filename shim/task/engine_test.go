@@ -131,6 +131,7 @@ func newEngine(t *testing.T, rt Runtime, gpus ...string) (*Engine, *gpu.Locks) {
 	_ = os.WriteFile(runner, nil, 0o755)
 	e := New(Config{Home: t.TempDir(), RunnerBinary: runner, RunnerHTTPPort: 10999, RunnerSSHPort: 10022,
 		RunnerLogLevel: "info", InfinibandPath: "/nonexistent/ib", TerminateWait: 5 * time.Second}, rt, locks, nil, logging.Discard())
+	t.Cleanup(e.Sync) // record writes finish before the temp dirs go
 	return e, locks
 }
 

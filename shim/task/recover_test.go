@@ -19,9 +19,11 @@ func TestRestoreRelocksGPUsAndNeverDoubleAllocates(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitStatus(t, e1, "a", api.TaskRunning)
+	e1.Sync() // the restarted shim reads what reached the disk
 
 	locks := gpu.NewLocks([]string{"g0", "g1"})
 	e2 := New(e1.cfg, rt, locks, nil, logging.Discard())
+	t.Cleanup(e2.Sync)
 	if err := e2.Restore(context.Background()); err != nil {
 		t.Fatal(err)
 	}
