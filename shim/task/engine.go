@@ -86,12 +86,12 @@ type Engine struct {
 	log  *slog.Logger
 	now  func() time.Time
 
-	mu    sync.RWMutex // guards tasks and every task's record fields
-	tasks map[string]*task
-	wg    sync.WaitGroup // pipelines
-	recs    *records   // nil: tasks are not persisted
-	writers int        // background record writers running; guarded by mu
-	idle    *sync.Cond // signalled (on mu) when writers drops to 0
+	mu      sync.RWMutex // guards tasks and every task's record fields
+	tasks   map[string]*task
+	wg      sync.WaitGroup // pipelines
+	recs    *records       // nil: tasks are not persisted
+	writers int            // background record writers running; guarded by mu
+	idle    *sync.Cond     // signalled (on mu) when writers drops to 0
 }
 
 // saveSoon persists t in the background, coalescing bursts into one write
