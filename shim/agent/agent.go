@@ -26,6 +26,7 @@ import (
 	"github.com/tandem-run/tandem/shim/hostinfo"
 	"github.com/tandem-run/tandem/shim/server"
 	"github.com/tandem-run/tandem/shim/task"
+	"github.com/tandem-run/tandem/shim/volume"
 )
 
 // Config is the shim's configuration, from flags and environment.
@@ -48,6 +49,8 @@ type Config struct {
 	PullStallTimeout  time.Duration
 	PullTimeout       time.Duration
 	DCGMExporterPort  int
+	VolumesRoot       string // "/mnt/disks/dstack-volumes"
+	GCPDiskByID       string // "/dev/disk/by-id"
 	// Ready, if set, receives the listen address once the API serves.
 	Ready func(addr string)
 }
@@ -128,7 +131,17 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.PJRTDevice != "" {
 		env = append(env, "PJRT_DEVICE="+cfg.PJRTDevice)
 	}
+	volumes := &volume.Manager{
+		Root: cfg.VolumesRoot,
+		Resolvers: map[string]volume.Resolver{
+			"aws": volume.AWS{List: volume.Lsblk},
+			"gcp": volume.GCP{ByID: cfg.GCPDiskByID},
+		},
+		Log: log,
+	}
 	engine := task.New(task.Config{
+		Volumes:           volumes,
+		VolumesRoot:       cfg.VolumesRoot,
 		Home:              cfg.Home,
 		RunnerBinary:      cfg.RunnerBinaryPath,
 		RunnerHTTPPort:    cfg.RunnerHTTPPort,

@@ -90,6 +90,8 @@ func config(c *cli.Context) (agent.Config, error) {
 		PullStallTimeout:  c.Duration("pull-stall-timeout"),
 		PullTimeout:       c.Duration("pull-timeout"),
 		DCGMExporterPort:  c.Int("dcgm-exporter-http-port"),
+		VolumesRoot:       c.String("volumes-root"),
+		GCPDiskByID:       c.String("gcp-disk-by-id"),
 	}, nil
 }
 
@@ -114,6 +116,8 @@ func Flags() []cli.Flag {
 		&cli.BoolFlag{Name: "privileged", EnvVars: []string{"DSTACK_DOCKER_PRIVILEGED"}, Usage: "run all containers privileged"},
 		&cli.StringFlag{Name: "pjrt-device", EnvVars: []string{"PJRT_DEVICE"}, Usage: "set PJRT_DEVICE in containers"},
 		&cli.BoolFlag{Name: "service", EnvVars: []string{"DSTACK_SERVICE_MODE"}, Usage: "write host_info.json on start"},
+		&cli.StringFlag{Name: "volumes-root", Value: "/mnt/disks/dstack-volumes", EnvVars: []string{"DSTACK_SHIM_VOLUMES_ROOT"}, Usage: "where network volumes are mounted"},
+		&cli.StringFlag{Name: "gcp-disk-by-id", Value: "/dev/disk/by-id", Hidden: true, Usage: "GCP disk links (tests point it at fixtures)"},
 		&cli.DurationFlag{Name: "pull-stall-timeout", Value: 2 * time.Minute, EnvVars: []string{"DSTACK_SHIM_PULL_STALL_TIMEOUT"}, Usage: "fail an image pull when no byte moved for this long"},
 		&cli.DurationFlag{Name: "pull-timeout", Value: 2 * time.Hour, EnvVars: []string{"DSTACK_SHIM_PULL_TIMEOUT"}, Usage: "overall cap on one image pull (0: none)"},
 	}

@@ -51,8 +51,17 @@ type KeyEditor interface {
 	Remove(username, taskID string) error
 }
 
+// Volumes mounts network volumes for tasks (shim/volume implements it).
+type Volumes interface {
+	Mount(ctx context.Context, taskID string, v api.VolumeInfo) error
+	Unmount(name, taskID string) error
+	Claim(name, taskID string) error
+}
+
 // Config is how the engine runs tasks.
 type Config struct {
+	// Volumes mounts network volumes; nil refuses tasks that ask for them.
+	Volumes           Volumes
 	Home              string // shim home; runner dirs live in <home>/runners
 	RunnerBinary      string // host path bind-mounted into every container
 	RunnerHTTPPort    int
@@ -157,6 +166,7 @@ type task struct {
 	cancelPre context.CancelFunc        // aborts stages before running
 	done      chan struct{}             // closed when the pipeline ended
 	keysAdded bool                      // host keys are in authorized_keys
+	volumes   []string                  // volumes that may be mounted for it
 	released  bool                      // GPUs and keys given back
 	watched   bool                      // a goroutine waits for its container
 	dirty     bool                      // a newer state awaits writing
@@ -203,7 +213,7 @@ func (e *Engine) save(t *task) {
 	}
 	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
 		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
-		Released: t.released, StopRequest: t.stopReq}
+		Volumes: slices.Clone(t.volumes), Released: t.released, StopRequest: t.stopReq}
 	e.mu.RUnlock()
 	if err := e.recs.save(rec); err != nil {
 		e.log.Error("persist task", "task_id", t.cfg.ID, "err", err)
@@ -457,8 +467,17 @@ func (e *Engine) release(t *task, log *slog.Logger) {
 		return
 	}
 	t.released = true
-	ids, keys, user := slices.Clone(t.gpuIDs), t.keysAdded, t.cfg.HostSSHUser
+	ids, keys, user, vols := slices.Clone(t.gpuIDs), t.keysAdded, t.cfg.HostSSHUser, slices.Clone(t.volumes)
 	e.mu.Unlock()
+	for _, v := range vols {
+		if e.cfg.Volumes == nil {
+			log.Error("a volume is recorded but this shim has no volume support", "volume", v)
+			continue
+		}
+		if err := e.cfg.Volumes.Unmount(v, t.cfg.ID); err != nil {
+			log.Error("unmount volume", "volume", v, "err", err)
+		}
+	}
 	if len(ids) > 0 {
 		e.gpus.Release(t.cfg.ID, ids)
 	}
@@ -576,11 +595,24 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		}
 	}
 	if len(cfg.Volumes) > 0 {
+		if e.cfg.Volumes == nil {
+			return fail(api.ReasonExecutorError, "prepareVolumes error: this shim has no volume support configured")
+		}
+		// Recorded before mounting: after any crash, release unmounts them
+		// (a no-op for those never mounted).
 		names := make([]string, 0, len(cfg.Volumes))
 		for _, v := range cfg.Volumes {
 			names = append(names, v.Name)
 		}
-		return fail(api.ReasonExecutorError, "prepareVolumes error: network volumes (%s) are not supported by this shim yet", strings.Join(names, ", "))
+		e.mu.Lock()
+		t.volumes = names
+		e.mu.Unlock()
+		e.save(t)
+		for _, v := range cfg.Volumes {
+			if err := e.cfg.Volumes.Mount(ctx, cfg.ID, v); err != nil {
+				return fail(api.ReasonExecutorError, "prepareVolumes error: %v", err)
+			}
+		}
 	}
 	if err := e.prepareInstanceMounts(cfg.InstanceMounts); err != nil {
 		return fail(api.ReasonExecutorError, "prepareInstanceMountPoints error: %v", err)

@@ -25,7 +25,8 @@ type record struct {
 	Ports         []api.PortMapping         `json:"ports"`
 	GPUIDs        []string                  `json:"gpu_ids"`
 	KeysAdded     bool                      `json:"keys_added"`
-	Released      bool                      `json:"released"` // GPUs, keys cleaned up
+	Volumes       []string                  `json:"volumes,omitempty"` // may be mounted for it
+	Released      bool                      `json:"released"`          // GPUs, keys cleaned up
 	StopRequest   *api.TaskTerminateRequest `json:"stop_request,omitempty"`
 }
 

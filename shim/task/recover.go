@@ -68,6 +68,14 @@ func (e *Engine) Restore(ctx context.Context) error {
 					log.Error("restored task's GPUs are held by another task", "err", err)
 				}
 			}
+			for _, v := range t.volumes {
+				if e.cfg.Volumes == nil {
+					break
+				}
+				if err := e.cfg.Volumes.Claim(v, t.cfg.ID); err != nil {
+					log.Error("restored task's volume is claimed twice", "volume", v, "err", err)
+				}
+			}
 		default: // 2
 			if t.name != "" {
 				_ = e.rt.Remove(ctx, t.name)
@@ -93,7 +101,7 @@ func (e *Engine) restored(l loaded) *task {
 	r := l.rec
 	t.cfg, t.status, t.reason, t.message = r.Config, r.Status, r.Reason, r.Message
 	t.name, t.contID, t.ports, t.gpuIDs = r.ContainerName, r.ContainerID, r.Ports, r.GPUIDs
-	t.keysAdded, t.released, t.stopReq = r.KeysAdded, r.Released, r.StopRequest
+	t.keysAdded, t.released, t.stopReq, t.volumes = r.KeysAdded, r.Released, r.StopRequest, r.Volumes
 	if t.name == "" {
 		t.name = ContainerName(r.Config.Name, r.Config.ID)
 	}
