@@ -50,4 +50,3 @@ func LoopDevice(t testing.TB, sizeMiB int, partition bool) string {
 	})
 	return dev
 }
-
