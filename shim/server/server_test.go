@@ -30,6 +30,7 @@ func (s staticComponent) StartInstall(context.Context, string, func(error)) erro
 func newTestServer(t testing.TB, shutdown func(bool)) http.Handler {
 	engine := task.New(task.Config{Home: t.TempDir(), RunnerHTTPPort: 10999, RunnerSSHPort: 10022, InfinibandPath: "/nonexistent"},
 		deadRuntime{}, gpu.NewLocks(nil), nil, logging.Discard())
+	t.Cleanup(func() { engine.Wait(); engine.Sync() }) // pipelines, then record writes, end before the temp dir goes
 	return New(Deps{
 		Version:  "0.21.2+tandem.test",
 		Tasks:    engine,
