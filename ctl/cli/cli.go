@@ -76,7 +76,7 @@ func App() *cli.App {
 			}
 			cli.HandleExitCoder(err)
 		},
-		Commands: []*cli.Command{runCmd(), psCmd(), logsCmd(), sshCmd(), stopCmd(), infoCmd(), {
+		Commands: []*cli.Command{runCmd(), psCmd(), logsCmd(), sshCmd(), stopCmd(), infoCmd(), cloudinitCmd(), entrypointCmd(), {
 			Name:  "version",
 			Usage: "print the version and the dstack protocol level",
 			Action: func(c *cli.Context) error {

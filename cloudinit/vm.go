@@ -1,0 +1,320 @@
+package cloudinit
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"regexp"
+	"sort"
+	"strings"
+	"text/template"
+
+	"gopkg.in/yaml.v3"
+)
+
+// VM is how a VM gets dstack-shim: installed (or found baked into the
+// image), configured with dstack's environment and supervised by systemd.
+type VM struct {
+	// Download URLs of the static binaries; not needed when Baked.
+	ShimURL, RunnerURL       string
+	ShimSHA256, RunnerSHA256 string
+	// Baked: the image already has the binaries (Packer); URLs, if given,
+	// are used only when a binary is missing.
+	Baked          bool
+	ShimHome       string // default /root/.dstack
+	ShimHTTPPort   int    // 10998
+	RunnerHTTPPort int    // 10999
+	RunnerSSHPort  int    // 10022
+	LogLevel       string // shim and runner; default "5" as the dstack server sets
+	Privileged     bool
+	PJRTDevice     string
+	// Firewall: deny incoming except SSH and AllowCIDRs (default the private
+	// ranges), with ufw when the image has it.
+	Firewall       bool
+	AllowCIDRs     []string
+	AuthorizedKeys []string // for the default (provisioning) user
+	Env            map[string]string
+}
+
+const (
+	shimBin    = "/usr/local/bin/dstack-shim"
+	runnerBin  = "/usr/local/bin/dstack-runner"
+	envFile    = "/etc/dstack/shim.env"
+	unitFile   = "/etc/systemd/system/dstack-shim.service"
+	installBin = "/usr/local/lib/tandem/install-agents.sh"
+)
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+func (v *VM) defaults() {
+	if v.ShimHome == "" {
+		v.ShimHome = "/root/.dstack"
+	}
+	if v.ShimHTTPPort == 0 {
+		v.ShimHTTPPort = 10998
+	}
+	if v.RunnerHTTPPort == 0 {
+		v.RunnerHTTPPort = 10999
+	}
+	if v.RunnerSSHPort == 0 {
+		v.RunnerSSHPort = 10022
+	}
+	if v.LogLevel == "" {
+		v.LogLevel = "5"
+	}
+	if v.Firewall && len(v.AllowCIDRs) == 0 {
+		v.AllowCIDRs = []string{"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"}
+	}
+}
+
+// Validate reports the first bad field by name.
+func (v VM) Validate() error {
+	v.defaults()
+	if !v.Baked {
+		if err := validURL("shim_url", v.ShimURL); err != nil {
+			return err
+		}
+		if err := validURL("runner_url", v.RunnerURL); err != nil {
+			return err
+		}
+	} else {
+		for field, u := range map[string]string{"shim_url": v.ShimURL, "runner_url": v.RunnerURL} {
+			if u != "" {
+				if err := validURL(field, u); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for field, s := range map[string]string{"shim_sha256": v.ShimSHA256, "runner_sha256": v.RunnerSHA256} {
+		if s != "" && !hexSHA.MatchString(s) {
+			return fmt.Errorf("%s: %q is not a hex SHA-256", field, s)
+		}
+	}
+	if !strings.HasPrefix(v.ShimHome, "/") || strings.ContainsAny(v.ShimHome, "'\"\\ \n$`") {
+		return fmt.Errorf("shim_home: %q must be an absolute path without quotes or spaces", v.ShimHome)
+	}
+	for name, p := range map[string]int{"shim_http_port": v.ShimHTTPPort, "runner_http_port": v.RunnerHTTPPort, "runner_ssh_port": v.RunnerSSHPort} {
+		if p < 1 || p > 65535 {
+			return fmt.Errorf("%s: %d is not a port", name, p)
+		}
+	}
+	if !regexp.MustCompile(`^[a-zA-Z1-6]+$`).MatchString(v.LogLevel) {
+		return fmt.Errorf("log_level: %q", v.LogLevel)
+	}
+	if v.PJRTDevice != "" && !envName.MatchString(v.PJRTDevice) {
+		return fmt.Errorf("pjrt_device: %q", v.PJRTDevice)
+	}
+	for _, c := range v.AllowCIDRs {
+		if _, _, err := net.ParseCIDR(c); err != nil {
+			return fmt.Errorf("allow_cidrs: %q is not a CIDR", c)
+		}
+	}
+	if err := validKeys("authorized_keys", v.AuthorizedKeys); err != nil {
+		return err
+	}
+	for k, val := range v.Env {
+		if !envName.MatchString(k) {
+			return fmt.Errorf("env: %q is not a variable name", k)
+		}
+		if strings.ContainsAny(val, "\"\\\n$`") {
+			return fmt.Errorf("env %s: value has a quote, backslash, dollar, backtick or newline", k)
+		}
+	}
+	return nil
+}
+
+// unit is the systemd service: restarted forever (no start limit, so a
+// crash loop while Docker comes up never leaves it dead), after Docker and
+// the network.
+const unit = `[Unit]
+Description=dstack-shim (Tandem): runs dstack tasks as Docker containers
+Documentation=https://github.com/tandem-run/tandem
+After=network-online.target docker.service
+Wants=network-online.target docker.service
+StartLimitIntervalSec=0
+
+[Service]
+Type=simple
+User=root
+EnvironmentFile=` + envFile + `
+ExecStart=` + shimBin + `
+Restart=always
+RestartSec=3
+KillMode=process
+LimitNOFILE=1048576
+
+[Install]
+WantedBy=multi-user.target
+`
+
+// envLines is the EnvironmentFile with dstack's variables (sorted).
+func (v VM) envLines() string {
+	env := map[string]string{
+		"DSTACK_SHIM_HOME":          v.ShimHome,
+		"DSTACK_SHIM_HTTP_PORT":     fmt.Sprint(v.ShimHTTPPort),
+		"DSTACK_SHIM_LOG_LEVEL":     v.LogLevel,
+		"DSTACK_RUNNER_BINARY_PATH": runnerBin,
+		"DSTACK_RUNNER_HTTP_PORT":   fmt.Sprint(v.RunnerHTTPPort),
+		"DSTACK_RUNNER_SSH_PORT":    fmt.Sprint(v.RunnerSSHPort),
+		"DSTACK_RUNNER_LOG_LEVEL":   v.LogLevel,
+	}
+	if v.RunnerURL != "" {
+		env["DSTACK_RUNNER_DOWNLOAD_URL"] = v.RunnerURL
+	}
+	if v.Privileged {
+		env["DSTACK_DOCKER_PRIVILEGED"] = "true"
+	}
+	if v.PJRTDevice != "" {
+		env["PJRT_DEVICE"] = v.PJRTDevice
+	}
+	for k, val := range v.Env {
+		env[k] = val
+	}
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=\"%s\"\n", k, env[k])
+	}
+	return b.String()
+}
+
+// installer downloads (with retries and checksums) or reuses the binaries,
+// then optionally sets up the firewall. Idempotent.
+var installerTmpl = template.Must(template.New("i").Parse(`#!/bin/bash
+# Installs Tandem's dstack-shim and dstack-runner (rendered by tandem cloudinit).
+set -euo pipefail
+fetch() { # url dest sha256
+  local url=$1 dest=$2 sum=$3 tmp i
+  tmp=$(mktemp "${dest}.XXXXXX")
+  for i in 1 2 3 4 5 6; do
+    if curl -fsSL --connect-timeout 10 -m 600 -o "$tmp" "$url"; then break; fi
+    if [ "$i" = 6 ]; then rm -f "$tmp"; echo "tandem: cannot download $url" >&2; exit 1; fi
+    sleep $((i * 2))
+  done
+  if [ -n "$sum" ] && ! echo "$sum  $tmp" | sha256sum -c - >/dev/null; then
+    rm -f "$tmp"; echo "tandem: checksum mismatch for $url" >&2; exit 1
+  fi
+  chmod 0755 "$tmp"
+  mv -f "$tmp" "$dest"
+}
+have() { [ -x "$1" ] && "$1" --version >/dev/null 2>&1; }
+mkdir -p /usr/local/bin {{printf "%q" .ShimHome}}
+{{- if .Baked}}
+have {{.ShimBin}} || {{if .ShimURL}}fetch '{{.ShimURL}}' {{.ShimBin}} '{{.ShimSHA256}}'{{else}}{ echo "tandem: {{.ShimBin}} is not baked into this image" >&2; exit 1; }{{end}}
+have {{.RunnerBin}} || {{if .RunnerURL}}fetch '{{.RunnerURL}}' {{.RunnerBin}} '{{.RunnerSHA256}}'{{else}}{ echo "tandem: {{.RunnerBin}} is not baked into this image" >&2; exit 1; }{{end}}
+{{- else}}
+fetch '{{.ShimURL}}' {{.ShimBin}} '{{.ShimSHA256}}'
+fetch '{{.RunnerURL}}' {{.RunnerBin}} '{{.RunnerSHA256}}'
+{{- end}}
+{{- if .Firewall}}
+if command -v ufw >/dev/null; then
+  ufw --force reset >/dev/null
+  ufw default deny incoming
+  ufw default allow outgoing
+  ufw allow ssh
+{{- range .AllowCIDRs}}
+  ufw allow from {{.}}
+{{- end}}
+  ufw --force enable
+else
+  echo "tandem: ufw not found; firewall left as is" >&2
+fi
+{{- end}}
+`))
+
+type installerData struct {
+	VM
+	ShimBin, RunnerBin string
+}
+
+func (v VM) installer() (string, error) {
+	var b bytes.Buffer
+	err := installerTmpl.Execute(&b, installerData{VM: v, ShimBin: shimBin, RunnerBin: runnerBin})
+	return b.String(), err
+}
+
+type writeFile struct {
+	Path        string `yaml:"path"`
+	Permissions string `yaml:"permissions"`
+	Owner       string `yaml:"owner"`
+	Content     string `yaml:"content"`
+}
+
+type cloudConfig struct {
+	SSHAuthorizedKeys []string    `yaml:"ssh_authorized_keys,omitempty"`
+	WriteFiles        []writeFile `yaml:"write_files"`
+	Runcmd            [][]string  `yaml:"runcmd"`
+}
+
+var startCmds = [][]string{{installBin}, {"systemctl", "daemon-reload"}, {"systemctl", "enable", "--now", "dstack-shim.service"}}
+
+// UserData renders the #cloud-config payload.
+func (v VM) UserData() (string, error) {
+	v.defaults()
+	if err := v.Validate(); err != nil {
+		return "", err
+	}
+	inst, err := v.installer()
+	if err != nil {
+		return "", err
+	}
+	cc := cloudConfig{
+		SSHAuthorizedKeys: v.AuthorizedKeys,
+		WriteFiles: []writeFile{
+			{Path: installBin, Permissions: "0755", Owner: "root:root", Content: inst},
+			{Path: envFile, Permissions: "0600", Owner: "root:root", Content: v.envLines()},
+			{Path: unitFile, Permissions: "0644", Owner: "root:root", Content: unit},
+		},
+		Runcmd: startCmds,
+	}
+	b, err := yaml.Marshal(cc)
+	if err != nil {
+		return "", err
+	}
+	return "#cloud-config\n" + string(b), nil
+}
+
+// Script renders the same as a startup script, for clouds that take one
+// instead of cloud-config.
+func (v VM) Script() (string, error) {
+	v.defaults()
+	if err := v.Validate(); err != nil {
+		return "", err
+	}
+	inst, err := v.installer()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString("#!/bin/bash\n# Tandem: install and supervise dstack-shim (rendered by tandem cloudinit --script).\nset -euo pipefail\n")
+	file := func(path, mode, content string) {
+		fmt.Fprintf(&b, "mkdir -p %q\ncat > %q <<'TANDEM_EOF'\n%sTANDEM_EOF\nchmod %s %q\n", dirOf(path), path, content, mode, path)
+	}
+	file(installBin, "0755", inst)
+	file(envFile, "0600", v.envLines())
+	file(unitFile, "0644", unit)
+	if len(v.AuthorizedKeys) > 0 {
+		b.WriteString("mkdir -p /root/.ssh && chmod 700 /root/.ssh\n")
+		for _, k := range v.AuthorizedKeys {
+			fmt.Fprintf(&b, "grep -qxF '%s' /root/.ssh/authorized_keys 2>/dev/null || echo '%s' >> /root/.ssh/authorized_keys\n", k, k)
+		}
+		b.WriteString("chmod 600 /root/.ssh/authorized_keys\n")
+	}
+	for _, c := range startCmds {
+		b.WriteString(strings.Join(c, " ") + "\n")
+	}
+	return b.String(), nil
+}
+
+func dirOf(p string) string {
+	i := strings.LastIndexByte(p, '/')
+	if i <= 0 {
+		return "/"
+	}
+	return p[:i]
+}

@@ -1,0 +1,105 @@
+package cloudinit
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+func sampleVM() VM {
+	return VM{ShimURL: "https://example.com/tandem/0.1.0/dstack-shim-linux-amd64", RunnerURL: "https://example.com/tandem/0.1.0/dstack-runner-linux-amd64",
+		ShimSHA256: strings.Repeat("cd", 32), RunnerSHA256: strings.Repeat("ef", 32),
+		Firewall: true, AuthorizedKeys: []string{testKey}, Env: map[string]string{"HF_HOME": "/data/hf"}}
+}
+
+func TestUserDataValidCloudConfig(t *testing.T) {
+	ud, err := sampleVM().UserData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "user-data.yaml", ud)
+	if !strings.HasPrefix(ud, "#cloud-config\n") {
+		t.Fatal("header")
+	}
+	var cc cloudConfig
+	if err := yaml.Unmarshal([]byte(ud), &cc); err != nil || len(cc.WriteFiles) != 3 {
+		t.Fatalf("round trip: %v %+v", err, cc)
+	}
+	inst := cc.WriteFiles[0].Content
+	shellcheck(t, inst, "bash")
+	for _, want := range []string{"DSTACK_SHIM_HOME=\"/root/.dstack\"", "DSTACK_RUNNER_DOWNLOAD_URL=\"https://example.com/tandem/0.1.0/dstack-runner-linux-amd64\"", "HF_HOME=\"/data/hf\""} {
+		if !strings.Contains(cc.WriteFiles[1].Content, want) {
+			t.Fatalf("env file misses %s:\n%s", want, cc.WriteFiles[1].Content)
+		}
+	}
+	if !strings.Contains(inst, "ufw allow from 172.16.0.0/12") || !strings.Contains(inst, "sha256sum -c") {
+		t.Fatalf("installer:\n%s", inst)
+	}
+	if _, err := exec.LookPath("cloud-init"); err != nil {
+		t.Skip("cloud-init not installed (make deps installs it)")
+	}
+	f := filepath.Join(t.TempDir(), "user-data")
+	_ = os.WriteFile(f, []byte(ud), 0o644)
+	if out, err := exec.Command("cloud-init", "schema", "--config-file", f).CombinedOutput(); err != nil || !strings.Contains(string(out), "Valid") {
+		t.Fatalf("cloud-init schema: %v\n%s", err, out)
+	}
+}
+
+func TestScriptAndUnit(t *testing.T) {
+	v := sampleVM()
+	v.Baked, v.ShimURL, v.RunnerURL = true, "", ""
+	s, err := v.Script()
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "startup.sh", s)
+	shellcheck(t, s, "bash")
+	if !strings.Contains(s, "is not baked into this image") || strings.Contains(s, "fetch '") {
+		t.Fatalf("baked images use their binaries:\n%s", s)
+	}
+	for _, want := range []string{"Restart=always", "StartLimitIntervalSec=0", "After=network-online.target docker.service", "EnvironmentFile=/etc/dstack/shim.env"} {
+		if !strings.Contains(unit, want) {
+			t.Fatalf("unit misses %s", want)
+		}
+	}
+	if _, err := exec.LookPath("systemd-analyze"); err == nil {
+		dir := t.TempDir()
+		p := filepath.Join(dir, "dstack-shim.service")
+		_ = os.WriteFile(p, []byte(unit), 0o644)
+		out, _ := exec.Command("systemd-analyze", "verify", p).CombinedOutput()
+		// The binary is not installed here; anything else is a unit error.
+		for _, line := range strings.Split(string(out), "\n") {
+			if line != "" && !strings.Contains(line, shimBin) && !strings.Contains(line, "docker.service") {
+				t.Fatalf("systemd-analyze verify: %s", out)
+			}
+		}
+	}
+}
+
+func TestVMBadInput(t *testing.T) {
+	tests := []struct {
+		mod  func(*VM)
+		want string
+	}{
+		{func(v *VM) { v.ShimURL = "" }, "shim_url: required"},
+		{func(v *VM) { v.RunnerURL = "file:///x" }, "runner_url: "},
+		{func(v *VM) { v.ShimSHA256 = "abc" }, "shim_sha256: "},
+		{func(v *VM) { v.AuthorizedKeys = []string{"ssh-rsa nope"} }, "authorized_keys[0]: "},
+		{func(v *VM) { v.AllowCIDRs = []string{"10.0.0.0/33"} }, "allow_cidrs: "},
+		{func(v *VM) { v.Env = map[string]string{"1BAD": "x"} }, `env: "1BAD"`},
+		{func(v *VM) { v.Env = map[string]string{"OK": "a\"b"} }, "env OK: "},
+		{func(v *VM) { v.ShimHome = "relative" }, "shim_home: "},
+		{func(v *VM) { v.LogLevel = "loud!" }, "log_level: "},
+	}
+	for _, tc := range tests {
+		v := sampleVM()
+		tc.mod(&v)
+		if _, err := v.UserData(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want %q, got %v", tc.want, err)
+		}
+	}
+}

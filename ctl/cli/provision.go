@@ -1,0 +1,92 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tandem-run/tandem/cloudinit"
+)
+
+func cloudinitCmd() *cli.Command {
+	return &cli.Command{
+		Name:  "cloudinit",
+		Usage: "render VM user-data (#cloud-config) or a startup script that installs and supervises dstack-shim",
+		Flags: []cli.Flag{
+			&cli.BoolFlag{Name: "script", Usage: "render a bash startup script instead of cloud-config"},
+			&cli.StringFlag{Name: "shim-url", Usage: "download URL of the static dstack-shim"},
+			&cli.StringFlag{Name: "runner-url", Usage: "download URL of the static dstack-runner"},
+			&cli.StringFlag{Name: "shim-sha256", Usage: "expected SHA-256 of dstack-shim"},
+			&cli.StringFlag{Name: "runner-sha256", Usage: "expected SHA-256 of dstack-runner"},
+			&cli.BoolFlag{Name: "baked", Usage: "the image has the binaries (Packer); URLs only fill gaps"},
+			&cli.StringFlag{Name: "shim-home", Value: "/root/.dstack", Usage: "DSTACK_SHIM_HOME"},
+			&cli.StringFlag{Name: "log-level", Value: "5", Usage: "shim and runner log level"},
+			&cli.BoolFlag{Name: "privileged", Usage: "run every container privileged"},
+			&cli.StringFlag{Name: "pjrt-device", Usage: "PJRT_DEVICE for containers (TPU)"},
+			&cli.BoolFlag{Name: "firewall", Usage: "deny incoming except SSH and --allow-cidr (private ranges by default)"},
+			&cli.StringSliceFlag{Name: "allow-cidr", Usage: "CIDR allowed in with --firewall (repeatable)"},
+			&cli.StringSliceFlag{Name: "authorized-key", Usage: "public key for the provisioning user (repeatable)"},
+			&cli.StringSliceFlag{Name: "env", Usage: "extra KEY=VALUE for the shim (repeatable)"},
+		},
+		Action: func(c *cli.Context) error {
+			v := cloudinit.VM{ShimURL: c.String("shim-url"), RunnerURL: c.String("runner-url"), ShimSHA256: c.String("shim-sha256"),
+				RunnerSHA256: c.String("runner-sha256"), Baked: c.Bool("baked"), ShimHome: c.String("shim-home"), LogLevel: c.String("log-level"),
+				Privileged: c.Bool("privileged"), PJRTDevice: c.String("pjrt-device"), Firewall: c.Bool("firewall"),
+				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: c.StringSlice("authorized-key"), Env: map[string]string{}}
+			for _, kv := range c.StringSlice("env") {
+				k, val, ok := strings.Cut(kv, "=")
+				if !ok {
+					return exitError{2, fmt.Sprintf("--env %q: want KEY=VALUE", kv)}
+				}
+				v.Env[k] = val
+			}
+			render := v.UserData
+			if c.Bool("script") {
+				render = v.Script
+			}
+			out, err := render()
+			if err != nil {
+				return exitError{2, err.Error()}
+			}
+			_, err = fmt.Fprint(c.App.Writer, out)
+			return err
+		},
+	}
+}
+
+func entrypointCmd() *cli.Command {
+	return &cli.Command{
+		Name:  "entrypoint",
+		Usage: "render a container entrypoint that starts dstack-runner in any image (container-only clouds)",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "runner-url", Usage: "download URL of the static dstack-runner"},
+			&cli.StringFlag{Name: "runner-sha256", Usage: "expected SHA-256 of dstack-runner"},
+			&cli.StringSliceFlag{Name: "authorized-key", Usage: "public key allowed in over SSH (repeatable)"},
+			&cli.IntFlag{Name: "http-port", Value: 10999},
+			&cli.IntFlag{Name: "ssh-port", Value: 10022},
+			&cli.StringFlag{Name: "log-level", Value: "4"},
+			&cli.BoolFlag{Name: "json", Usage: `print ["/bin/sh","-c",script] for container APIs`},
+		},
+		Action: func(c *cli.Context) error {
+			e := cloudinit.Entrypoint{RunnerURL: c.String("runner-url"), RunnerSHA256: c.String("runner-sha256"),
+				AuthorizedKeys: c.StringSlice("authorized-key"), HTTPPort: c.Int("http-port"), SSHPort: c.Int("ssh-port"), LogLevel: c.String("log-level")}
+			if c.Bool("json") {
+				argv, err := e.Command()
+				if err != nil {
+					return exitError{2, err.Error()}
+				}
+				enc := json.NewEncoder(c.App.Writer)
+				enc.SetEscapeHTML(false)
+				return enc.Encode(argv)
+			}
+			s, err := e.Render()
+			if err != nil {
+				return exitError{2, err.Error()}
+			}
+			_, err = fmt.Fprint(c.App.Writer, s)
+			return err
+		},
+	}
+}
