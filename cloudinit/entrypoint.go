@@ -149,4 +149,3 @@ func (e Entrypoint) Command() ([]string, error) {
 	}
 	return []string{"/bin/sh", "-c", s}, nil
 }
-
