@@ -33,7 +33,9 @@ lint:
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	staticcheck ./...
-	shellcheck scripts/*.sh .ci/run
+	shellcheck scripts/*.sh .ci/run packer/scripts/*.sh
+	cd packer && packer fmt -check . && key=$$(mktemp -u) && ssh-keygen -q -t ed25519 -N '' -f $$key && \
+		packer validate -var qemu_ssh_key=$$key . ; rc=$$?; rm -f $$key $$key.pub; exit $$rc
 
 ## test: everything CI runs: deps, lint, build, unit and e2e tests on real Docker
 test: deps lint build

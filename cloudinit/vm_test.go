@@ -103,3 +103,24 @@ func TestVMBadInput(t *testing.T) {
 		}
 	}
 }
+
+// The unit Packer bakes in is the one cloud-init writes.
+func TestPackerUnitIsTheSame(t *testing.T) {
+	path := filepath.Join("..", "packer", "files", "dstack-shim.service")
+	if *update {
+		_ = os.WriteFile(path, []byte(unit), 0o644)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || string(b) != unit {
+		t.Fatalf("%s differs from cloudinit's unit (go test ./cloudinit -update): %v", path, err)
+	}
+	env, err := os.ReadFile(filepath.Join("..", "packer", "files", "shim.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	baked := VM{Baked: true}
+	baked.defaults()
+	if string(env) != baked.envLines() {
+		t.Fatalf("packer/files/shim.env differs from a baked VM's env:\n%s\nwant:\n%s", env, baked.envLines())
+	}
+}
