@@ -253,13 +253,20 @@ type cloudConfig struct {
 
 var startCmds = [][]string{{installBin}, {"systemctl", "daemon-reload"}, {"systemctl", "enable", "--now", "dstack-shim.service"}}
 
-// UserData renders the #cloud-config payload.
-func (v VM) UserData() (string, error) {
+// prepared fills defaults, validates, and renders the installer both
+// payloads carry.
+func (v VM) prepared() (VM, string, error) {
 	v.defaults()
 	if err := v.Validate(); err != nil {
-		return "", err
+		return v, "", err
 	}
 	inst, err := v.installer()
+	return v, inst, err
+}
+
+// UserData renders the #cloud-config payload.
+func (v VM) UserData() (string, error) {
+	v, inst, err := v.prepared()
 	if err != nil {
 		return "", err
 	}
@@ -282,11 +289,7 @@ func (v VM) UserData() (string, error) {
 // Script renders the same as a startup script, for clouds that take one
 // instead of cloud-config.
 func (v VM) Script() (string, error) {
-	v.defaults()
-	if err := v.Validate(); err != nil {
-		return "", err
-	}
-	inst, err := v.installer()
+	v, inst, err := v.prepared()
 	if err != nil {
 		return "", err
 	}

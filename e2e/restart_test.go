@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -96,20 +95,11 @@ func (p *shimProc) waitStatus(id string, ok func(api.TaskInfoResponse) bool) api
 const exitOnFile = `while [ ! -f /ctl/exit ]; do sleep 0.1; done; exit "$(cat /ctl/exit)"`
 
 func TestShimKill9Restart(t *testing.T) {
-	if os.Geteuid() != 0 && !testenv.InCI() {
-		t.Skip("needs root for the host-keys user")
-	}
+	const username = "tandem-e2e"
+	ak := filepath.Join(hostUser(t, username), ".ssh", "authorized_keys")
 	reg := testenv.StartRegistry(t)
 	reg.Push(t, uniqueImage(t, 256<<10), "tandem/held:v1")
 	gate, _ := blobGate(t, reg.Addr)
-	const username = "tandem-e2e"
-	if _, err := user.Lookup(username); err != nil {
-		if out, err := exec.Command("useradd", "-m", "-s", "/bin/sh", username).CombinedOutput(); err != nil {
-			t.Fatalf("useradd: %v %s", err, out)
-		}
-	}
-	u, _ := user.Lookup(username)
-	ak := filepath.Join(u.HomeDir, ".ssh", "authorized_keys")
 	p := newShimProc(t, runnerScript(t, exitOnFile))
 	p.start()
 	img := testenv.Busybox(t)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -194,4 +195,26 @@ func uniqueImage(t *testing.T, size int) string {
 	}
 	t.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rmi", "-f", tag) })
 	return tag
+}
+
+// hostUser returns the home of the test's host user (created once), whose
+// authorized_keys host-key tests watch. Needs root; CI runs as root.
+func hostUser(t *testing.T, name string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if testenv.InCI() {
+			t.Fatal("CI runs as root")
+		}
+		t.Skip("needs root to create a host user")
+	}
+	if _, err := user.Lookup(name); err != nil {
+		if out, err := exec.Command("useradd", "-m", "-s", "/bin/sh", name).CombinedOutput(); err != nil {
+			t.Fatalf("useradd: %v %s", err, out)
+		}
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u.HomeDir
 }

@@ -52,8 +52,14 @@ func (sl *streamLocal) direct(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewC
 		return
 	}
 	conn, err := net.Dial("unix", d.SocketPath)
-	if err != nil {
-		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
+	acceptAndPipe(nc, conn, err)
+}
+
+// acceptAndPipe finishes a forward channel: reject it with the dial error,
+// or accept it and copy both ways until either side ends.
+func acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
+	if dialErr != nil {
+		_ = nc.Reject(gossh.ConnectionFailed, dialErr.Error())
 		return
 	}
 	ch, reqs, err := nc.Accept()
@@ -148,15 +154,5 @@ func directTCPIP(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, ctx g
 	}
 	var dialer net.Dialer
 	conn, err := dialer.DialContext(ctx, "tcp", net.JoinHostPort(d.DestAddr, strconv.Itoa(int(d.DestPort))))
-	if err != nil {
-		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
-		return
-	}
-	ch, reqs, err := nc.Accept()
-	if err != nil {
-		conn.Close()
-		return
-	}
-	go gossh.DiscardRequests(reqs)
-	pipe(ch, conn)
+	acceptAndPipe(nc, conn, err)
 }
