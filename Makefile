@@ -34,8 +34,7 @@ lint:
 	go vet ./...
 	staticcheck ./...
 	shellcheck scripts/*.sh .ci/run packer/scripts/*.sh
-	cd packer && packer fmt -check . && key=$$(mktemp -u) && ssh-keygen -q -t ed25519 -N '' -f $$key && \
-		packer validate -var qemu_ssh_key=$$key . ; rc=$$?; rm -f $$key $$key.pub; exit $$rc
+	./scripts/check-packer.sh
 
 ## test: everything CI runs: deps, lint, build, unit and e2e tests on real Docker
 test: deps lint build
