@@ -87,18 +87,7 @@ func ExtractArchive(r io.Reader, dest string, owner Owner) error {
 	roots = append(roots, prootDir)
 	var destRoot *os.Root
 	base := filepath.Base(dest)
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("extract: read archive: %w", err)
-		}
-		name, err := cleanEntry(hdr.Name)
-		if err != nil {
-			return err
-		}
+	return eachEntry(tr, func(hdr *tar.Header, name string) error {
 		_, rest, _ := strings.Cut(name, "/")
 		if rest == "" || rest == "." {
 			// The source itself: a single file, or the top directory.
@@ -107,31 +96,37 @@ func ExtractArchive(r io.Reader, dest string, owner Owner) error {
 					return fmt.Errorf("extract: %w", err)
 				}
 				chown(prootDir, base, owner)
-				continue
+				return nil
 			}
-			if err := writeEntry(prootDir, base, hdr, tr, owner); err != nil {
-				return err
-			}
-			continue
+			return writeEntry(prootDir, base, hdr, tr, owner)
 		}
 		if destRoot == nil {
 			if err := prootDir.MkdirAll(base, 0o755); err != nil {
 				return fmt.Errorf("extract: %w", err)
 			}
 			chown(prootDir, base, owner)
-			destRoot, err = prootDir.OpenRoot(base)
-			if err != nil {
+			var err error
+			if destRoot, err = prootDir.OpenRoot(base); err != nil {
 				return fmt.Errorf("extract: %w", err)
 			}
 			roots = append(roots, destRoot)
 		}
-		if err := writeEntry(destRoot, rest, hdr, tr, owner); err != nil {
-			return err
-		}
-	}
+		return writeEntry(destRoot, rest, hdr, tr, owner)
+	})
 }
 
 func extract(tr *tar.Reader, root *os.Root, owner Owner) error {
+	return eachEntry(tr, func(hdr *tar.Header, name string) error {
+		if name == "." {
+			return nil
+		}
+		return writeEntry(root, name, hdr, tr, owner)
+	})
+}
+
+// eachEntry calls fn for every entry with its validated, cleaned name; an
+// unsafe name stops the walk.
+func eachEntry(tr *tar.Reader, fn func(hdr *tar.Header, name string) error) error {
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -144,10 +139,7 @@ func extract(tr *tar.Reader, root *os.Root, owner Owner) error {
 		if err != nil {
 			return err
 		}
-		if name == "." {
-			continue
-		}
-		if err := writeEntry(root, name, hdr, tr, owner); err != nil {
+		if err := fn(hdr, name); err != nil {
 			return err
 		}
 	}
