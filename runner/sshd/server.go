@@ -26,6 +26,7 @@ import (
 	gssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/tandem-run/tandem/common/atomicfile"
 	"github.com/tandem-run/tandem/runner/executor"
 )
 
@@ -312,12 +313,8 @@ func hostKeys(dir string) ([]gssh.Signer, error) {
 				return nil, fmt.Errorf("encode %s host key: %w", kind, err)
 			}
 			b = pem.EncodeToMemory(blk)
-			tmp := path + ".tmp"
-			if err := os.WriteFile(tmp, b, 0o600); err != nil {
-				return nil, fmt.Errorf("write host key: %w", err)
-			}
-			if err := os.Rename(tmp, path); err != nil {
-				return nil, fmt.Errorf("write host key: %w", err)
+			if err := atomicfile.WriteBytes(path, b, atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
+				return nil, fmt.Errorf("host key: %w", err)
 			}
 		} else if err != nil {
 			return nil, fmt.Errorf("read host key: %w", err)

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/tandem-run/tandem/common/atomicfile"
 )
 
 // Editor edits authorized_keys files; one mutex serializes all edits.
@@ -114,42 +116,8 @@ func (e *Editor) edit(username string, change func([]string) []string) error {
 		buf.WriteString(l)
 		buf.WriteByte('\n')
 	}
-	return writeAtomic(path, buf.Bytes(), mode, owner)
-}
-
-// writeAtomic replaces path with data: temp file, fsync, rename, dir fsync.
-func writeAtomic(path string, data []byte, mode os.FileMode, owner [2]int) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, ".authorized_keys-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return fmt.Errorf("chmod %s: %w", path, err)
-	}
-	_ = f.Chown(owner[0], owner[1])
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("replace %s: %w", path, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	// SyncDir: a key line added or revoked must survive a power cut too.
+	return atomicfile.WriteBytes(path, buf.Bytes(), atomicfile.Options{Perm: mode, UID: owner[0], GID: owner[1], SyncDir: true})
 }
 
 func passwdHome(username string) (string, int, int, error) {

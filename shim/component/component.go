@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/atomicfile"
 )
 
 // Errors of Install.
@@ -185,29 +185,8 @@ func (m *Manager) install(ctx context.Context, url string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("install %s: %w", m.Name, err)
 	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(m.Path)+"-*")
+	n, err := atomicfile.Write(m.Path, resp.Body, atomicfile.Options{Perm: 0o755, UID: -1, RejectEmpty: true})
 	if err != nil {
-		return fmt.Errorf("install %s: %w", m.Name, err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
-	n, err := io.Copy(f, resp.Body)
-	if err == nil && n == 0 {
-		err = errors.New("empty download")
-	}
-	if err == nil {
-		err = f.Chmod(0o755)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("install %s: %w", m.Name, err)
-	}
-	if err := os.Rename(tmp, m.Path); err != nil {
 		return fmt.Errorf("install %s: %w", m.Name, err)
 	}
 	if m.Log != nil {

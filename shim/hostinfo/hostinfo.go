@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"runtime"
 	"syscall"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/atomicfile"
 	"github.com/tandem-run/tandem/shim/gpu"
 )
 
@@ -63,26 +63,8 @@ func WriteOnce(path string, info api.HostInfo) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("encode host info: %w", err)
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".host_info-*")
-	if err != nil {
-		return false, fmt.Errorf("write host info: %w", err)
-	}
-	defer os.Remove(f.Name())
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return false, fmt.Errorf("write host info: %w", err)
-	}
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		return false, fmt.Errorf("write host info: %w", err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return false, fmt.Errorf("write host info: %w", err)
+	if err := atomicfile.WriteBytes(path, b, atomicfile.Options{Perm: 0o644, UID: -1}); err != nil {
+		return false, fmt.Errorf("host info: %w", err)
 	}
 	return true, nil
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/atomicfile"
 )
 
 // record is a task's durable state: enough to answer for it, re-attach to
@@ -40,7 +41,7 @@ func (r records) path(id string) string {
 	return filepath.Join(r.dir, url.PathEscape(id)+".json")
 }
 
-// save writes rec atomically: temp file, fsync, rename.
+// save writes rec atomically (atomicfile: temp file, fsync, rename).
 func (r records) save(rec record) error {
 	rec.Version = recordVersion
 	rec.Config.RegistryPassword = ""
@@ -51,28 +52,12 @@ func (r records) save(rec record) error {
 	if err := os.MkdirAll(r.dir, 0o700); err != nil {
 		return fmt.Errorf("task records: %w", err)
 	}
-	f, err := os.CreateTemp(r.dir, ".tmp-*")
-	if err != nil {
-		return fmt.Errorf("task record: %w", err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, r.path(rec.Config.ID))
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-		return fmt.Errorf("task record %s: %w", rec.Config.ID, err)
-	}
 	// No fsync of the directory: the rename is atomic for a crashed or
 	// killed shim, and after a power cut the previous record (older, never
 	// torn) is what recovery reads. It halves the fsyncs on the start path.
+	if err := atomicfile.WriteBytes(r.path(rec.Config.ID), b, atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
+		return fmt.Errorf("task record %s: %w", rec.Config.ID, err)
+	}
 	return nil
 }
 
@@ -102,11 +87,10 @@ func (r records) load() ([]loaded, error) {
 	var out []loaded
 	for _, e := range entries {
 		name := e.Name()
-		if strings.HasPrefix(name, ".tmp-") {
-			_ = os.Remove(filepath.Join(r.dir, name)) // a write cut short
-			continue
-		}
 		if !strings.HasSuffix(name, ".json") {
+			if strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") {
+				_ = os.Remove(filepath.Join(r.dir, name)) // a write cut short (atomicfile.TempPattern)
+			}
 			continue
 		}
 		id, err := url.PathUnescape(strings.TrimSuffix(name, ".json"))
