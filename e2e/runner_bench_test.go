@@ -88,6 +88,7 @@ func pullAll(b *testing.B, c *runnerclient.Client, start time.Time) (got int64, 
 	}
 }
 
+// readRSS returns a process's resident set in KiB, 0 when it is gone.
 func readRSS(pid int) int {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,17 +123,11 @@ func BenchmarkShimIdleRSS(b *testing.B) {
 	b.ReportMetric(float64(rssKiB(b, h.cmd.Process.Pid))/1024, "idle-rss-MiB")
 }
 
+// rssKiB is readRSS for a process that must be alive.
 func rssKiB(b *testing.B, pid int) int {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		b.Fatal(err)
+	n := readRSS(pid)
+	if n == 0 {
+		b.Fatalf("no VmRSS for pid %d", pid)
 	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if strings.HasPrefix(l, "VmRSS:") {
-			n, _ := strconv.Atoi(strings.Fields(l)[1])
-			return n
-		}
-	}
-	b.Fatal("no VmRSS")
-	return 0
+	return n
 }
