@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -45,6 +46,22 @@ type Manager struct {
 	failedURL  string
 	failures   int
 	retryAt    time.Time
+	known      fileID // the file whose probe succeeded
+	version    string // its version
+}
+
+// fileID identifies a file's content well enough to reuse a probe: an
+// install renames a new file in (new inode), an edit changes size or mtime.
+type fileID struct {
+	ino, size, mtime int64
+}
+
+func idOf(fi os.FileInfo) fileID {
+	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id.ino = int64(st.Ino)
+	}
+	return id
 }
 
 func (m *Manager) now() time.Time {
@@ -69,12 +86,35 @@ func (m *Manager) Info(ctx context.Context) api.ComponentInfo {
 	return info
 }
 
+// probe runs `<path> --version`, unless the file is the one already probed
+// successfully: the server asks on every instance check, and forking the
+// binary each time buys nothing while the file is unchanged. Failures are
+// not remembered, so a transient one is retried on the next call.
 func (m *Manager) probe(ctx context.Context) (api.ComponentStatus, string) {
-	if _, err := os.Stat(m.Path); os.IsNotExist(err) {
+	fi, err := os.Stat(m.Path)
+	if os.IsNotExist(err) {
 		return api.ComponentNotInstalled, ""
 	} else if err != nil {
 		return api.ComponentError, ""
 	}
+	id := idOf(fi)
+	m.mu.Lock()
+	if m.version != "" && m.known == id {
+		v := m.version
+		m.mu.Unlock()
+		return api.ComponentInstalled, v
+	}
+	m.mu.Unlock()
+	status, version := m.runVersion(ctx)
+	if status == api.ComponentInstalled {
+		m.mu.Lock()
+		m.known, m.version = id, version
+		m.mu.Unlock()
+	}
+	return status, version
+}
+
+func (m *Manager) runVersion(ctx context.Context) (api.ComponentStatus, string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, m.Path, "--version").Output()

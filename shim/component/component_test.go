@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -102,5 +103,43 @@ func TestInstallingIsExclusive(t *testing.T) {
 	}
 	if err := m.StartInstall(context.Background(), srv.URL, nil); !errors.Is(err, ErrInstalling) {
 		t.Fatalf("concurrent install: %v", err)
+	}
+}
+
+// The probe runs the binary once per file version, and again after any change.
+func TestProbeRunsOncePerFile(t *testing.T) {
+	dir := t.TempDir()
+	count := filepath.Join(dir, "runs")
+	bin := filepath.Join(dir, "dstack-runner")
+	write := func(version string) {
+		s := "#!/bin/sh\necho x >> " + count + "\necho dstack-runner version " + version + "\n"
+		if err := os.WriteFile(bin+".new", []byte(s), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(bin+".new", bin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs := func() int {
+		b, _ := os.ReadFile(count)
+		return strings.Count(string(b), "x")
+	}
+	m := &Manager{Name: api.ComponentRunner, Path: bin}
+	write("1")
+	for i := 0; i < 3; i++ {
+		if got := m.Info(context.Background()); got.Version != "1" {
+			t.Fatalf("probe: %+v", got)
+		}
+	}
+	if runs() != 1 {
+		t.Fatalf("an unchanged binary was run %d times", runs())
+	}
+	write("2") // same size, new inode: must be probed again
+	if got := m.Info(context.Background()); got.Version != "2" || runs() != 2 {
+		t.Fatalf("after replace: %+v runs=%d", got, runs())
+	}
+	_ = os.Remove(bin)
+	if got := m.Info(context.Background()); got.Status != api.ComponentNotInstalled {
+		t.Fatalf("removed: %+v", got)
 	}
 }
