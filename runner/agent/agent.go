@@ -69,7 +69,8 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("dstack-runner starting", "version", version.String(), "temp_dir", cfg.TempDir)
 
 	uid := os.Geteuid()
-	home := homeOf(uid)
+	accounts := executor.Accounts{Root: "/"}
+	home := homeOf(accounts, uid)
 	if os.Getenv("HOME") != home {
 		log.Warn("HOME does not match the passwd entry; fixing", "home", home)
 		_ = os.Setenv("HOME", home)
@@ -93,7 +94,6 @@ func Run(ctx context.Context, cfg Config) error {
 		self = "/usr/local/bin/dstack-runner"
 	}
 	var x *executor.Executor
-	accounts := executor.Accounts{Root: "/"}
 	sshSrv, err := sshd.New(sshd.Config{
 		HostKeyDir: filepath.Join(cfg.TempDir, "ssh"),
 		Accounts:   accounts,
@@ -194,15 +194,9 @@ func Run(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-func homeOf(uid int) string {
-	b, err := os.ReadFile("/etc/passwd")
-	if err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			f := strings.Split(l, ":")
-			if len(f) >= 6 && f[2] == strconv.Itoa(uid) && f[5] != "" {
-				return f[5]
-			}
-		}
+func homeOf(accounts executor.Accounts, uid int) string {
+	if h := accounts.HomeOf(uid); h != "" {
+		return h
 	}
 	if uid == 0 {
 		return "/root"

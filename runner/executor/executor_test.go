@@ -306,3 +306,10 @@ func TestClusterSSH(t *testing.T) {
 		t.Fatal("single-node jobs get no cluster ssh files")
 	}
 }
+
+func TestHomeOf(t *testing.T) {
+	a := Accounts{Root: fixtureRoot(t)}
+	if a.HomeOf(1000) != "/home/alice" || a.HomeOf(0) != "/root" || a.HomeOf(4242) != "" {
+		t.Fatalf("%q %q %q", a.HomeOf(1000), a.HomeOf(0), a.HomeOf(4242))
+	}
+}

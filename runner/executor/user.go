@@ -208,3 +208,14 @@ func (a Accounts) Login(name string) (Login, error) {
 	}
 	return l, nil
 }
+
+// HomeOf returns the passwd home of uid ("" when passwd has none).
+func (a Accounts) HomeOf(uid int) string {
+	pw, _ := a.passwd()
+	for _, e := range pw {
+		if e.uid == uid && e.home != "" {
+			return e.home
+		}
+	}
+	return ""
+}
