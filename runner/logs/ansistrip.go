@@ -1,8 +1,7 @@
 package logs
 
 import (
-	"bytes"
-	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -17,6 +16,21 @@ import (
 // Flushes happen after IdleFlush without output, every ForceFlush while
 // output keeps coming, when the buffered screen exceeds MaxBuffer, and on
 // Close (which also emits the unfinished last line).
+//
+// Memory is bounded whatever the job prints. The screen is a terminal of
+// MaxColumns columns: cursor movement never goes past column MaxColumns-1 or
+// more than MaxRowMove rows down per sequence, a sequence with a parameter
+// above MaxParam is ignored as garbage, and the budget (runes plus one per
+// buffered line, padding included) is checked after every step, not once
+// per write. Text itself is not wrapped: a longer line is emitted in pieces
+// once it fills the budget.
+// The bounds of the virtual screen (see Stripper).
+const (
+	MaxColumns = 4096
+	MaxRowMove = 256
+	MaxParam   = 65535
+)
+
 type Stripper struct {
 	emit func([]byte)
 
@@ -37,7 +51,7 @@ type Stripper struct {
 
 // NewStripper returns a stripper calling emit (serially) with each chunk.
 func NewStripper(emit func([]byte)) *Stripper {
-	return &Stripper{emit: emit, IdleFlush: 500 * time.Millisecond, ForceFlush: 3 * time.Second, MaxBuffer: 32 << 10, lines: [][]rune{nil}}
+	return &Stripper{emit: emit, IdleFlush: 500 * time.Millisecond, ForceFlush: 3 * time.Second, MaxBuffer: 32 << 10, lines: [][]rune{nil}, size: 1}
 }
 
 // Write feeds terminal output.
@@ -53,15 +67,20 @@ func (s *Stripper) Write(p []byte) (int, error) {
 		s.pending = nil
 	}
 	s.feed(data)
-	if s.size > s.MaxBuffer {
-		s.flushLocked(false)
-		if s.size > s.MaxBuffer {
-			// One endless line: emit it in pieces rather than buffer it all.
-			s.flushLocked(true)
-		}
-	}
 	s.armTimers()
 	return len(p), nil
+}
+
+// bound flushes when the buffered screen is over budget.
+func (s *Stripper) bound() {
+	if s.size <= s.MaxBuffer {
+		return
+	}
+	s.flushLocked(false)
+	if s.size > s.MaxBuffer {
+		// One endless line: emit it in pieces rather than buffer it all.
+		s.flushLocked(true)
+	}
 }
 
 func (s *Stripper) armTimers() {
@@ -143,7 +162,7 @@ func (s *Stripper) flushLocked(all bool) {
 	if s.row < 0 {
 		s.row, s.col = 0, 0
 	}
-	s.size = 0
+	s.size = len(s.lines)
 	for _, l := range s.lines {
 		s.size += len(l)
 	}
@@ -151,7 +170,7 @@ func (s *Stripper) flushLocked(all bool) {
 }
 
 func (s *Stripper) feed(p []byte) {
-	for i := 0; i < len(p); {
+	for i := 0; i < len(p); s.bound() {
 		b := p[i]
 		switch {
 		case b == 0x1b:
@@ -162,11 +181,8 @@ func (s *Stripper) feed(p []byte) {
 			}
 			i += n
 		case b == '\n':
-			s.row++
+			s.down(1)
 			s.col = 0
-			if s.row >= len(s.lines) {
-				s.lines = append(s.lines, nil)
-			}
 			i++
 		case b == '\r':
 			s.col = 0
@@ -219,8 +235,12 @@ func (s *Stripper) feed(p []byte) {
 
 func (s *Stripper) put(r rune) {
 	line := s.lines[s.row]
-	for len(line) < s.col {
-		line = append(line, ' ')
+	if pad := s.col - len(line); pad > 0 {
+		line = append(line, make([]rune, pad)...)
+		for i := len(line) - pad; i < len(line); i++ {
+			line[i] = ' '
+		}
+		s.size += pad
 	}
 	if s.col < len(line) {
 		line[s.col] = r
@@ -275,11 +295,17 @@ func (s *Stripper) escape(p []byte) (int, bool) {
 
 func (s *Stripper) csi(params string, final byte) {
 	args := []int{}
-	for _, f := range bytes.Split([]byte(params), []byte(";")) {
-		f = bytes.TrimLeft(f, "?>=")
-		n, err := strconv.Atoi(string(f))
-		if err != nil {
-			n = 0
+	for _, f := range strings.Split(params, ";") {
+		f = strings.TrimLeft(f, "?>=")
+		n := 0
+		for _, c := range []byte(f) {
+			if c < '0' || c > '9' {
+				n = 0 // not a number: the default
+				break
+			}
+			if n = n*10 + int(c-'0'); n > MaxParam {
+				return // absurd: no terminal acts on it
+			}
 		}
 		args = append(args, n)
 	}
@@ -295,15 +321,15 @@ func (s *Stripper) csi(params string, final byte) {
 	case 'B':
 		s.down(arg(0, 1))
 	case 'C':
-		s.col += arg(0, 1)
+		s.col = max(s.col, min(s.col+arg(0, 1), MaxColumns-1))
 	case 'D':
 		s.col = max(s.col-arg(0, 1), 0)
 	case 'G':
-		s.col = arg(0, 1) - 1
+		s.col = min(arg(0, 1), MaxColumns) - 1
 	case 'H', 'f':
 		s.row = 0
 		s.down(arg(0, 1) - 1)
-		s.col = arg(1, 1) - 1
+		s.col = min(arg(1, 1), MaxColumns) - 1
 	case 'K':
 		line := s.lines[s.row]
 		switch arg(0, 0) {
@@ -336,9 +362,11 @@ func (s *Stripper) csi(params string, final byte) {
 	// m (colours), h/l (modes) and the rest: dropped.
 }
 
+// down moves the cursor n rows down (at most MaxRowMove), adding lines.
 func (s *Stripper) down(n int) {
-	s.row += n
+	s.row += min(n, MaxRowMove)
 	for s.row >= len(s.lines) {
 		s.lines = append(s.lines, nil)
+		s.size++
 	}
 }

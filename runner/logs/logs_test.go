@@ -69,7 +69,7 @@ func TestStripperFlushTriggers(t *testing.T) {
 	s.MaxBuffer = 10
 	_, _ = s.Write([]byte(" line\r\n" + strings.Repeat("x", 20) + "\r\n"))
 	mu.Lock()
-	if len(out) != 2 || out[1] != "half line\n"+strings.Repeat("x", 20)+"\n" {
+	if strings.Join(out[1:], "") != "half line\n"+strings.Repeat("x", 20)+"\n" {
 		t.Fatalf("buffer limit flushes at once: %q", out)
 	}
 	mu.Unlock()
@@ -162,15 +162,83 @@ func TestHistoryFollowAndSince(t *testing.T) {
 	}
 }
 
+// screenRunes is what the stripper really holds: runes, line headers
+// counted as one each (the unit of its budget), recomputed from scratch.
+func screenRunes(s *Stripper) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := len(s.lines)
+	for _, l := range s.lines {
+		n += cap(l)
+	}
+	return n
+}
+
+// FuzzStripper asserts the memory bound, not only "no panic": whatever the
+// input, the buffered screen stays within MaxBuffer plus one step, and the
+// output never grows by more than a terminal's width or height per input byte.
 func FuzzStripper(f *testing.F) {
 	f.Add([]byte("a\x1b[2A\x1b[10B\x1b[999Cb\r\n\x1b[2J\x1b]0;t\x07\xc3"))
+	f.Add([]byte("0000000000000000000000000\x1b[B\x1b[9000000099C0"))
+	f.Add([]byte("\x1b[2000000000Cx\x1b[65535;65535Hy\x1b[9999999999999999999999B"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var n int
 		s := NewStripper(func(p []byte) { n += len(p) })
 		s.IdleFlush, s.ForceFlush = time.Hour, time.Hour
-		_, _ = s.Write(b)
+		// Two writes of the same bytes: the second starts from whatever
+		// state the first left (cursor far right, many rows, ...).
+		for range 2 {
+			_, _ = s.Write(b)
+			// Slices may hold up to twice their length (append growth).
+			if got, limit := screenRunes(s), 2*(s.MaxBuffer+2*MaxColumns+len(b))+64; got > limit {
+				t.Fatalf("stripper holds %d runes after %d input bytes (limit %d)", got, len(b), limit)
+			}
+		}
 		s.Close()
+		if limit := 2 * (len(b) + 1) * (MaxColumns + MaxRowMove + 8); n > limit {
+			t.Fatalf("%d output bytes from %d input bytes", n, 2*len(b))
+		}
 	})
+}
+
+func TestStripperEscapeBombs(t *testing.T) {
+	tests := []struct {
+		name, in, want string
+	}{
+		// dstack-runner's stripper padded this line with 2e9 spaces.
+		{"huge column move is garbage", "\x1b[2000000000Cx\r\nnext\r\n", "x\nnext\n"},
+		{"column move within a terminal's width", "\x1b[5Cx\r\n", "     x\n"},
+		{"column clamp at MaxColumns", "\x1b[9999Cx\r\n", strings.Repeat(" ", MaxColumns-1) + "x\n"},
+		{"huge row move is ignored", "a\x1b[9000000099Bb\r\n", "ab\n"},
+		{"row move clamped", "a\x1b[1000Bb\r\n", "a\n" + strings.Repeat("\n", MaxRowMove-1) + " b\n"},
+		{"absolute position clamped", "\x1b[1;60000Hx\r\n", strings.Repeat(" ", MaxColumns-1) + "x\n"},
+		{"overflowing number is garbage", "\x1b[99999999999999999999999999Cx\r\n", "x\n"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := strings.Join(strip(t, tc.in), "")
+			if got != tc.want {
+				t.Fatalf("got %d bytes %.80q, want %d bytes %.80q", len(got), got, len(tc.want), tc.want)
+			}
+		})
+	}
+}
+
+// TestStripperManyRowMovesBounded: one 64 KiB write of cursor-down moves
+// would append 2.8M lines if the budget were checked only per write.
+func TestStripperManyRowMovesBounded(t *testing.T) {
+	var total int
+	s := NewStripper(func(b []byte) { total += len(b) })
+	s.IdleFlush, s.ForceFlush = time.Hour, time.Hour
+	bomb := []byte(strings.Repeat("\x1b[256B", 64<<10/6))
+	_, _ = s.Write(bomb)
+	if got := screenRunes(s); got > 2*(s.MaxBuffer+MaxRowMove)+64 {
+		t.Fatalf("stripper holds %d runes", got)
+	}
+	s.Close()
+	if total == 0 {
+		t.Fatal("nothing emitted")
+	}
 }
 
 func TestStripperHugeLineStaysBounded(t *testing.T) {
