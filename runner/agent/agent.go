@@ -10,13 +10,13 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/executor"
@@ -41,7 +41,9 @@ type Config struct {
 	// Linger keeps the runner up this long after the logs were pulled, for
 	// late readers (a CLI attaching over WebSocket, a retried pull).
 	Linger time.Duration
-	Stdout io.Writer
+	// MaxUpload and MaxUploadTotal bound uploads (executor defaults when 0).
+	MaxUpload, MaxUploadTotal int64
+	Stdout                    io.Writer
 }
 
 // ErrNoJob is returned when no job arrived in time or a signal came first.
@@ -107,6 +109,26 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)
 	}
+	x, err = executor.New(executor.Config{
+		TempDir:        cfg.TempDir,
+		Paths:          executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"},
+		Accounts:       accounts,
+		SelfUID:        uid,
+		CanSetUser:     canSet,
+		BaseEnv:        os.Environ(),
+		Log:            log,
+		Stdout:         cfg.Stdout,
+		Connections:    tracker,
+		AuthorizeKey:   func(line string) error { return keys.Add(line) },
+		SSHPort:        cfg.SSHPort,
+		MaxUpload:      cfg.MaxUpload,
+		MaxUploadTotal: cfg.MaxUploadTotal,
+	})
+	if err != nil {
+		return err
+	}
+	defer x.Close()
+	// SSH serves only now: a session's environment comes from the executor.
 	sshLn, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(cfg.SSHPort)))
 	if err != nil {
 		return fmt.Errorf("ssh listen :%d: %w", cfg.SSHPort, err)
@@ -119,29 +141,14 @@ func Run(ctx context.Context, cfg Config) error {
 	defer sshSrv.Close()
 	log.Info("ssh server serving", "addr", sshLn.Addr().String(), "authorized_keys", len(cfg.AuthorizedKeys))
 
-	x, err = executor.New(executor.Config{
-		TempDir:      cfg.TempDir,
-		Paths:        executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"},
-		Accounts:     accounts,
-		SelfUID:      uid,
-		CanSetUser:   canSet,
-		BaseEnv:      os.Environ(),
-		Log:          log,
-		Stdout:       cfg.Stdout,
-		Connections:  tracker,
-		AuthorizeKey: func(line string) error { return keys.Add(line) },
-		SSHPort:      cfg.SSHPort,
-	})
-	if err != nil {
-		return err
-	}
 	e := server.New(server.Deps{Version: version.String(), Executor: x, Metrics: metrics.Collector{}, Log: log})
 	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
-	hs := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
+	ln = httpapi.Listener(ln, httpapi.DefaultLimits)
 	go func() { _ = hs.Serve(ln) }()
 	log.Info("runner API serving", "addr", ln.Addr().String())
 	defer func() {

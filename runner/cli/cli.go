@@ -13,6 +13,7 @@ import (
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/agent"
+	"github.com/tandem-run/tandem/runner/executor"
 	"github.com/tandem-run/tandem/runner/sshd"
 )
 
@@ -61,6 +62,8 @@ func App() *cli.App {
 				&cli.DurationFlag{Name: "start-timeout", Value: 5 * time.Minute, Hidden: true, Usage: "exit 1 when no job runs within this"},
 				&cli.DurationFlag{Name: "logs-wait", Value: 5 * time.Minute, Hidden: true, Usage: "after the job, wait this long at most for logs to be read"},
 				&cli.DurationFlag{Name: "linger", Value: 10 * time.Second, Hidden: true, Usage: "stay up this long after the logs were pulled, for late readers"},
+				&cli.Int64Flag{Name: "max-upload-bytes", Value: executor.DefaultMaxUpload, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_BYTES"}, Usage: "largest upload_code or upload_archive body (413 past it)"},
+				&cli.Int64Flag{Name: "max-upload-total-bytes", Value: executor.DefaultMaxUploadTotal, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_TOTAL_BYTES"}, Usage: "all uploads of a job together"},
 			},
 			Action: func(c *cli.Context) error {
 				level, err := logging.ParseLevel(c.String("log-level"))
@@ -81,6 +84,8 @@ func App() *cli.App {
 					StartTimeout:   c.Duration("start-timeout"),
 					LogsWait:       c.Duration("logs-wait"),
 					Linger:         c.Duration("linger"),
+					MaxUpload:      c.Int64("max-upload-bytes"),
+					MaxUploadTotal: c.Int64("max-upload-total-bytes"),
 				})
 			},
 		}},

@@ -8,11 +8,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tandem-run/tandem/common/ident"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,6 +35,15 @@ const (
 var (
 	ErrState    = errors.New("not allowed in the current state")
 	ErrBadInput = errors.New("bad input")
+	ErrTooLarge = errors.New("upload too large")
+)
+
+// Default upload limits. dstack's server refuses code over 2 MiB unless its
+// operator raises DSTACK_SERVER_CODE_UPLOAD_LIMIT; these leave room for that
+// and still bound the disk a caller can fill.
+const (
+	DefaultMaxUpload      = 256 << 20 // one upload_code or upload_archive body
+	DefaultMaxUploadTotal = 1 << 30   // all uploads of a job together
 )
 
 // Config is how the executor runs jobs.
@@ -66,6 +75,9 @@ type Config struct {
 	AuthorizeKey func(line string) error
 	// SSHPort is written into ~/.ssh/config for the other nodes.
 	SSHPort int
+	// MaxUpload bounds one uploaded body, MaxUploadTotal all of them
+	// (DefaultMaxUpload, DefaultMaxUploadTotal); past them: ErrTooLarge.
+	MaxUpload, MaxUploadTotal int64
 }
 
 // Connections is the SSH server's activity, as the executor needs it.
@@ -91,7 +103,8 @@ type Executor struct {
 	finished   chan struct{} // closed when the job goroutine ended
 	quotaHour  int64         // hour bucket index
 	quotaBytes int64
-	jobEnv     []string // the job's environment once built, for SSH sessions
+	jobEnv     []string         // the job's environment once built, for SSH sessions
+	uploads    map[string]int64 // stored upload path → its size
 
 	statesMu sync.Mutex // guards states; appended under the clock's stamp
 	states   []api.JobStateEvent
@@ -129,6 +142,12 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.Stdout == nil {
 		cfg.Stdout = io.Discard
 	}
+	if cfg.MaxUpload == 0 {
+		cfg.MaxUpload = DefaultMaxUpload
+	}
+	if cfg.MaxUploadTotal == 0 {
+		cfg.MaxUploadTotal = DefaultMaxUploadTotal
+	}
 	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
 	}
@@ -143,6 +162,15 @@ func New(cfg Config) (*Executor, error) {
 	return &Executor{cfg: cfg, clock: logs.NewClock(cfg.Now), state: WaitSubmit, jobLogs: jl, runnerLogs: rl,
 		started: make(chan struct{}), finished: make(chan struct{}), pullDone: make(chan struct{})}, nil
 }
+
+// Close releases the event stores' files. The job must have finished (or
+// never run).
+func (x *Executor) Close() error {
+	return errors.Join(x.jobLogs.Close(), x.runnerLogs.Close())
+}
+
+// TempDir is where uploads and logs are kept.
+func (x *Executor) TempDir() string { return x.cfg.TempDir }
 
 // State returns the current state.
 func (x *Executor) State() State {
@@ -178,20 +206,15 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 	return nil
 }
 
-// validID is an id usable as a file name.
-func validID(id string) bool {
-	return id != "" && id != "." && id != ".." && !strings.ContainsAny(id, "/\\\x00")
-}
-
 // UploadArchive stores a file archive under its id.
 func (x *Executor) UploadArchive(id string, r io.Reader) error {
-	if !validID(id) {
-		return fmt.Errorf("%w: invalid archive id %q", ErrBadInput, id)
+	if err := ident.ArchiveID(id); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
 	if err := x.requireState(WaitRun, "upload_archive"); err != nil {
 		return err
 	}
-	return writeFile(filepath.Join(x.cfg.TempDir, "file_archives", id), r)
+	return x.storeUpload(filepath.Join(x.cfg.TempDir, "file_archives", id), r)
 }
 
 // UploadCode stores the code blob (a tar, or a diff for remote repos).
@@ -202,10 +225,8 @@ func (x *Executor) UploadCode(r io.Reader) error {
 	x.mu.Lock()
 	id := x.body.Run.RunSpec.RepoID
 	x.mu.Unlock()
-	if !validID(id) {
-		id = "code"
-	}
-	if err := writeFile(filepath.Join(x.cfg.TempDir, "repo_blobs", id), r); err != nil {
+	id = blobName(id)
+	if err := x.storeUpload(filepath.Join(x.cfg.TempDir, "repo_blobs", id), r); err != nil {
 		return err
 	}
 	x.mu.Lock()
@@ -239,6 +260,43 @@ func (r *readErrReader) Read(p []byte) (int, error) {
 }
 
 // writeFile stores an upload; a failed upload leaves no partial file.
+// storeUpload writes one upload within the per-upload and per-job limits;
+// a replaced upload (a retried request) gives its bytes back first. Nothing
+// is left on disk when a limit is hit.
+func (x *Executor) storeUpload(path string, r io.Reader) error {
+	x.mu.Lock()
+	if x.uploads == nil {
+		x.uploads = map[string]int64{}
+	}
+	var used int64
+	for p, n := range x.uploads {
+		if p != path {
+			used += n
+		}
+	}
+	x.mu.Unlock()
+	limit := min(x.cfg.MaxUpload, x.cfg.MaxUploadTotal-used)
+	lr := &io.LimitedReader{R: r, N: limit + 1}
+	if err := writeFile(path, lr); err != nil {
+		return err
+	}
+	size := limit + 1 - lr.N
+	if size > limit {
+		_ = os.Remove(path)
+		x.mu.Lock()
+		delete(x.uploads, path)
+		x.mu.Unlock()
+		if limit < x.cfg.MaxUpload {
+			return fmt.Errorf("%w: the job's uploads would exceed %d bytes in all", ErrTooLarge, x.cfg.MaxUploadTotal)
+		}
+		return fmt.Errorf("%w: more than %d bytes", ErrTooLarge, x.cfg.MaxUpload)
+	}
+	x.mu.Lock()
+	x.uploads[path] = size
+	x.mu.Unlock()
+	return nil
+}
+
 func writeFile(path string, r io.Reader) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("store upload: %w", err)

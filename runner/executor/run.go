@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tandem-run/tandem/common/ident"
 	"io"
 	"log/slog"
 	"os"
@@ -185,7 +186,7 @@ func (x *Executor) setupRepo(body api.SubmitBody, user JobUser, wd string, codeB
 }
 
 func blobName(id string) string {
-	if validID(id) {
+	if ident.ArchiveID(id) == nil {
 		return id
 	}
 	return "code"
@@ -199,8 +200,8 @@ func (x *Executor) setupFiles(body api.SubmitBody, user JobUser, wd string, owne
 		if err != nil {
 			return err
 		}
-		if !validID(fa.ID) {
-			return fmt.Errorf("archive id %q is not valid", fa.ID)
+		if err := ident.ArchiveID(fa.ID); err != nil {
+			return err
 		}
 		f, err := os.Open(filepath.Join(dir, fa.ID))
 		if err != nil {

@@ -66,6 +66,8 @@ func toHTTP(err error) error {
 		return &httpapi.Error{Status: http.StatusConflict, Message: http.StatusText(http.StatusConflict), Err: err}
 	case errors.Is(err, executor.ErrBadInput):
 		return &httpapi.Error{Status: http.StatusBadRequest, Message: err.Error()}
+	case errors.Is(err, executor.ErrTooLarge):
+		return &httpapi.Error{Status: http.StatusRequestEntityTooLarge, Message: err.Error()}
 	}
 	return &httpapi.Error{Status: http.StatusInternalServerError, Message: err.Error(), Err: err}
 }
@@ -109,7 +111,7 @@ func (s *srv) uploadArchive(c echo.Context) error {
 	}
 	mt, params, err := mime.ParseMediaType(ct)
 	if err != nil {
-		return &httpapi.Error{Status: http.StatusInternalServerError, Message: err.Error(), Err: err}
+		return httpapi.Errorf(http.StatusBadRequest, "malformed content-type header: %v", err)
 	}
 	if mt != "multipart/form-data" {
 		return httpapi.Errorf(http.StatusBadRequest, "multipart/form-data expected, got %s", mt)

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/authkeys"
@@ -219,7 +220,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
-	hs := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
+	ln = httpapi.Listener(ln, httpapi.DefaultLimits)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	log.Info("shim API serving", "addr", ln.Addr().String())

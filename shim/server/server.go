@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/shim/component"
 	"github.com/tandem-run/tandem/shim/task"
@@ -189,8 +190,26 @@ func (s *srv) submit(c echo.Context) error {
 	return httpapi.JSON(c, info.SubmitResponse())
 }
 
+// taskID is the path's task id, checked by the same rule as a submit: an
+// id that could never have been submitted gets 400, not a lookup.
+func taskID(c echo.Context) (string, error) {
+	id := c.Param("id")
+	if err := ident.TaskID(id); err != nil {
+		return "", httpapi.Errorf(http.StatusBadRequest, "%v", err)
+	}
+	return id, nil
+}
+
+// MaxTerminateTimeout bounds a terminate's grace period (a week): larger
+// values would overflow a time.Duration into an instant kill.
+const MaxTerminateTimeout = 7 * 24 * 3600
+
 func (s *srv) getTask(c echo.Context) error {
-	info, err := s.d.Tasks.Get(c.Param("id"))
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	info, err := s.d.Tasks.Get(id)
 	if err != nil {
 		return toHTTP(err)
 	}
@@ -198,6 +217,10 @@ func (s *srv) getTask(c echo.Context) error {
 }
 
 func (s *srv) terminate(c echo.Context) error {
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
 	var req api.TaskTerminateRequest
 	if err := httpapi.Bind(c, &req); err != nil {
 		return err
@@ -205,7 +228,10 @@ func (s *srv) terminate(c echo.Context) error {
 	if req.TerminationReason != "" && !req.TerminationReason.Valid() {
 		return httpapi.Errorf(http.StatusBadRequest, "unknown termination_reason %q", req.TerminationReason)
 	}
-	info, err := s.d.Tasks.Terminate(c.Request().Context(), c.Param("id"), req)
+	if req.Timeout < 0 || req.Timeout > MaxTerminateTimeout {
+		return httpapi.Errorf(http.StatusBadRequest, "timeout %d is out of range: 0..%d seconds", req.Timeout, MaxTerminateTimeout)
+	}
+	info, err := s.d.Tasks.Terminate(c.Request().Context(), id, req)
 	if err != nil {
 		return toHTTP(err)
 	}
@@ -213,7 +239,11 @@ func (s *srv) terminate(c echo.Context) error {
 }
 
 func (s *srv) remove(c echo.Context) error {
-	if err := s.d.Tasks.Remove(c.Request().Context(), c.Param("id")); err != nil {
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	if err := s.d.Tasks.Remove(c.Request().Context(), id); err != nil {
 		return toHTTP(err)
 	}
 	return httpapi.OK(c)
@@ -223,7 +253,11 @@ func (s *srv) metrics(c echo.Context) error {
 	if s.d.TaskMetrics == nil {
 		return httpapi.Errorf(http.StatusNotFound, "DCGM Exporter is not available")
 	}
-	ids, err := s.d.GPUIDs(c.Param("id"))
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	ids, err := s.d.GPUIDs(id)
 	if err != nil {
 		if errors.Is(err, task.ErrNotFound) {
 			return httpapi.Errorf(http.StatusNotFound, "Task not found")

@@ -22,6 +22,7 @@ import (
 	"github.com/distribution/reference"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/shim/gpu"
 	"github.com/tandem-run/tandem/shim/pull"
 )
@@ -250,19 +251,32 @@ func normalize(c api.TaskConfig) api.TaskConfig {
 }
 
 func validate(c api.TaskConfig) error {
+	if err := ident.TaskID(c.ID); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := ident.TaskName(c.Name); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	switch {
-	case c.ID == "":
-		return fmt.Errorf("%w: empty id", ErrInvalid)
-	case c.Name == "":
-		return fmt.Errorf("%w: empty name", ErrInvalid)
 	case c.ImageName == "":
 		return fmt.Errorf("%w: empty image_name", ErrInvalid)
 	case c.GPU < -1:
 		return fmt.Errorf("%w: gpu must be -1, 0 or a positive count, got %d", ErrInvalid, c.GPU)
 	case c.CPU < 0 || c.Memory < 0 || c.ShmSize < 0:
 		return fmt.Errorf("%w: cpu, memory and shm_size must not be negative", ErrInvalid)
-	case strings.ContainsAny(c.Name, "/ \t\n"):
-		return fmt.Errorf("%w: name %q is not a valid container name", ErrInvalid, c.Name)
+	}
+	for i, v := range c.Volumes {
+		if err := ident.VolumeName(v.Name); err != nil {
+			return fmt.Errorf("%w: volumes[%d]: %v", ErrInvalid, i, err)
+		}
+	}
+	for i, v := range c.VolumeMounts {
+		if err := ident.VolumeName(v.Name); err != nil {
+			return fmt.Errorf("%w: volume_mounts[%d]: %v", ErrInvalid, i, err)
+		}
+		if !filepath.IsAbs(v.Path) {
+			return fmt.Errorf("%w: volume_mounts[%d]: path %q must be absolute", ErrInvalid, i, v.Path)
+		}
 	}
 	return nil
 }

@@ -1,0 +1,190 @@
+package httpapi
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// Limits bound what one client can hold of an agent: connections, time and
+// header bytes. Bodies are bounded per route (MaxBodyBytes for JSON, the
+// runner's upload limits); here they are bounded in time: a body must keep
+// arriving at MinBodyRate after BodyGrace, and no read may stall longer
+// than BodyIdle.
+type Limits struct {
+	MaxConns          int           // open connections; more wait in the kernel's backlog
+	ReadHeaderTimeout time.Duration // request line and headers
+	IdleTimeout       time.Duration // keep-alive connection with no request
+	BodyIdle          time.Duration // longest pause inside a request body
+	BodyGrace         time.Duration // before MinBodyRate applies
+	MinBodyRate       int64         // bytes per second, averaged over the body
+	MaxHeaderBytes    int
+	WriteTimeout      time.Duration // 0: none (log streams and long polls)
+}
+
+// DefaultLimits are generous for dstack's server and our client, and finite
+// for everyone else.
+var DefaultLimits = Limits{
+	MaxConns:          512,
+	ReadHeaderTimeout: 10 * time.Second,
+	IdleTimeout:       90 * time.Second,
+	BodyIdle:          30 * time.Second,
+	BodyGrace:         30 * time.Second,
+	MinBodyRate:       16 << 10,
+	MaxHeaderBytes:    64 << 10,
+}
+
+// NewServer returns an http.Server for h with lim applied. Listen with
+// Listener(ln, lim) to cap connections.
+func NewServer(h http.Handler, lim Limits) *http.Server {
+	return &http.Server{
+		Handler:           bodyDeadlines(h, lim),
+		ReadHeaderTimeout: lim.ReadHeaderTimeout,
+		IdleTimeout:       lim.IdleTimeout,
+		MaxHeaderBytes:    lim.MaxHeaderBytes,
+		WriteTimeout:      lim.WriteTimeout,
+	}
+}
+
+// bodyDeadlines moves the connection's read deadline along as a request
+// body arrives: BodyIdle after the last read, and never later than the time
+// the body would take at MinBodyRate (plus BodyGrace). A stalled or
+// trickling body fails its read with a timeout; the handler answers 400.
+func bodyDeadlines(h http.Handler, lim Limits) http.Handler {
+	if lim.BodyIdle <= 0 {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		b := &deadlineBody{rc: rc, body: r.Body, lim: lim, start: time.Now()}
+		if err := b.extend(); err != nil {
+			// Not a connection that takes deadlines (a test recorder).
+			h.ServeHTTP(w, r)
+			return
+		}
+		r.Body = b
+		h.ServeHTTP(w, r)
+		if !b.eof() {
+			// The server may still discard the rest of the body: bounded too.
+			_ = rc.SetReadDeadline(time.Now().Add(lim.BodyIdle))
+		}
+	})
+}
+
+type deadlineBody struct {
+	rc   *http.ResponseController
+	body interface {
+		Read([]byte) (int, error)
+		Close() error
+	}
+	lim   Limits
+	start time.Time
+
+	mu   sync.Mutex
+	n    int64
+	done bool // the body was read to its end
+}
+
+func (b *deadlineBody) eof() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.done
+}
+
+func (b *deadlineBody) extend() error {
+	now := time.Now()
+	d := now.Add(b.lim.BodyIdle)
+	if b.lim.MinBodyRate > 0 {
+		rate := b.start.Add(b.lim.BodyGrace + time.Duration(float64(b.n)/float64(b.lim.MinBodyRate)*float64(time.Second)))
+		if rate.Before(d) {
+			d = rate
+		}
+	}
+	if !d.After(now) {
+		return errBodyTooSlow
+	}
+	return b.rc.SetReadDeadline(d)
+}
+
+var errBodyTooSlow = errors.New("request body arrives too slowly")
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	b.mu.Lock()
+	b.n += int64(n)
+	if err == io.EOF {
+		b.done = true
+	}
+	b.mu.Unlock()
+	if err == io.EOF {
+		// Past the body the server reads the connection in the background
+		// (to notice a client that goes away): no deadline may cut that,
+		// or it would cancel the request's context.
+		_ = b.rc.SetReadDeadline(time.Time{})
+		return n, err
+	}
+	if err != nil {
+		return n, err
+	}
+	if derr := b.extend(); derr != nil {
+		return n, derr
+	}
+	return n, nil
+}
+
+func (b *deadlineBody) Close() error { return b.body.Close() }
+
+// Listener caps the connections open at once at lim.MaxConns: Accept waits
+// for a slot, so excess clients queue in the kernel instead of costing the
+// agent a file descriptor each.
+func Listener(ln net.Listener, lim Limits) net.Listener {
+	if lim.MaxConns <= 0 {
+		return ln
+	}
+	return &limitListener{Listener: ln, sem: make(chan struct{}, lim.MaxConns), done: make(chan struct{})}
+}
+
+type limitListener struct {
+	net.Listener
+	sem       chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+}
+
+func (l *limitListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+type limitConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
+}
