@@ -18,8 +18,52 @@ import (
 // ErrUnsafePath marks an archive entry that would land outside its destination.
 var ErrUnsafePath = errors.New("unsafe path in archive")
 
+// ErrTooBig marks an archive past the extraction limits.
+var ErrTooBig = errors.New("archive too big")
+
 // Owner is who extracted files belong to; a negative UID leaves them as is.
 type Owner struct{ UID, GID int }
+
+// Limits bound one extraction: the bytes written in all and the number of
+// entries. Sparse entries are refused outright: a few KiB of sparse map
+// describe any number of bytes.
+type Limits struct {
+	MaxBytes   int64
+	MaxEntries int
+}
+
+// DefaultLimits: 8 GiB and 1,000,000 entries per archive, far above any
+// code tree or files: mount, and finite.
+var DefaultLimits = Limits{MaxBytes: 8 << 30, MaxEntries: 1_000_000}
+
+// budget counts an extraction against its Limits.
+type budget struct {
+	lim     Limits
+	bytes   int64
+	entries int
+}
+
+func (b *budget) take(hdr *tar.Header) error {
+	if hdr.Typeflag == tar.TypeGNUSparse {
+		return fmt.Errorf("%w: %q is a sparse file; sparse entries are not extracted", ErrUnsafePath, hdr.Name)
+	}
+	for k := range hdr.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return fmt.Errorf("%w: %q is a sparse file; sparse entries are not extracted", ErrUnsafePath, hdr.Name)
+		}
+	}
+	b.entries++
+	if b.entries > b.lim.MaxEntries {
+		return fmt.Errorf("%w: more than %d entries", ErrTooBig, b.lim.MaxEntries)
+	}
+	if hdr.Typeflag == tar.TypeReg {
+		if hdr.Size < 0 || hdr.Size > b.lim.MaxBytes-b.bytes {
+			return fmt.Errorf("%w: %q would take the archive past %d bytes", ErrTooBig, hdr.Name, b.lim.MaxBytes)
+		}
+		b.bytes += hdr.Size
+	}
+	return nil
+}
 
 // cleanEntry validates a tar entry name and returns it relative and clean.
 func cleanEntry(name string) (string, error) {
@@ -45,6 +89,10 @@ func cleanEntry(name string) (string, error) {
 // Every write goes through an os.Root on dir, so symlinks in the archive or
 // already in dir cannot redirect a write outside it.
 func ExtractTar(r io.Reader, dir string, owner Owner) error {
+	return extractTar(r, dir, owner, DefaultLimits)
+}
+
+func extractTar(r io.Reader, dir string, owner Owner, lim Limits) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("extract: %w", err)
 	}
@@ -53,14 +101,18 @@ func ExtractTar(r io.Reader, dir string, owner Owner) error {
 		return fmt.Errorf("extract: %w", err)
 	}
 	defer root.Close()
-	return extract(tar.NewReader(r), root, owner)
+	return extract(tar.NewReader(r), root, owner, lim)
 }
 
 // ExtractArchive extracts a `files:` archive to dest. The client archives a
 // file or directory with names relative to its parent, so the first path
 // component of every entry is the source's basename: it is replaced by
-// dest's. dest is removed first.
+// dest's, in entry names and hard link targets alike. dest is removed first.
 func ExtractArchive(r io.Reader, dest string, owner Owner) error {
+	return extractArchive(r, dest, owner, DefaultLimits)
+}
+
+func extractArchive(r io.Reader, dest string, owner Owner, lim Limits) error {
 	dest = filepath.Clean(dest)
 	if !filepath.IsAbs(dest) {
 		return fmt.Errorf("archive destination %q must be absolute", dest)
@@ -87,8 +139,19 @@ func ExtractArchive(r io.Reader, dest string, owner Owner) error {
 	roots = append(roots, prootDir)
 	var destRoot *os.Root
 	base := filepath.Base(dest)
-	return eachEntry(tr, func(hdr *tar.Header, name string) error {
+	return eachEntry(tr, lim, func(hdr *tar.Header, name string) error {
 		_, rest, _ := strings.Cut(name, "/")
+		if hdr.Typeflag == tar.TypeLink {
+			target, err := cleanEntry(hdr.Linkname)
+			if err != nil {
+				return err
+			}
+			_, ltail, _ := strings.Cut(target, "/")
+			if ltail == "" || ltail == "." || rest == "" {
+				return fmt.Errorf("%w: hard link %q -> %q does not stay inside the archived tree", ErrUnsafePath, hdr.Name, hdr.Linkname)
+			}
+			hdr.Linkname = ltail
+		}
 		if rest == "" || rest == "." {
 			// The source itself: a single file, or the top directory.
 			if hdr.Typeflag == tar.TypeDir {
@@ -115,8 +178,8 @@ func ExtractArchive(r io.Reader, dest string, owner Owner) error {
 	})
 }
 
-func extract(tr *tar.Reader, root *os.Root, owner Owner) error {
-	return eachEntry(tr, func(hdr *tar.Header, name string) error {
+func extract(tr *tar.Reader, root *os.Root, owner Owner, lim Limits) error {
+	return eachEntry(tr, lim, func(hdr *tar.Header, name string) error {
 		if name == "." {
 			return nil
 		}
@@ -125,8 +188,9 @@ func extract(tr *tar.Reader, root *os.Root, owner Owner) error {
 }
 
 // eachEntry calls fn for every entry with its validated, cleaned name; an
-// unsafe name stops the walk.
-func eachEntry(tr *tar.Reader, fn func(hdr *tar.Header, name string) error) error {
+// unsafe name or an entry past the limits stops the walk.
+func eachEntry(tr *tar.Reader, lim Limits, fn func(hdr *tar.Header, name string) error) error {
+	b := budget{lim: lim}
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -137,6 +201,9 @@ func eachEntry(tr *tar.Reader, fn func(hdr *tar.Header, name string) error) erro
 		}
 		name, err := cleanEntry(hdr.Name)
 		if err != nil {
+			return err
+		}
+		if err := b.take(hdr); err != nil {
 			return err
 		}
 		if err := fn(hdr, name); err != nil {

@@ -4,8 +4,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"io"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -15,7 +19,7 @@ type entry struct {
 	mode             int64
 }
 
-func mkTar(t *testing.T, entries ...entry) *bytes.Buffer {
+func mkTar(t testing.TB, entries ...entry) *bytes.Buffer {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -149,8 +153,11 @@ func TestExtractArchiveRenamesFirstComponent(t *testing.T) {
 	}
 }
 
+// FuzzExtractTar asserts confinement and the size bound: with sparse
+// entries refused, the bytes on disk never exceed the bytes of the archive.
 func FuzzExtractTar(f *testing.F) {
 	f.Add([]byte{})
+	f.Add(mkTarBytes(f, entry{name: "a", body: "hello"}, entry{name: "l", typ: tar.TypeLink, link: "a"}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		top := t.TempDir()
 		_ = ExtractTar(bytes.NewReader(b), filepath.Join(top, "d"), Owner{UID: -1})
@@ -158,5 +165,103 @@ func FuzzExtractTar(f *testing.F) {
 		if len(entries) > 1 {
 			t.Fatalf("wrote outside the destination: %v", entries)
 		}
+		_ = filepath.WalkDir(top, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type().IsRegular() {
+				if fi, err := d.Info(); err == nil {
+					if fi.Size() > int64(len(b)) {
+						t.Fatalf("%s is %d bytes from a %d-byte archive", p, fi.Size(), len(b))
+					}
+				}
+			}
+			return nil
+		})
 	})
+}
+
+func mkTarBytes(t testing.TB, entries ...entry) []byte {
+	b, err := io.ReadAll(mkTar(t, entries...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestSparseEntriesRefused: GNU tar's own sparse archives (old GNU and PAX
+// formats) of a 512 MiB file that is one hole: a few KiB that would expand.
+func TestSparseEntriesRefused(t *testing.T) {
+	if _, err := exec.LookPath("tar"); err != nil {
+		t.Skip("no tar")
+	}
+	src := t.TempDir()
+	f, err := os.Create(filepath.Join(src, "hole"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Truncate(512 << 20)
+	_, _ = f.WriteAt([]byte("end"), 512<<20-3)
+	f.Close()
+	for _, format := range []string{"gnu", "pax"} {
+		t.Run(format, func(t *testing.T) {
+			archive := filepath.Join(t.TempDir(), "s.tar")
+			out, err := exec.Command("tar", "--format="+format, "--sparse", "-C", src, "-cf", archive, "hole").CombinedOutput()
+			if err != nil {
+				t.Fatalf("tar: %v %s", err, out)
+			}
+			if fi, _ := os.Stat(archive); fi.Size() > 64<<10 {
+				t.Fatalf("archive is %d bytes: not sparse", fi.Size())
+			}
+			f, _ := os.Open(archive)
+			defer f.Close()
+			dest := filepath.Join(t.TempDir(), "d")
+			err = ExtractTar(f, dest, Owner{UID: -1})
+			if !errors.Is(err, ErrUnsafePath) || !strings.Contains(err.Error(), "sparse") {
+				t.Fatalf("sparse %s archive: %v", format, err)
+			}
+			if _, err := os.Stat(filepath.Join(dest, "hole")); err == nil {
+				t.Fatal("the sparse file was written")
+			}
+		})
+	}
+}
+
+func TestExtractLimits(t *testing.T) {
+	lim := Limits{MaxBytes: 10, MaxEntries: 3}
+	err := extractTar(mkTar(t, entry{name: "a", body: "123456"}, entry{name: "b", body: "123456"}), t.TempDir(), Owner{UID: -1}, lim)
+	if !errors.Is(err, ErrTooBig) || !strings.Contains(err.Error(), `"b"`) {
+		t.Fatalf("bytes: %v", err)
+	}
+	err = extractTar(mkTar(t, entry{name: "a"}, entry{name: "b"}, entry{name: "c"}, entry{name: "d"}), t.TempDir(), Owner{UID: -1}, lim)
+	if !errors.Is(err, ErrTooBig) || !strings.Contains(err.Error(), "3 entries") {
+		t.Fatalf("entries: %v", err)
+	}
+	if err := extractArchive(mkTar(t, entry{name: "a", body: "1234567890"}), filepath.Join(t.TempDir(), "f"), Owner{UID: -1}, lim); err != nil {
+		t.Fatalf("at the limit: %v", err)
+	}
+}
+
+// TestArchiveHardLinks: the client archives "src/f" and "src/g" -> src/f;
+// the link target is renamed with the first component, as names are.
+func TestArchiveHardLinks(t *testing.T) {
+	dest := filepath.Join(t.TempDir(), "inputs")
+	err := ExtractArchive(mkTar(t,
+		entry{name: "src", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "src/f", body: "data"},
+		entry{name: "src/g", typ: tar.TypeLink, link: "src/f"},
+	), dest, Owner{UID: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.Stat(filepath.Join(dest, "f"))
+	b, _ := os.Stat(filepath.Join(dest, "g"))
+	if a == nil || b == nil || !os.SameFile(a, b) || read(t, filepath.Join(dest, "g")) != "data" {
+		t.Fatal("g is not a hard link to f")
+	}
+	// A link reaching outside the tree is refused.
+	err = ExtractArchive(mkTar(t,
+		entry{name: "src", typ: tar.TypeDir, mode: 0o755},
+		entry{name: "src/g", typ: tar.TypeLink, link: "../etc/passwd"},
+	), filepath.Join(t.TempDir(), "x"), Owner{UID: -1})
+	if !errors.Is(err, ErrUnsafePath) {
+		t.Fatalf("escaping link: %v", err)
+	}
 }
