@@ -22,42 +22,40 @@ func writeGitCredentials(c *api.RepoCredentials, user JobUser, chown bool) (func
 	if err != nil {
 		return noop, fmt.Errorf("clone url: %w", err)
 	}
-	own := func(p string) {
-		if chown {
-			_ = os.Lchown(p, user.UID, user.GID)
-		}
-	}
-	var path string
+	var rel string
 	var data []byte
 	switch u.Scheme {
 	case "ssh":
 		if c.PrivateKey == "" {
 			return noop, errors.New("ssh clone url without a private key")
 		}
-		path, data = filepath.Join(user.Home, ".ssh", "id_rsa"), []byte(c.PrivateKey)
+		rel, data = filepath.Join(".ssh", "id_rsa"), []byte(c.PrivateKey)
 	case "https":
 		if c.OAuthToken == "" {
 			return noop, nil
 		}
-		path = filepath.Join(user.Home, ".config", "gh", "hosts.yml")
+		rel = filepath.Join(".config", "gh", "hosts.yml")
 		data = []byte(fmt.Sprintf("%s:\n    oauth_token: %q\n", u.Hostname(), c.OAuthToken))
 	default:
 		return noop, fmt.Errorf("unsupported clone url scheme %q", u.Scheme)
 	}
+	path := filepath.Join(user.Home, rel)
 	if _, err := os.Lstat(path); err == nil {
 		return noop, fmt.Errorf("%s already exists", path)
 	}
-	for _, d := range []string{filepath.Dir(filepath.Dir(path)), filepath.Dir(path)} {
-		if _, err := os.Stat(d); os.IsNotExist(err) {
-			if err := os.Mkdir(d, 0o700); err != nil {
-				return noop, err
-			}
-			own(d)
-		}
+	uid := -1
+	if chown {
+		uid = user.UID
 	}
-	if err := os.WriteFile(path, data, 0o600); err != nil {
+	if err := homeFile(user.Home, rel, data, 0o600, uid, user.GID, false); err != nil {
 		return noop, err
 	}
-	own(path)
-	return func() { _ = os.Remove(path) }, nil
+	return func() {
+		// Through the home's root: a directory swapped for a link since
+		// cannot redirect the removal.
+		if root, err := os.OpenRoot(user.Home); err == nil {
+			_ = root.Remove(rel)
+			root.Close()
+		}
+	}, nil
 }

@@ -179,25 +179,3 @@ func ExpandPath(path, home, base string) (string, error) {
 	}
 	return filepath.Clean(path), nil
 }
-
-// MkdirOwned creates dir and missing parents (0755), chowning each newly
-// created component to uid:gid.
-func MkdirOwned(dir string, uid, gid int) error {
-	var missing []string
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(d); err == nil {
-			break
-		}
-		missing = append(missing, d)
-		if d == filepath.Dir(d) {
-			break
-		}
-	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := os.Mkdir(missing[i], 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-			return err
-		}
-		_ = os.Chown(missing[i], uid, gid)
-	}
-	return nil
-}

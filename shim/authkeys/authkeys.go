@@ -7,7 +7,9 @@ package authkeys
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -15,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/common/atomicfile"
 )
@@ -78,28 +82,62 @@ func (e *Editor) edit(username string, change func([]string) []string) error {
 	if err != nil {
 		return fmt.Errorf("host user %q: %w", username, err)
 	}
+	// The shim is root and the user owns ~/.ssh: it may be a link to
+	// another user's (root's) directory, or authorized_keys a link to any
+	// file. The directory is opened without following links and every
+	// later path goes through that descriptor.
 	dir := filepath.Join(home, ".ssh")
-	if _, err := os.Stat(dir); os.IsNotExist(err) {
-		if err := os.MkdirAll(dir, 0o700); err != nil {
-			return fmt.Errorf("create %s: %w", dir, err)
-		}
-		_ = os.Chown(dir, uid, gid)
+	created := false
+	if err := os.Mkdir(dir, 0o700); err == nil {
+		created = true
+	} else if !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	path := filepath.Join(dir, "authorized_keys")
+	dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+			return fmt.Errorf("%s is not a directory (a symlink?); refusing to edit keys through it", dir)
+		}
+		return fmt.Errorf("open %s: %w", dir, err)
+	}
+	defer unix.Close(dfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(dfd, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", dir, err)
+	}
+	if int(st.Uid) != uid && st.Uid != 0 {
+		return fmt.Errorf("%s belongs to uid %d, not to %s (uid %d); refusing to edit it", dir, st.Uid, username, uid)
+	}
+	if created {
+		_ = unix.Fchown(dfd, uid, gid)
+	}
+	path := fmt.Sprintf("/proc/self/fd/%d/authorized_keys", dfd)
 	mode := os.FileMode(0o600)
 	owner := [2]int{uid, gid}
-	data, err := os.ReadFile(path)
+	var data []byte
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
 	switch {
 	case err == nil:
-		if fi, err := os.Stat(path); err == nil {
+		fi, serr := f.Stat()
+		if serr == nil && !fi.Mode().IsRegular() {
+			serr = errors.New("not a regular file")
+		}
+		if serr == nil {
 			mode = fi.Mode().Perm()
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 				owner = [2]int{int(st.Uid), int(st.Gid)}
 			}
+			data, serr = io.ReadAll(io.LimitReader(f, 16<<20))
 		}
+		f.Close()
+		if serr != nil {
+			return fmt.Errorf("read %s/authorized_keys: %w", dir, serr)
+		}
+	case errors.Is(err, unix.ELOOP):
+		return fmt.Errorf("%s/authorized_keys is a symlink; refusing to edit keys through it", dir)
 	case os.IsNotExist(err):
 	default:
-		return fmt.Errorf("read %s: %w", path, err)
+		return fmt.Errorf("read %s/authorized_keys: %w", dir, err)
 	}
 	var lines []string
 	sc := bufio.NewScanner(bytes.NewReader(data))

@@ -3,6 +3,7 @@ package authkeys
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -53,5 +54,37 @@ func TestAddRemoveOnlyOurLines(t *testing.T) {
 	_ = e.Remove("ubuntu", "t2")
 	if fi, _ := os.Stat(path); fi.Mode().Perm() != 0o644 {
 		t.Fatalf("mode not preserved: %v", fi.Mode().Perm())
+	}
+}
+
+func TestRefusesPlantedLinks(t *testing.T) {
+	top := t.TempDir()
+	home, rootSSH := filepath.Join(top, "home"), filepath.Join(top, "root-ssh")
+	_ = os.MkdirAll(home, 0o755)
+	_ = os.MkdirAll(rootSSH, 0o700)
+	victim := filepath.Join(rootSSH, "authorized_keys")
+	_ = os.WriteFile(victim, []byte("root\n"), 0o600)
+	e := &Editor{HomeDir: func(string) (string, int, int, error) { return home, os.Getuid(), os.Getgid(), nil }}
+
+	_ = os.Symlink(rootSSH, filepath.Join(home, ".ssh"))
+	if err := e.Add("u", "t1", []string{"ssh-ed25519 AAAAx"}); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("~/.ssh as a link: %v", err)
+	}
+	_ = os.Remove(filepath.Join(home, ".ssh"))
+	_ = os.Mkdir(filepath.Join(home, ".ssh"), 0o700)
+	_ = os.Symlink(victim, filepath.Join(home, ".ssh", "authorized_keys"))
+	if err := e.Add("u", "t1", []string{"ssh-ed25519 AAAAx"}); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("authorized_keys as a link: %v", err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "root\n" {
+		t.Fatalf("victim changed: %q", b)
+	}
+	// A real file in a real directory still works, through the descriptor.
+	_ = os.Remove(filepath.Join(home, ".ssh", "authorized_keys"))
+	if err := e.Add("u", "t1", []string{"ssh-ed25519 AAAAx"}); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(home, ".ssh", "authorized_keys")); string(b) != "ssh-ed25519 AAAAx # tandem task t1\n" {
+		t.Fatalf("written: %q", b)
 	}
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/tandem-run/tandem/api"
-	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/common/httpapi"
+	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/shim/component"
 	"github.com/tandem-run/tandem/shim/task"
 )
