@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"crypto/rand"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,6 +33,34 @@ func LoopDevice(t testing.TB, sizeMiB int, partition bool) string {
 			t.Fatalf("sfdisk: %v %s", err, out)
 		}
 	}
+	return attachLoop(t, img, partition)
+}
+
+// RandomLoopDevice is a loop device of sizeMiB full of random bytes: data
+// with no signature any probe recognises. It also returns the image's path,
+// to compare its bytes afterwards.
+func RandomLoopDevice(t testing.TB, sizeMiB int) (dev, img string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if InCI() {
+			t.Fatal("loop devices need root (CI runs as root)")
+		}
+		t.Skip("loop devices need root")
+	}
+	img = filepath.Join(t.TempDir(), "random.img")
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.CopyN(f, rand.Reader, int64(sizeMiB)<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	return attachLoop(t, img, false), img
+}
+
+func attachLoop(t testing.TB, img string, partition bool) string {
+	t.Helper()
 	out, err := exec.Command("losetup", "-f", "--show", "-P", img).CombinedOutput()
 	if err != nil {
 		t.Fatalf("losetup: %v %s", err, out)

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/ident"
 )
 
 // ErrInUse means another task has the volume mounted.
@@ -29,17 +30,17 @@ type Manager struct {
 	// Reconfirm is the pause between the re-probes of a blank verdict (1 s).
 	DeviceWait, Reconfirm time.Duration
 	Log                   *slog.Logger
+	// SysRoot ("/sys") and Mountinfo ("/proc/self/mountinfo") are where
+	// the in-use checks look.
+	SysRoot, Mountinfo string
 
-	mu    sync.Mutex        // guards users
-	users map[string]string // volume name → task id
+	mu      sync.Mutex        // guards users and devices
+	users   map[string]string // volume name → task id
+	devices map[string]devNum // volume name → the device this shim mounted
 }
 
 // Mountpoint is where volume name is mounted.
 func (m *Manager) Mountpoint(name string) string { return filepath.Join(m.Root, name) }
-
-func validName(name string) bool {
-	return name != "" && name == filepath.Base(name) && name != "." && name != ".."
-}
 
 // Claim marks the volume as used by task (restoring state after a restart).
 func (m *Manager) Claim(name, task string) error {
@@ -66,8 +67,8 @@ func (m *Manager) unclaim(name, task string) {
 // Mount resolves, checks and mounts v for task. Nothing is left mounted or
 // claimed when it fails.
 func (m *Manager) Mount(ctx context.Context, task string, v api.VolumeInfo) (err error) {
-	if !validName(v.Name) {
-		return fmt.Errorf("volume name %q is not a single path component", v.Name)
+	if err := ident.VolumeName(v.Name); err != nil {
+		return err
 	}
 	r, ok := m.Resolvers[v.Backend]
 	if !ok {
@@ -88,6 +89,11 @@ func (m *Manager) Mount(ctx context.Context, task string, v api.VolumeInfo) (err
 	if err := m.waitBlockDevice(ctx, dev); err != nil {
 		return fmt.Errorf("volume %s: %w", v.Name, err)
 	}
+	// Mounted, held or the root disk: neither formatted nor mounted again
+	// (a second mount of the root disk would hand the host to the job).
+	if err := m.checkNotInUse(dev); err != nil {
+		return fmt.Errorf("volume %s: %w", v.Name, err)
+	}
 	fs, err := m.filesystem(ctx, dev)
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.Name, err)
@@ -96,6 +102,12 @@ func (m *Manager) Mount(ctx context.Context, task string, v api.VolumeInfo) (err
 	if fs == "" {
 		if !v.InitFS {
 			return fmt.Errorf("volume %s: disk %s has no file system (and init_fs is false)", v.Name, dev)
+		}
+		if err := checkZeroEnds(dev); err != nil {
+			return fmt.Errorf("volume %s: %w", v.Name, err)
+		}
+		if err := m.checkNotInUse(dev); err != nil {
+			return fmt.Errorf("volume %s: %w", v.Name, err)
 		}
 		if out, err := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", dev).CombinedOutput(); err != nil {
 			return fmt.Errorf("volume %s: mkfs.ext4 %s: %w: %s", v.Name, dev, err, strings.TrimSpace(string(out)))
@@ -107,11 +119,19 @@ func (m *Manager) Mount(ctx context.Context, task string, v api.VolumeInfo) (err
 	if err := os.MkdirAll(mp, 0o755); err != nil {
 		return fmt.Errorf("volume %s: %w", v.Name, err)
 	}
-	if mounted(mp) {
-		return fmt.Errorf("volume %s: %s is already a mount point", v.Name, mp)
+	if _, busy, err := m.mountedDevice(mp); err != nil || busy {
+		return fmt.Errorf("volume %s: %s is already a mount point (or unreadable mount table: %v)", v.Name, mp, err)
 	}
 	if out, err := exec.CommandContext(ctx, "mount", dev, mp).CombinedOutput(); err != nil {
 		return fmt.Errorf("volume %s: mount %s: %w: %s", v.Name, dev, err, strings.TrimSpace(string(out)))
+	}
+	if d, err := deviceNumber(dev); err == nil {
+		m.mu.Lock()
+		if m.devices == nil {
+			m.devices = map[string]devNum{}
+		}
+		m.devices[v.Name] = d
+		m.mu.Unlock()
 	}
 	if formatted {
 		if err := os.Chmod(mp, 0o777); err != nil {
@@ -124,21 +144,44 @@ func (m *Manager) Mount(ctx context.Context, task string, v api.VolumeInfo) (err
 }
 
 // Unmount unmounts the volume if task holds it; running it twice is
-// harmless, and another task's volume is never touched.
+// harmless, and another task's volume is never touched. Only what this shim
+// mounted is detached: the mount point must be the volume's own, and what is
+// mounted there must be the device mounted for it (or, after a restart,
+// a block device: a tmpfs, bind or overlay someone else put there is left
+// alone).
 func (m *Manager) Unmount(name, task string) error {
+	if err := ident.VolumeName(name); err != nil {
+		return fmt.Errorf("unmount volume: %w", err)
+	}
 	m.mu.Lock()
 	holder, ok := m.users[name]
+	want, known := m.devices[name]
 	m.mu.Unlock()
 	if ok && holder != task {
 		return nil
 	}
 	mp := m.Mountpoint(name)
-	if mounted(mp) {
+	got, isMounted, err := m.mountedDevice(mp)
+	if err != nil {
+		return fmt.Errorf("unmount volume %s: %w", name, err)
+	}
+	if isMounted {
+		switch {
+		case known && got.dev != want:
+			return fmt.Errorf("unmount volume %s: %s holds device %s, not the %s mounted for the volume; leaving it", name, mp, got.dev, want)
+		case !known && got.dev.major == 0:
+			return fmt.Errorf("unmount volume %s: %s holds a %s mount, not a block device; leaving it", name, mp, got.fstype)
+		}
 		if err := unmount(mp); err != nil {
 			return fmt.Errorf("unmount volume %s: %w", name, err)
 		}
-		m.Log.Info("volume unmounted", "volume", name, "task_id", task)
+		m.Log.Info("volume unmounted", "volume", name, "task_id", task, "device", got.dev.String())
 	}
+	m.mu.Lock()
+	if m.users[name] == task || !ok {
+		delete(m.devices, name)
+	}
+	m.mu.Unlock()
 	m.unclaim(name, task)
 	return nil
 }

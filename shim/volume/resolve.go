@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/ident"
 )
 
 // Resolver finds the block device of a volume on this host.
@@ -72,18 +73,29 @@ func (a AWS) Resolve(ctx context.Context, v api.VolumeInfo) (string, error) {
 	if dev == "" {
 		dev = "/dev"
 	}
+	if v.DeviceName != "" {
+		if err := checkDeviceName(v.DeviceName); err != nil {
+			return "", err
+		}
+	}
 	deadline := time.Now().Add(wait)
 	for {
 		devs, err := a.List(ctx)
 		if err != nil {
 			return "", err
 		}
+		nitro := false
 		for _, d := range devs {
 			if d.Serial == want {
 				return firstPartition(ctx, filepath.Join(dev, d.Name))
 			}
+			nitro = nitro || strings.HasPrefix(d.Name, "nvme")
 		}
-		if v.DeviceName != "" {
+		// On Nitro every EBS volume is an NVMe device carrying its id as
+		// serial: device_name there names nothing reliable (it may even
+		// be the root disk), so only the serial counts. device_name is for
+		// Xen hosts, where there is no NVMe device at all.
+		if v.DeviceName != "" && !nitro {
 			for _, cand := range []string{v.DeviceName, strings.Replace(v.DeviceName, "/dev/sd", "/dev/xvd", 1)} {
 				if _, err := os.Stat(cand); err == nil {
 					return firstPartition(ctx, cand)
@@ -99,6 +111,20 @@ func (a AWS) Resolve(ctx context.Context, v api.VolumeInfo) (string, error) {
 		case <-time.After(every):
 		}
 	}
+}
+
+// checkDeviceName accepts /dev/<name> paths of letters, digits, '-' and '_'.
+func checkDeviceName(name string) error {
+	rest, ok := strings.CutPrefix(name, "/dev/")
+	if !ok || rest == "" || len(name) > 64 {
+		return fmt.Errorf("device_name %q is not a /dev/ path", name)
+	}
+	for _, c := range rest {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return fmt.Errorf("device_name %q: unexpected character %q", name, c)
+		}
+	}
+	return nil
 }
 
 // firstPartition returns dev's first partition when it has any.
@@ -124,6 +150,9 @@ type GCP struct {
 func (g GCP) Resolve(_ context.Context, v api.VolumeInfo) (string, error) {
 	if v.DeviceName == "" {
 		return "", fmt.Errorf("GCP volume %s has no device name", v.VolumeID)
+	}
+	if err := ident.VolumeName(strings.ToLower(v.DeviceName)); err != nil || strings.Contains(v.DeviceName, "..") {
+		return "", fmt.Errorf("GCP device name %q is not a disk name", v.DeviceName)
 	}
 	byID := g.ByID
 	if byID == "" {

@@ -84,7 +84,7 @@ func TestRefusals(t *testing.T) {
 		{api.VolumeInfo{Backend: "gcp", Name: "w", VolumeID: "pd-w", DeviceName: "whole", InitFS: true}, "not a file system (a partition table?); refusing to format it"},
 		{api.VolumeInfo{Backend: "azure", Name: "x", VolumeID: "x"}, `unknown backend: "azure"`},
 		{api.VolumeInfo{Backend: "gcp", Name: "gone", VolumeID: "pd-gone", DeviceName: "missing"}, "no device for GCP disk pd-gone"},
-		{api.VolumeInfo{Backend: "gcp", Name: "../etc", VolumeID: "pd-x", DeviceName: "blank"}, "not a single path component"},
+		{api.VolumeInfo{Backend: "gcp", Name: "../etc", VolumeID: "pd-x", DeviceName: "blank"}, "must start with a letter or digit"},
 	}
 	for _, tc := range tests {
 		err := m.Mount(ctx, "t", tc.v)
@@ -130,5 +130,118 @@ func TestAWSSerialAndPartition(t *testing.T) {
 	err := m.Mount(context.Background(), "t", api.VolumeInfo{Backend: "aws", Name: "late", VolumeID: "vol-0never"})
 	if err == nil || !strings.Contains(err.Error(), "no block device for EBS volume vol-0never") || time.Since(start) < time.Second {
 		t.Fatalf("never appears: %v after %s", err, time.Since(start))
+	}
+}
+
+func fileSum(t *testing.T, path string) [32]byte {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// TestRandomDataNeverFormatted: a disk full of data that no probe
+// recognises (a raw database, an encrypted blob) reads as "no signature" to
+// blkid; the zero check refuses it and not one byte changes.
+func TestRandomDataNeverFormatted(t *testing.T) {
+	dev, img := testenv.RandomLoopDevice(t, 16)
+	before := fileSum(t, img)
+	list := func(context.Context) ([]BlockDevice, error) { return nil, nil } // a Xen host: no NVMe
+	m := manager(t, map[string]Resolver{
+		"aws": AWS{List: list, Wait: 200 * time.Millisecond, Interval: 50 * time.Millisecond},
+		"gcp": GCP{ByID: byID(t, map[string]string{"raw": dev})},
+	})
+	for _, v := range []api.VolumeInfo{
+		{Backend: "aws", Name: "raw", VolumeID: "vol-0raw", DeviceName: dev, InitFS: true},
+		{Backend: "gcp", Name: "raw", VolumeID: "pd-raw", DeviceName: "raw", InitFS: true},
+	} {
+		err := m.Mount(context.Background(), "t", v)
+		if err == nil || !strings.Contains(err.Error(), "has data but no file system we recognise") || !strings.Contains(err.Error(), "refusing to format") {
+			t.Fatalf("%s: %v", v.Backend, err)
+		}
+	}
+	_ = exec.Command("sync").Run()
+	if fileSum(t, img) != before {
+		t.Fatal("the random-data disk changed")
+	}
+}
+
+// TestDeviceInUseRefused: a device mounted elsewhere (here: by someone
+// else, at another path) is neither formatted nor mounted a second time.
+func TestDeviceInUseRefused(t *testing.T) {
+	dev := testenv.LoopDevice(t, 32, false)
+	if out, err := exec.Command("mkfs.ext4", "-q", dev).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v %s", err, out)
+	}
+	other := t.TempDir()
+	if out, err := exec.Command("mount", dev, other).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", other).Run() })
+	m := manager(t, map[string]Resolver{"gcp": GCP{ByID: byID(t, map[string]string{"busy": dev})}})
+	err := m.Mount(context.Background(), "t", api.VolumeInfo{Backend: "gcp", Name: "busy", VolumeID: "pd", DeviceName: "busy", InitFS: true})
+	if err == nil || !strings.Contains(err.Error(), "mounted at "+other) {
+		t.Fatalf("in use: %v", err)
+	}
+	if mounted(m.Mountpoint("busy")) {
+		t.Fatal("mounted a second time")
+	}
+	// A partition's disk counts too: the whole disk of a mounted partition.
+	parted := testenv.LoopDevice(t, 32, true)
+	if out, err := exec.Command("mkfs.ext4", "-q", parted+"p1").CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v %s", err, out)
+	}
+	pmnt := t.TempDir()
+	if out, err := exec.Command("mount", parted+"p1", pmnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", pmnt).Run() })
+	if err := m.checkNotInUse(parted); err == nil || !strings.Contains(err.Error(), "mounted at "+pmnt) {
+		t.Fatalf("disk of a mounted partition: %v", err)
+	}
+}
+
+// TestUnmountLeavesForeignMounts: whatever sits at a volume's mount point
+// that this shim did not mount (a tmpfs here) is left mounted.
+func TestUnmountLeavesForeignMounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mount needs root")
+	}
+	m := manager(t, nil)
+	mp := m.Mountpoint("victim")
+	_ = os.MkdirAll(mp, 0o755)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "tmpfs", mp).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mp).Run() })
+	if err := m.Unmount("victim", "t"); err == nil || !strings.Contains(err.Error(), "not a block device") {
+		t.Fatalf("unmount of a foreign tmpfs: %v", err)
+	}
+	if !mounted(mp) {
+		t.Fatal("the foreign tmpfs was unmounted")
+	}
+	if err := m.Unmount("../../victim", "t"); err == nil {
+		t.Fatal("a path-like name was accepted")
+	}
+}
+
+// TestNitroIgnoresDeviceName: on an NVMe host device_name may name any
+// disk (the root disk, another volume); only the serial counts there.
+func TestNitroIgnoresDeviceName(t *testing.T) {
+	dev := testenv.LoopDevice(t, 16, false)
+	list := func(context.Context) ([]BlockDevice, error) {
+		return []BlockDevice{{Name: "nvme0n1", Serial: "vol0root"}}, nil
+	}
+	m := manager(t, map[string]Resolver{"aws": AWS{List: list, Wait: 200 * time.Millisecond, Interval: 50 * time.Millisecond}})
+	err := m.Mount(context.Background(), "t", api.VolumeInfo{Backend: "aws", Name: "x", VolumeID: "vol-0missing", DeviceName: dev, InitFS: true})
+	if err == nil || !strings.Contains(err.Error(), "no block device for EBS volume") {
+		t.Fatalf("device_name used on a Nitro host: %v", err)
+	}
+	if out, _ := exec.Command("blkid", "-p", "-o", "value", "-s", "TYPE", dev).Output(); len(out) != 0 {
+		t.Fatal("the disk named by device_name was formatted")
+	}
+	if err := checkDeviceName("/dev/../etc/x"); err == nil {
+		t.Fatal("device_name with .. accepted")
 	}
 }
