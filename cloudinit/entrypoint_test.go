@@ -86,3 +86,57 @@ func TestEntrypointBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestEntrypointHostileURL runs the rendered script's fetch fallbacks (no
+// curl, no wget: bash's /dev/tcp, then nc) with a URL full of shell syntax.
+// Validate refuses it; the script itself must not act on it either, so it
+// is rendered here past the check.
+func TestEntrypointHostileURL(t *testing.T) {
+	dir := t.TempDir()
+	marker := filepath.Join(dir, "INJECTED")
+	for i, hostile := range []string{
+		"http://127.0.0.1:9/a;>" + marker + ";",
+		"http://127.0.0.1:9/a;touch${IFS}" + marker + "2",
+	} {
+		if _, err := (Entrypoint{RunnerURL: hostile, AuthorizedKeys: []string{testKey}}).Render(); err == nil {
+			t.Fatalf("Validate accepted %q", hostile)
+		}
+		runHostile(t, dir, hostile, []string{marker, marker + "2"}[i])
+	}
+}
+
+func runHostile(t *testing.T, dir, hostile, marker string) {
+	e := Entrypoint{RunnerURL: hostile, AuthorizedKeys: []string{testKey}, Path: filepath.Join(dir, "bin", "runner")}
+	e.defaults()
+	var b strings.Builder
+	if err := entrypointTmpl.Execute(&b, e); err != nil {
+		t.Fatal(err)
+	}
+	// A PATH with the tools the script needs and neither curl nor wget; a
+	// sleep that returns at once.
+	bin := filepath.Join(dir, "tools")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tool := range []string{"mkdir", "head", "grep", "tail", "rm", "chmod", "cat", "nc", "touch"} {
+		if p, err := exec.LookPath(tool); err == nil {
+			_ = os.Symlink(p, filepath.Join(bin, tool)) // a second call finds it there
+		}
+	}
+	_ = os.WriteFile(filepath.Join(bin, "sleep"), []byte("#!/bin/sh\nexit 0\n"), 0o755)
+	for _, withBash := range []bool{true, false} {
+		script := b.String()
+		if !withBash {
+			script = strings.ReplaceAll(script, "[ -x /bin/bash ]", "false")
+		}
+		cmd := exec.Command("/bin/sh", "-c", script)
+		cmd.Env = []string{"PATH=" + bin}
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "tandem: cannot download") {
+			t.Fatalf("bash=%v: %v %s", withBash, err, out)
+		}
+		if _, err := os.Stat(marker); err == nil {
+			t.Fatalf("bash=%v: the URL %q ran as code: %s exists", withBash, hostile, marker)
+		}
+	}
+}

@@ -7,9 +7,8 @@ command -v curl >/dev/null&&curl -fsSL --connect-timeout 10 -m 300 -o "$B" "$U"&
 command -v wget >/dev/null&&wget -q -T 30 -O "$B" "$U" 2>/dev/null&&return
 [ "${U%%://*}" = http ]||return 1
 h=${U#http://};p=/${h#*/};h=${h%%/*};o=${h#*:};[ "$o" = "$h" ]&&o=80;h=${h%:*}
-r="printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' $p $h"
-if [ -x /bin/bash ];then /bin/bash -c "exec 3<>/dev/tcp/$h/$o&&$r>&3&&cat<&3">"$B.t"||return 1
-elif command -v nc >/dev/null;then eval "$r"|nc "$h" "$o">"$B.t"||return 1
+if [ -x /bin/bash ];then /bin/bash -c 'exec 3<>"/dev/tcp/$1/$2"&&printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$3" "$1">&3&&cat<&3' _ "$h" "$o" "$p">"$B.t"||return 1
+elif command -v nc >/dev/null;then printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$p" "$h"|nc "$h" "$o">"$B.t"||return 1
 else return 1;fi
 head -n1 "$B.t"|grep -q ' 200'||return 1
 n=0;while IFS= read -r l;do n=$((n+${#l}+1));[ "$l" = "$(printf '\r')" ]&&break;done<"$B.t"
