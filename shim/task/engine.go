@@ -155,6 +155,7 @@ type task struct {
 	op sync.Mutex
 
 	cfg       api.TaskConfig
+	pwHash    string // hashPassword of the registry password (records keep only this)
 	status    api.TaskStatus
 	reason    api.TerminationReason
 	message   string
@@ -214,7 +215,7 @@ func (e *Engine) save(t *task) {
 	}
 	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
 		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
-		Volumes: slices.Clone(t.volumes), Released: t.released, StopRequest: t.stopReq}
+		Volumes: slices.Clone(t.volumes), Released: t.released, StopRequest: t.stopReq, PasswordHash: t.pwHash}
 	e.mu.RUnlock()
 	if err := e.recs.save(rec); err != nil {
 		e.log.Error("persist task", "task_id", t.cfg.ID, "err", err)
@@ -281,6 +282,21 @@ func validate(c api.TaskConfig) error {
 	return nil
 }
 
+// sameSubmit says whether cfg repeats t's submit. A task restored from its
+// record has no registry password, only its hash: the rest must be equal
+// and the password must match the hash.
+func sameSubmit(t *task, cfg api.TaskConfig) bool {
+	if reflect.DeepEqual(t.cfg, cfg) {
+		return true
+	}
+	if t.cfg.RegistryPassword != "" || t.pwHash == "" {
+		return false
+	}
+	bare := cfg
+	bare.RegistryPassword = ""
+	return reflect.DeepEqual(t.cfg, bare) && passwordMatches(t.pwHash, cfg.RegistryPassword)
+}
+
 // Submit stores the task as pending and starts its pipeline. Re-submitting
 // the same config under the same id is idempotent; a different one conflicts.
 func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
@@ -290,7 +306,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	cfg = normalize(cfg)
 	e.mu.Lock()
 	if t, ok := e.tasks[cfg.ID]; ok {
-		same := reflect.DeepEqual(t.cfg, cfg)
+		same := sameSubmit(t, cfg)
 		info := e.infoLocked(t)
 		e.mu.Unlock()
 		if same {
@@ -301,6 +317,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &task{
 		cfg:       cfg,
+		pwHash:    hashPassword(cfg.RegistryPassword),
 		status:    api.TaskPending,
 		name:      ContainerName(cfg.Name, cfg.ID),
 		tracker:   pull.NewTracker(e.now),

@@ -1,6 +1,10 @@
 package task
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,8 +20,12 @@ import (
 // record is a task's durable state: enough to answer for it, re-attach to
 // its container and clean up after it when the shim restarts.
 type record struct {
-	Version       int                       `json:"version"`
-	Config        api.TaskConfig            `json:"config"` // registry password removed
+	Version int            `json:"version"`
+	Config  api.TaskConfig `json:"config"` // registry password removed
+	// PasswordHash is a salted hash of the registry password, so that an
+	// identical re-submit after a restart is recognised without the
+	// password ever reaching the disk.
+	PasswordHash  string                    `json:"registry_password_hash,omitempty"`
 	Status        api.TaskStatus            `json:"status"`
 	Reason        api.TerminationReason     `json:"termination_reason"`
 	Message       string                    `json:"termination_message"`
@@ -113,4 +121,30 @@ func (r records) load() ([]loaded, error) {
 		out = append(out, l)
 	}
 	return out, nil
+}
+
+// hashPassword returns "sha256$<salt>$<digest>" for a non-empty password.
+func hashPassword(pw string) string {
+	if pw == "" {
+		return ""
+	}
+	salt := make([]byte, 16)
+	_, _ = rand.Read(salt)
+	sum := sha256.Sum256(append(salt, pw...))
+	return "sha256$" + hex.EncodeToString(salt) + "$" + hex.EncodeToString(sum[:])
+}
+
+// passwordMatches checks pw against a hashPassword result.
+func passwordMatches(hash, pw string) bool {
+	parts := strings.Split(hash, "$")
+	if len(parts) != 3 || parts[0] != "sha256" {
+		return false
+	}
+	salt, err1 := hex.DecodeString(parts[1])
+	want, err2 := hex.DecodeString(parts[2])
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	sum := sha256.Sum256(append(salt, pw...))
+	return subtle.ConstantTimeCompare(sum[:], want) == 1
 }

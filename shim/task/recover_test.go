@@ -2,8 +2,10 @@ package task
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tandem-run/tandem/api"
@@ -55,5 +57,42 @@ func TestRestoreRelocksGPUsAndNeverDoubleAllocates(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(e1.cfg.Home, "tasks", "a.json")); err != nil {
 		t.Fatalf("record: %v", err)
+	}
+}
+
+// TestResubmitWithRegistryAuthAfterRestart: the record keeps only a salted
+// hash of the registry password; the server's identical re-submit after a
+// restart is still idempotent, a different password still conflicts, and
+// the password itself is nowhere on disk.
+func TestResubmitWithRegistryAuthAfterRestart(t *testing.T) {
+	rt := newStepRuntime()
+	e1, _ := newEngine(t, rt)
+	cfg := api.TaskConfig{ID: "p", Name: "p", ImageName: "img", RegistryUsername: "u", RegistryPassword: "s3cret-pass"}
+	if _, err := e1.Submit(cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e1, "p", api.TaskRunning)
+	e1.Sync()
+	b, err := os.ReadFile(filepath.Join(e1.cfg.Home, "tasks", "p.json"))
+	if err != nil || strings.Contains(string(b), "s3cret-pass") || !strings.Contains(string(b), "registry_password_hash") {
+		t.Fatalf("record: %s %v", b, err)
+	}
+	e2 := New(e1.cfg, rt, gpu.NewLocks(nil), nil, logging.Discard())
+	t.Cleanup(e2.Sync)
+	if err := e2.Restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e2.Submit(cfg); err != nil {
+		t.Fatalf("identical re-submit after restart: %v", err)
+	}
+	other := cfg
+	other.RegistryPassword = "another"
+	if _, err := e2.Submit(other); !errors.Is(err, ErrConflict) {
+		t.Fatalf("different password: %v", err)
+	}
+	e2.Sync()
+	b, _ = os.ReadFile(filepath.Join(e1.cfg.Home, "tasks", "p.json"))
+	if !strings.Contains(string(b), "registry_password_hash") {
+		t.Fatal("a rewrite after restore lost the hash")
 	}
 }
