@@ -33,6 +33,12 @@ func startRunner(t *testing.T, image string) *runnerHarness {
 // startRunnerWith passes extra arguments to `dstack-runner start`.
 func startRunnerWith(t *testing.T, image string, extra ...string) *runnerHarness {
 	t.Helper()
+	return startRunnerDocker(t, image, nil, extra...)
+}
+
+// startRunnerDocker also passes flags to `docker run` (limits, ...).
+func startRunnerDocker(t *testing.T, image string, dockerFlags []string, extra ...string) *runnerHarness {
+	t.Helper()
 	bins := testenv.Binaries(t)
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
@@ -40,10 +46,11 @@ func startRunnerWith(t *testing.T, image string, extra ...string) *runnerHarness
 	name := randomID("runner")
 	ctx := context.Background()
 	args := []string{"run", "-d", "--init", "--name", name, "--network", "host",
-		"-v", bins.Runner + ":/usr/local/bin/dstack-runner:ro", "-v", tmp + ":/tmp/runner",
-		"--entrypoint", "/usr/local/bin/dstack-runner", image,
+		"-v", bins.Runner + ":/usr/local/bin/dstack-runner:ro", "-v", tmp + ":/tmp/runner"}
+	args = append(args, dockerFlags...)
+	args = append(args, "--entrypoint", "/usr/local/bin/dstack-runner", image,
 		"--log-level", "debug", "start", "--temp-dir", "/tmp/runner", "--http-port", port, "--http-address", "127.0.0.1",
-		"--logs-wait", "20s", "--ssh-port", sshPort}
+		"--logs-wait", "20s", "--ssh-port", sshPort)
 	_, err := testenv.Docker(ctx, append(args, extra...)...)
 	if err != nil {
 		t.Fatal(err)

@@ -252,6 +252,12 @@ func normalize(c api.TaskConfig) api.TaskConfig {
 }
 
 func validate(c api.TaskConfig) error {
+	switch { // dstack's own texts for the empty cases
+	case c.ID == "":
+		return fmt.Errorf("%w: empty id", ErrInvalid)
+	case c.Name == "":
+		return fmt.Errorf("%w: empty name", ErrInvalid)
+	}
 	if err := ident.TaskID(c.ID); err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
