@@ -39,6 +39,7 @@ lint:
 ## test: everything CI runs: deps, lint, build, unit and e2e tests on real Docker
 test: deps lint build
 	TANDEM_BIN=$(BIN) go test $(GOTEST_FLAGS) ./...
+	FUZZTIME=3s ./scripts/fuzz.sh
 
 ## unit: tests without the deps/lint/build steps
 unit:
@@ -53,16 +54,9 @@ bench: deps build
 	go test -run '^$$' -bench . -benchmem ./shim/gpu
 	TANDEM_BIN=$(BIN) go test -run '^$$' -bench . -benchtime 20x -count 1 ./e2e/
 
-## fuzz: run each fuzz target briefly
+## fuzz: every fuzz target for FUZZTIME (60s) each; `make test` runs each for 3s
 fuzz:
-	go test -run '^$$' -fuzz FuzzDecodeJSON -fuzztime 20s ./common/httpapi
-	go test -run '^$$' -fuzz FuzzDecodeSubmitBody -fuzztime 20s ./api
-	go test -run '^$$' -fuzz FuzzDecodeHostInfo -fuzztime 20s ./api
-	go test -run '^$$' -fuzz FuzzShimRequests -fuzztime 20s ./shim/server
-	go test -run '^$$' -fuzz FuzzTrackerFeed -fuzztime 20s ./shim/pull
-	go test -run '^$$' -fuzz FuzzRunnerRequests -fuzztime 20s ./runner/server
-	go test -run '^$$' -fuzz FuzzExtractTar -fuzztime 20s ./runner/repo
-	go test -run '^$$' -fuzz FuzzStripper -fuzztime 20s ./runner/logs
+	FUZZTIME=$${FUZZTIME:-60s} ./scripts/fuzz.sh
 
 clean:
 	rm -rf $(BIN)
