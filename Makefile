@@ -1,7 +1,12 @@
 # Tandem: dstack-compatible host and job agents.
+# The agents report DSTACK_VERSION, the dstack release they are built as (the
+# server compares it for equality with its own; see common/version). Our own
+# release is TANDEM_VERSION. `make release VERSION=x.y.z` builds dist/.
 TANDEM_VERSION ?= 0.1.0
+DSTACK_VERSION ?= 0.21.3
+VERSION        ?= $(DSTACK_VERSION)
 PKG            := github.com/tandem-run/tandem
-LDFLAGS        := -s -w -X $(PKG)/common/version.tandem=$(TANDEM_VERSION)
+LDFLAGS        := -s -w -buildid= -X $(PKG)/common/version.dstack=$(DSTACK_VERSION) -X $(PKG)/common/version.tandem=$(TANDEM_VERSION)
 GOBIN          := $(shell go env GOPATH)/bin
 export PATH    := $(PATH):$(GOBIN)
 BIN            := $(CURDIR)/bin
@@ -9,15 +14,21 @@ GOTEST_FLAGS   ?= -count=1 -timeout 30m
 # go-nvml's header marks many calls deprecated; we do not use those.
 export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 
-.PHONY: all build test unit e2e lint deps demo fuzz bench clean
+.PHONY: all build release test unit e2e lint deps demo fuzz bench clean
 
 all: build
 
 ## build: the three binaries into bin/ (dstack-runner static, CGO_ENABLED=0)
 build:
-	CGO_ENABLED=0 go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-runner ./cmd/dstack-runner
-	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-shim ./cmd/dstack-shim
-	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/tandem ./cmd/tandem
+	CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-runner ./cmd/dstack-runner
+	go build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-shim ./cmd/dstack-shim
+	go build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN)/tandem ./cmd/tandem
+
+## release: dist/<VERSION>/binaries for linux amd64/arm64 (shim with NVML),
+## tandem for linux and darwin, SHA256SUMS and version files (CHECK=1 builds
+## twice and compares the sums)
+release:
+	TANDEM_VERSION=$(TANDEM_VERSION) ./scripts/release.sh $(VERSION) $(CURDIR)/dist
 
 ## demo: the main job: one run through both agents on this machine
 demo: deps build
@@ -37,8 +48,8 @@ lint:
 	./scripts/check-packer.sh
 
 ## test: everything CI runs: deps, lint, build, unit and e2e tests on real Docker
-test: deps lint build
-	TANDEM_BIN=$(BIN) go test $(GOTEST_FLAGS) ./...
+test: deps lint build release
+	TANDEM_BIN=$(BIN) TANDEM_DIST=$(CURDIR)/dist/$(VERSION) go test $(GOTEST_FLAGS) ./...
 	FUZZTIME=3s ./scripts/fuzz.sh
 
 ## unit: tests without the deps/lint/build steps
@@ -59,4 +70,4 @@ fuzz:
 	FUZZTIME=$${FUZZTIME:-60s} ./scripts/fuzz.sh
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) dist

@@ -11,6 +11,9 @@ import (
 type HealthcheckResponse struct {
 	Service string `json:"service"`
 	Version string `json:"version"`
+	// TandemVersion is Tandem's own release (not in dstack's agents; the
+	// server ignores it). Version stays exactly the dstack release.
+	TandemVersion string `json:"tandem_version,omitempty"`
 }
 
 // ShutdownRequest is the body of POST /api/shutdown.

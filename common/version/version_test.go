@@ -2,19 +2,26 @@ package version
 
 import (
 	"regexp"
+	"strings"
 	"testing"
 )
 
-// PEP 440 public version with a local label: what the server's parser takes as
-// (major, minor, micro) while ignoring the label.
-var pep440Local = regexp.MustCompile(`^\d+\.\d+\.\d+\+[a-z0-9]+(\.[a-z0-9]+)*$`)
+// A final PEP 440 release, major.minor.micro: what the server's parser
+// takes as a version tuple. No local label: the server compares strings.
+var finalRelease = regexp.MustCompile(`^\d+\.\d+\.\d+$`)
 
-func TestStringIsPEP440WithLocalLabel(t *testing.T) {
-	s := String()
-	if !pep440Local.MatchString(s) {
-		t.Fatalf("%q is not a PEP 440 version with a local label", s)
+func TestStringIsAFinalDstackRelease(t *testing.T) {
+	if s := String(); !finalRelease.MatchString(s) {
+		t.Fatalf("%q is not a final dstack release", s)
 	}
-	if s[:len(ProtocolLevel)] != ProtocolLevel {
-		t.Fatalf("%q must start with the protocol level %q", s, ProtocolLevel)
+	if !finalRelease.MatchString(ProtocolLevel) {
+		t.Fatalf("protocol level %q", ProtocolLevel)
+	}
+}
+
+func TestVerboseCarriesBoth(t *testing.T) {
+	v := Verbose("dstack-shim")
+	if !strings.HasPrefix(v, "dstack-shim version "+String()+"\n") || !strings.Contains(v, "tandem "+Tandem()) {
+		t.Fatalf("%q", v)
 	}
 }

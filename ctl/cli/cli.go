@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/urfave/cli/v2"
-	"golang.org/x/sys/unix"
+	"golang.org/x/term"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/shimclient"
@@ -65,7 +65,7 @@ func App() *cli.App {
 	return &cli.App{
 		Name:    "tandem",
 		Usage:   "drive a run through dstack-shim and dstack-runner",
-		Version: version.String(),
+		Version: version.Tandem(),
 		ExitErrHandler: func(c *cli.Context, err error) {
 			var ee exitError
 			if errors.As(err, &ee) {
@@ -80,7 +80,7 @@ func App() *cli.App {
 			Name:  "version",
 			Usage: "print the version and the dstack protocol level",
 			Action: func(c *cli.Context) error {
-				_, err := fmt.Fprintf(c.App.Writer, "tandem %s (dstack protocol %s)\n", version.Tandem(), version.ProtocolLevel)
+				_, err := fmt.Fprintf(c.App.Writer, "tandem %s (agents report dstack %s)\n", version.Tandem(), version.String())
 				return err
 			},
 		}},
@@ -254,8 +254,7 @@ func writeJSON(c *cli.Context, v any) error {
 }
 
 func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
+	return term.IsTerminal(int(f.Fd()))
 }
 
 func psCmd() *cli.Command {

@@ -241,3 +241,38 @@ func moduleRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
+
+var (
+	distOnce sync.Once
+	distDir  string
+	distErr  error
+)
+
+// Dist returns the release tree's binaries directory for version
+// ProtocolLevel: $TANDEM_DIST/binaries (what `make test` built with
+// `make release`), or a tree built once per test process.
+func Dist(t testing.TB, version string) string {
+	t.Helper()
+	distOnce.Do(func() {
+		if d := os.Getenv("TANDEM_DIST"); d != "" {
+			distDir = filepath.Join(d, "binaries")
+			return
+		}
+		out, err := os.MkdirTemp("", "tandem-dist-")
+		if err != nil {
+			distErr = err
+			return
+		}
+		cmd := exec.Command("./scripts/release.sh", version, out)
+		cmd.Dir = moduleRoot()
+		if b, err := cmd.CombinedOutput(); err != nil {
+			distErr = fmt.Errorf("release build: %w\n%s", err, b)
+			return
+		}
+		distDir = filepath.Join(out, version, "binaries")
+	})
+	if distErr != nil {
+		t.Fatal(distErr)
+	}
+	return distDir
+}

@@ -68,7 +68,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer logf.Close()
-	log.Info("dstack-runner starting", "version", version.String(), "temp_dir", cfg.TempDir)
+	log.Info("dstack-runner starting", "version", version.String(), "tandem_version", version.Tandem(), "temp_dir", cfg.TempDir)
 
 	uid := os.Geteuid()
 	accounts := executor.Accounts{Root: "/"}
@@ -141,7 +141,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer sshSrv.Close()
 	log.Info("ssh server serving", "addr", sshLn.Addr().String(), "authorized_keys", len(cfg.AuthorizedKeys))
 
-	e := server.New(server.Deps{Version: version.String(), Executor: x, Metrics: metrics.Collector{}, Log: log})
+	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), Executor: x, Metrics: metrics.Collector{}, Log: log})
 	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -3,6 +3,7 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
@@ -28,6 +29,10 @@ type Config struct {
 	SSHLogLevel    string
 }
 
+// versionVerbose prints the reported version, Tandem's release and the
+// toolchain; --version stays the three words the server's parser reads.
+const versionVerbose = "version-verbose"
+
 // App returns the dstack-runner command. `--version` prints exactly
 // "dstack-runner version <v>": the shim's component manager parses it.
 func App() *cli.App {
@@ -37,8 +42,13 @@ func App() *cli.App {
 		Version: version.String(),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "fatal, error, warn, info, debug, trace or 1..6"},
+			&cli.BoolFlag{Name: versionVerbose, Usage: "print the version, Tandem's release and the Go toolchain"},
 		},
 		Before: func(c *cli.Context) error {
+			if c.Bool(versionVerbose) {
+				fmt.Fprint(c.App.Writer, version.Verbose(c.App.Name))
+				return cli.Exit("", 0)
+			}
 			_, err := logging.ParseLevel(c.String("log-level"))
 			return err
 		},

@@ -28,10 +28,11 @@ type Metrics interface {
 
 // Deps are the server's collaborators.
 type Deps struct {
-	Version  string
-	Executor *executor.Executor
-	Metrics  Metrics
-	Log      *slog.Logger
+	Version       string
+	TandemVersion string // Tandem\'s own release, beside the dstack version
+	Executor      *executor.Executor
+	Metrics       Metrics
+	Log           *slog.Logger
 	// PingInterval for WebSocket clients (default 30 s).
 	PingInterval time.Duration
 }
@@ -73,7 +74,7 @@ func toHTTP(err error) error {
 }
 
 func (s *srv) healthcheck(c echo.Context) error {
-	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceRunner, Version: s.d.Version})
+	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceRunner, Version: s.d.Version, TandemVersion: s.d.TandemVersion})
 }
 
 func (s *srv) metrics(c echo.Context) error {

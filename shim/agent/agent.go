@@ -64,7 +64,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer logFile.Close()
-	log.Info("dstack-shim starting", "version", version.String(), "home", cfg.Home)
+	log.Info("dstack-shim starting", "version", version.String(), "tandem_version", version.Tandem(), "home", cfg.Home)
 
 	// Components.
 	runnerComp := &component.Manager{Name: api.ComponentRunner, Path: cfg.RunnerBinaryPath, Log: log}
@@ -198,11 +198,12 @@ func Run(ctx context.Context, cfg Config) error {
 	defer cancelInstalls()
 	sd := newShutdown()
 	e := server.New(server.Deps{
-		Version:    version.String(),
-		Tasks:      engine,
-		Runner:     runnerComp,
-		Shim:       shimComp,
-		InstallCtx: installCtx,
+		Version:       version.String(),
+		TandemVersion: version.Tandem(),
+		Tasks:         engine,
+		Runner:        runnerComp,
+		Shim:          shimComp,
+		InstallCtx:    installCtx,
 		InstanceInfo: func() api.InstanceInfoResponse {
 			if len(gpus) == 0 {
 				return api.InstanceInfoResponse{}

@@ -19,6 +19,10 @@ import (
 	"github.com/tandem-run/tandem/shim/agent"
 )
 
+// versionVerbose prints the reported version, Tandem's release and the
+// toolchain; --version stays the three words the server's parser reads.
+const versionVerbose = "version-verbose"
+
 // App returns the dstack-shim command. `--version` prints exactly
 // "dstack-shim version <v>".
 func App() *cli.App {
@@ -26,8 +30,12 @@ func App() *cli.App {
 		Name:    "dstack-shim",
 		Usage:   "host agent that runs dstack tasks as Docker containers",
 		Version: version.String(),
-		Flags:   Flags(),
+		Flags:   append(Flags(), &cli.BoolFlag{Name: versionVerbose, Usage: "print the version, Tandem's release and the Go toolchain"}),
 		Before: func(c *cli.Context) error {
+			if c.Bool(versionVerbose) {
+				fmt.Fprint(c.App.Writer, version.Verbose(c.App.Name))
+				return cli.Exit("", 0)
+			}
 			for _, f := range []string{"shim-log-level", "runner-log-level"} {
 				if _, err := logging.ParseLevel(c.String(f)); err != nil {
 					return err

@@ -36,9 +36,10 @@ type Components interface {
 
 // Deps are the server's collaborators.
 type Deps struct {
-	Version      string
-	Tasks        Tasks
-	Runner, Shim Components
+	Version       string
+	TandemVersion string // Tandem\'s own release, beside the dstack version
+	Tasks         Tasks
+	Runner, Shim  Components
 	// InstallCtx is cancelled on shutdown, ending background installs.
 	InstallCtx   context.Context
 	InstanceInfo func() api.InstanceInfoResponse
@@ -106,7 +107,7 @@ func trimClass(err, class error) string {
 }
 
 func (s *srv) healthcheck(c echo.Context) error {
-	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceShim, Version: s.d.Version})
+	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceShim, Version: s.d.Version, TandemVersion: s.d.TandemVersion})
 }
 
 func (s *srv) shutdown(c echo.Context) error {
