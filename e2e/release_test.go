@@ -398,4 +398,3 @@ func (p *restartableShim) stop() {
 		p.cmd = nil
 	}
 }
-

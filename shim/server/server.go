@@ -229,7 +229,7 @@ func (s *srv) terminate(c echo.Context) error {
 	if req.TerminationReason != "" && !req.TerminationReason.Valid() {
 		return httpapi.Errorf(http.StatusBadRequest, "unknown termination_reason %q", req.TerminationReason)
 	}
-	if req.Timeout < 0 || req.Timeout > MaxTerminateTimeout {
+	if req.Timeout > MaxTerminateTimeout {
 		return httpapi.Errorf(http.StatusBadRequest, "timeout %d is out of range: 0..%d seconds", req.Timeout, MaxTerminateTimeout)
 	}
 	info, err := s.d.Tasks.Terminate(c.Request().Context(), id, req)
