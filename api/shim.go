@@ -55,6 +55,10 @@ type ComponentInfo struct {
 	Name    ComponentName   `json:"name"`
 	Version string          `json:"version"`
 	Status  ComponentStatus `json:"status"`
+	// InstallError is why the last install was refused or failed (ours; the
+	// server ignores it). The binary that was in place stays and is what
+	// Version and Status describe.
+	InstallError string `json:"install_error,omitempty"`
 }
 
 // ComponentListResponse answers GET /api/components (always both, runner first).

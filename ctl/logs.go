@@ -16,6 +16,7 @@ import (
 // LogsOptions select a task's output.
 type LogsOptions struct {
 	Shim       string
+	ShimToken  string // bearer token for a shim started with --api-token
 	RunnerPort int
 	Network    string // how the task was started: host or bridge
 	Since      time.Time
@@ -25,7 +26,7 @@ type LogsOptions struct {
 // Logs streams a running task's raw output from its runner to w until the
 // job's output ends.
 func Logs(ctx context.Context, task string, o LogsOptions, w io.Writer) error {
-	shim, err := shimclient.NewWithDialer(o.Shim, o.Dial)
+	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 	if err != nil {
 		return err
 	}
@@ -68,4 +69,14 @@ func Logs(ctx context.Context, task string, o LogsOptions, w io.Writer) error {
 			return err
 		}
 	}
+}
+
+// newShimClient is the shim client every command uses.
+func newShimClient(addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error), token string) (*shimclient.Client, error) {
+	c, err := shimclient.NewWithDialer(addr, dial)
+	if err != nil {
+		return nil, err
+	}
+	c.SetToken(token)
+	return c, nil
 }

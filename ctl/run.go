@@ -26,6 +26,7 @@ import (
 // RunOptions describe one run.
 type RunOptions struct {
 	Shim        string // shim address, host:port
+	ShimToken   string // bearer token for a shim started with --api-token
 	RunnerPort  int    // runner HTTP port on the host (host network mode)
 	Name        string
 	Image       string
@@ -98,7 +99,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if o.Network == "" {
 		o.Network = "host"
 	}
-	shim, err := shimclient.NewWithDialer(o.Shim, o.Dial)
+	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 	if err != nil {
 		return Result{}, err
 	}

@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/tandem-run/tandem/api"
-	"github.com/tandem-run/tandem/api/shimclient"
 )
 
 // DefaultPublicKey returns the user's public key line (~/.ssh/id_ed25519.pub
@@ -34,6 +33,7 @@ func DefaultPublicKey(identity string) string {
 // SSHOptions locate a task's SSH server.
 type SSHOptions struct {
 	Shim          string
+	ShimToken     string // bearer token for a shim started with --api-token
 	RunnerSSHPort int    // the shim's --runner-ssh-port (host network)
 	Jump          string // user@host[:port] when the host is reached over SSH
 	Identity      string
@@ -44,7 +44,7 @@ type SSHOptions struct {
 // SSHCommand returns the OpenSSH client argv that opens a shell (or runs
 // command) in the task's container through the runner's SSH server.
 func SSHCommand(ctx context.Context, task string, o SSHOptions, command []string) ([]string, error) {
-	shim, err := shimclient.NewWithDialer(o.Shim, o.Dial)
+	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 	if err != nil {
 		return nil, err
 	}

@@ -38,6 +38,10 @@ func NewWithDialer(addr string, dial transport.DialFunc) (*Client, error) {
 // BaseURL is the http:// URL the client talks to.
 func (c *Client) BaseURL() string { return c.t.BaseURL }
 
+// SetToken sends token as a bearer token on every call (a shim started
+// with --api-token).
+func (c *Client) SetToken(token string) { c.t.Token = token }
+
 // SetTimeout changes the per-call timeout (default 9 s, as the server's).
 func (c *Client) SetTimeout(d time.Duration) { c.t.Timeout = d }
 

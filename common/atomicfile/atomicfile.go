@@ -23,6 +23,9 @@ type Options struct {
 	SyncDir bool
 	// RejectEmpty fails a write of zero bytes before anything is replaced.
 	RejectEmpty bool
+	// Verify, when set, checks the complete temp file (synced, closed, with
+	// its final mode) before it replaces path; an error leaves path as it was.
+	Verify func(tmp string) error
 }
 
 // TempPattern is the os.CreateTemp pattern of temp files for path; a
@@ -52,6 +55,9 @@ func Write(path string, r io.Reader, o Options) (int64, error) {
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil && o.Verify != nil {
+		err = o.Verify(tmp)
 	}
 	if err == nil {
 		err = os.Rename(tmp, path)

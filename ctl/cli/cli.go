@@ -41,6 +41,7 @@ var shimFlag = &cli.StringFlag{Name: "shim", Value: "127.0.0.1:10998", EnvVars: 
 // dstack server does.
 func connFlags() []cli.Flag {
 	return []cli.Flag{shimFlag,
+		&cli.StringFlag{Name: "shim-token", EnvVars: []string{"TANDEM_SHIM_API_TOKEN"}, Usage: "bearer token for a shim started with --api-token"},
 		&cli.StringFlag{Name: "ssh", EnvVars: []string{"TANDEM_SSH"}, Usage: "reach the host over SSH: user@host[:port]"},
 		&cli.StringFlag{Name: "identity", Aliases: []string{"i"}, Usage: "SSH private key (default ~/.ssh/id_ed25519, id_rsa)"},
 		&cli.StringFlag{Name: "known-hosts", Usage: "known_hosts file (default ~/.ssh/known_hosts)"},
@@ -114,7 +115,7 @@ func runCmd() *cli.Command {
 			if len(cmd) == 0 {
 				return exitError{2, "no command: tandem run [flags] -- COMMAND"}
 			}
-			o := ctl.RunOptions{Shim: c.String("shim"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
+			o := ctl.RunOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
 				Image: c.String("image"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 				Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd,
 				Out: c.App.Writer, Status: c.App.ErrWriter, StatusTTY: isTerminal(os.Stderr), Env: map[string]string{}}
@@ -238,6 +239,9 @@ func shim(c *cli.Context) (*shimclient.Client, func(), error) {
 		return nil, nil, err
 	}
 	s, err := shimclient.NewWithDialer(c.String("shim"), dial)
+	if err == nil {
+		s.SetToken(c.String("shim-token"))
+	}
 	if err != nil {
 		closeDial()
 		return nil, nil, exitError{2, err.Error()}
@@ -300,7 +304,7 @@ func logsCmd() *cli.Command {
 				return err
 			}
 			defer closeDial()
-			o := ctl.LogsOptions{Shim: c.String("shim"), RunnerPort: c.Int("runner-port"), Network: "host", Dial: dial}
+			o := ctl.LogsOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Network: "host", Dial: dial}
 			if d := c.Duration("since"); d > 0 {
 				o.Since = time.Now().Add(-d)
 			}
@@ -324,7 +328,7 @@ func sshCmd() *cli.Command {
 			if err != nil {
 				return err
 			}
-			argv, err := ctl.SSHCommand(c.Context, c.Args().First(), ctl.SSHOptions{Shim: c.String("shim"),
+			argv, err := ctl.SSHCommand(c.Context, c.Args().First(), ctl.SSHOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"),
 				RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"),
 				User: c.String("user"), Dial: dial}, c.Args().Slice()[1:])
 			closeDial()

@@ -25,6 +25,7 @@ import (
 	"github.com/tandem-run/tandem/shim/dockerrt"
 	"github.com/tandem-run/tandem/shim/gpu"
 	"github.com/tandem-run/tandem/shim/hostinfo"
+	"github.com/tandem-run/tandem/shim/origin"
 	"github.com/tandem-run/tandem/shim/server"
 	"github.com/tandem-run/tandem/shim/task"
 	"github.com/tandem-run/tandem/shim/volume"
@@ -32,26 +33,31 @@ import (
 
 // Config is the shim's configuration, from flags and environment.
 type Config struct {
-	Home              string
-	BinaryPath        string
-	HTTPAddress       string
-	HTTPPort          int
-	LogLevel          slog.Level
-	RunnerDownloadURL string
-	RunnerBinaryPath  string
-	RunnerHTTPPort    int
-	RunnerSSHPort     int
-	RunnerLogLevel    string
-	RunnerSSHLogLevel string
-	PassEnv           []string // variable names
-	Privileged        bool
-	PJRTDevice        string
-	ServiceMode       bool
-	PullStallTimeout  time.Duration
-	PullTimeout       time.Duration
-	DCGMExporterPort  int
-	VolumesRoot       string // "/mnt/disks/dstack-volumes"
-	GCPDiskByID       string // "/dev/disk/by-id"
+	Home        string
+	BinaryPath  string
+	HTTPAddress string
+	// APIAllowContainers, APIToken and APIAllowedHosts configure who may
+	// call the API (server.Access).
+	APIAllowContainers bool
+	APIToken           string
+	APIAllowedHosts    []string
+	HTTPPort           int
+	LogLevel           slog.Level
+	RunnerDownloadURL  string
+	RunnerBinaryPath   string
+	RunnerHTTPPort     int
+	RunnerSSHPort      int
+	RunnerLogLevel     string
+	RunnerSSHLogLevel  string
+	PassEnv            []string // variable names
+	Privileged         bool
+	PJRTDevice         string
+	ServiceMode        bool
+	PullStallTimeout   time.Duration
+	PullTimeout        time.Duration
+	DCGMExporterPort   int
+	VolumesRoot        string // "/mnt/disks/dstack-volumes"
+	GCPDiskByID        string // "/dev/disk/by-id"
 	// Ready, if set, receives the listen address once the API serves.
 	Ready func(addr string)
 }
@@ -221,7 +227,14 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
+	access := server.Access{AllowContainers: cfg.APIAllowContainers, Token: cfg.APIToken, AllowedHosts: cfg.APIAllowedHosts,
+		Check: origin.Checker{}.Check, Log: log}
+	e.Pre(access.Middleware())
+	if cfg.APIAllowContainers {
+		log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
+	}
 	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
+	hs.ConnContext = server.ConnContext
 	ln = httpapi.Listener(ln, httpapi.DefaultLimits)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()

@@ -6,13 +6,16 @@ package component
 
 import (
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -40,6 +43,9 @@ type Manager struct {
 	HTTP                    *http.Client
 	Log                     *slog.Logger
 	Now                     func() time.Time
+	// CheckFile vets a download before its --version is run; nil means an
+	// ELF executable for this machine (never a script).
+	CheckFile func(path string) error
 
 	mu         sync.Mutex // guards the fields below
 	installing bool
@@ -48,7 +54,11 @@ type Manager struct {
 	retryAt    time.Time
 	known      fileID // the file whose probe succeeded
 	version    string // its version
+	lastErr    string // why the last install failed; "" after a success
 }
+
+// MaxDownload bounds a component download (our binaries are ~15 MB).
+const MaxDownload = 512 << 20
 
 // fileID identifies a file's content well enough to reuse a probe: an
 // install renames a new file in (new inode), an edit changes size or mtime.
@@ -75,9 +85,9 @@ func (m *Manager) now() time.Time {
 // `<name> version <v>`.
 func (m *Manager) Info(ctx context.Context) api.ComponentInfo {
 	m.mu.Lock()
-	installing := m.installing
+	installing, lastErr := m.installing, m.lastErr
 	m.mu.Unlock()
-	info := api.ComponentInfo{Name: m.Name}
+	info := api.ComponentInfo{Name: m.Name, InstallError: lastErr}
 	if installing {
 		info.Status = api.ComponentInstalling
 		return info
@@ -115,17 +125,29 @@ func (m *Manager) probe(ctx context.Context) (api.ComponentStatus, string) {
 }
 
 func (m *Manager) runVersion(ctx context.Context) (api.ComponentStatus, string) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, m.Path, "--version").Output()
+	v, err := m.versionOf(ctx, m.Path)
 	if err != nil {
 		return api.ComponentError, ""
 	}
+	return api.ComponentInstalled, v
+}
+
+// versionOf runs `<path> --version`, which must print exactly
+// "<name> version <v>" within 5 s.
+func (m *Manager) versionOf(ctx context.Context, path string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, "--version")
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("`%s --version` failed: %w", filepath.Base(m.Path), err)
+	}
 	f := strings.Fields(string(out))
 	if len(f) != 3 || f[0] != string(m.Name) || f[1] != "version" {
-		return api.ComponentError, ""
+		return "", fmt.Errorf("`--version` printed %.80q, not %q", out, string(m.Name)+" version <v>")
 	}
-	return api.ComponentInstalled, f[2]
+	return f[2], nil
 }
 
 // StartInstall begins a background install from url (force: always
@@ -175,9 +197,10 @@ func (m *Manager) end(url string, err error) {
 	defer m.mu.Unlock()
 	m.installing = false
 	if err == nil {
-		m.failedURL, m.failures = "", 0
+		m.failedURL, m.failures, m.lastErr = "", 0, ""
 		return
 	}
+	m.lastErr = err.Error()
 	if url != m.failedURL {
 		m.failedURL, m.failures = url, 0
 	}
@@ -194,6 +217,24 @@ func (m *Manager) end(url string, err error) {
 	if m.Log != nil {
 		m.Log.Error("component install failed", "component", m.Name, "url", url, "failures", m.failures, "retry_in", min(wait, maxWait), "err", err)
 	}
+}
+
+// checkExecutable requires an ELF executable for this machine's
+// architecture: never a script (a shebang line runs anything).
+func checkExecutable(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("not an ELF executable: %w", err)
+	}
+	defer f.Close()
+	want := map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[runtime.GOARCH]
+	if want != 0 && f.Machine != want {
+		return fmt.Errorf("built for %s, this host is %s", f.Machine, runtime.GOARCH)
+	}
+	if f.Type != elf.ET_EXEC && f.Type != elf.ET_DYN {
+		return fmt.Errorf("ELF type %s is not an executable", f.Type)
+	}
+	return nil
 }
 
 // install downloads url into a temp file next to Path, fsyncs it, makes it
@@ -225,9 +266,32 @@ func (m *Manager) install(ctx context.Context, url string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("install %s: %w", m.Name, err)
 	}
-	n, err := atomicfile.Write(m.Path, resp.Body, atomicfile.Options{Perm: 0o755, UID: -1, RejectEmpty: true})
+	// Verified before it replaces anything: a download that is not this
+	// component (an HTML error page, a script, another binary) is refused
+	// and the installed binary stays.
+	body := &io.LimitedReader{R: resp.Body, N: MaxDownload + 1}
+	var got string
+	n, err := atomicfile.Write(m.Path, body, atomicfile.Options{Perm: 0o755, UID: -1, RejectEmpty: true,
+		Verify: func(tmp string) error {
+			if body.N <= 0 {
+				return fmt.Errorf("download is larger than %d bytes", MaxDownload)
+			}
+			check := m.CheckFile
+			if check == nil {
+				check = checkExecutable
+			}
+			if err := check(tmp); err != nil {
+				return err
+			}
+			v, err := m.versionOf(ctx, tmp)
+			got = v
+			return err
+		}})
 	if err != nil {
-		return fmt.Errorf("install %s: %w", m.Name, err)
+		return fmt.Errorf("install %s from %s refused, the installed binary stays: %w", m.Name, url, err)
+	}
+	if m.Log != nil {
+		m.Log.Info("component verified", "component", m.Name, "version", got)
 	}
 	if m.Log != nil {
 		m.Log.Info("component installed", "component", m.Name, "path", m.Path, "bytes", n)

@@ -15,6 +15,9 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
+// scripts stands in for real binaries in these tests.
+func scripts(string) error { return nil }
+
 func script(version string) string {
 	return "#!/bin/sh\necho dstack-runner version " + version + "\n"
 }
@@ -34,7 +37,7 @@ func TestProbeAndInstall(t *testing.T) {
 	}))
 	defer srv.Close()
 	now := time.Unix(0, 0)
-	m := &Manager{Name: api.ComponentRunner, Path: filepath.Join(t.TempDir(), "bin", "dstack-runner"), Now: func() time.Time { return now }}
+	m := &Manager{Name: api.ComponentRunner, Path: filepath.Join(t.TempDir(), "bin", "dstack-runner"), Now: func() time.Time { return now }, CheckFile: scripts}
 	ctx := context.Background()
 
 	if got := m.Info(ctx); got.Status != api.ComponentNotInstalled || got.Version != "" {
@@ -78,7 +81,8 @@ func TestProbeAndInstall(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-done
-	if got := m.Info(ctx); got.Status != api.ComponentError {
+	// Malformed --version output: refused before it replaced anything.
+	if got := m.Info(ctx); got.Status != api.ComponentInstalled || got.Version != "0.21.2+tandem.9" || !strings.Contains(got.InstallError, "printed") {
 		t.Fatalf("malformed --version output: %+v", got)
 	}
 	if entries, _ := os.ReadDir(filepath.Dir(m.Path)); len(entries) != 1 {
@@ -94,7 +98,7 @@ func TestInstallingIsExclusive(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	m := &Manager{Name: api.ComponentRunner, Path: filepath.Join(t.TempDir(), "r")}
+	m := &Manager{Name: api.ComponentRunner, Path: filepath.Join(t.TempDir(), "r"), CheckFile: scripts}
 	if err := m.StartInstall(context.Background(), srv.URL, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -141,5 +145,57 @@ func TestProbeRunsOncePerFile(t *testing.T) {
 	_ = os.Remove(bin)
 	if got := m.Info(context.Background()); got.Status != api.ComponentNotInstalled {
 		t.Fatalf("removed: %+v", got)
+	}
+}
+
+// TestInstallVerifiesBeforeReplacing: with the default check, a script or a
+// binary that is not the component never replaces the installed one, and
+// the reason is reported.
+func TestInstallVerifiesBeforeReplacing(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	selfBytes, _ := os.ReadFile(self)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/script":
+			_, _ = w.Write([]byte(script("9.9.9")))
+		case "/other-elf": // an ELF that is not dstack-runner (this test binary)
+			_, _ = w.Write(selfBytes)
+		}
+	}))
+	defer srv.Close()
+	path := filepath.Join(t.TempDir(), "dstack-runner")
+	if err := os.WriteFile(path, []byte(script("0.21.3")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := &Manager{Name: api.ComponentRunner, Path: path}
+	for _, tc := range []struct{ url, want string }{
+		{"/script", "not an ELF executable"},
+		{"/other-elf", "--version`"},
+	} {
+		done := make(chan error, 1)
+		m.mu.Lock()
+		m.failedURL = ""
+		m.mu.Unlock()
+		if err := m.StartInstall(context.Background(), srv.URL+tc.url, func(err error) { done <- err }); err != nil {
+			t.Fatal(err)
+		}
+		err := <-done
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "the installed binary stays") {
+			t.Fatalf("%s: %v", tc.url, err)
+		}
+		info := m.Info(context.Background())
+		if info.Version != "0.21.3" || !strings.Contains(info.InstallError, tc.want) {
+			t.Fatalf("%s: %+v", tc.url, info)
+		}
+		if b, _ := os.ReadFile(path); string(b) != script("0.21.3") {
+			t.Fatalf("%s replaced the installed binary", tc.url)
+		}
+		entries, _ := os.ReadDir(filepath.Dir(path))
+		if len(entries) != 1 {
+			t.Fatalf("leftovers: %v", entries)
+		}
 	}
 }

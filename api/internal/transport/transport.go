@@ -35,6 +35,8 @@ type Client struct {
 	Timeout time.Duration
 	// Dial is the dialer used for the address (needed by WebSocket clients).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Token, when set, is sent as "Authorization: Bearer <token>".
+	Token string
 }
 
 // DialFunc opens a connection to an agent.
@@ -126,6 +128,9 @@ func (c *Client) Do(ctx context.Context, r Request) (*http.Response, context.Can
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 	resp, err := c.HTTP.Do(req)
 	if err != nil {

@@ -1,0 +1,127 @@
+package origin
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func accepted(t testing.TB, ln net.Listener) net.Conn {
+	t.Helper()
+	_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestSameProcessIsFromHost(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cl, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	c := accepted(t, ln)
+	v := Checker{}.Check(c.LocalAddr(), c.RemoteAddr())
+	if !v.FromHost || !strings.Contains(v.Peer, "pid "+strconv.Itoa(os.Getpid())) {
+		t.Fatalf("%+v", v)
+	}
+}
+
+// TestOtherMountNamespaceIsNot: a client in its own mount namespace (what
+// every container has), on the same loopback, is not the host.
+func TestOtherMountNamespaceIsNot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("unshare needs root")
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox missing")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	cmd := exec.Command("unshare", "--mount", bb, "nc", "127.0.0.1", port)
+	stdin, _ := cmd.StdinPipe()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	c := accepted(t, ln)
+	v := Checker{}.Check(c.LocalAddr(), c.RemoteAddr())
+	if v.FromHost || !strings.Contains(v.Reason, "another mount namespace") || !strings.Contains(v.Peer, "nc") && !strings.Contains(v.Peer, "busybox") {
+		t.Fatalf("%+v", v)
+	}
+}
+
+// TestDiagAgreesWithScan: the netlink lookup and the /proc scan find the
+// same socket.
+func TestDiagAgreesWithScan(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cl, _ := net.Dial("tcp", ln.Addr().String())
+	defer cl.Close()
+	c := accepted(t, ln)
+	l, r := c.LocalAddr().(*net.TCPAddr), c.RemoteAddr().(*net.TCPAddr)
+	a, err1 := diagInode(r, l)
+	b, err2 := Checker{}.scanInode(l, r)
+	if err1 != nil || err2 != nil || a != b || a == 0 {
+		t.Fatalf("diag %d %v, scan %d %v", a, err1, b, err2)
+	}
+	if _, err := diagInode(&net.TCPAddr{IP: r.IP, Port: 1}, l); err == nil {
+		t.Fatal("a tuple with no socket was found")
+	}
+}
+
+func TestAddrIs(t *testing.T) {
+	a := &net.TCPAddr{IP: net.ParseIP("127.0.0.1"), Port: 8080}
+	if !addrIs("0100007F:1F90", a) || addrIs("0100007F:1F91", a) || addrIs("0200007F:1F90", a) {
+		t.Fatal("ipv4")
+	}
+	// ::ffff:127.0.0.1 as a tcp6 entry.
+	if !addrIs("0000000000000000FFFF00000100007F:1F90", a) {
+		t.Fatal("v4-mapped")
+	}
+}
+
+// BenchmarkCheck is the cost per new connection (once per connection,
+// cached for its keep-alive requests).
+func BenchmarkCheck(b *testing.B) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	cl, _ := net.Dial("tcp", ln.Addr().String())
+	defer cl.Close()
+	c := accepted(b, ln)
+	b.ResetTimer()
+	for range b.N {
+		if v := (Checker{}).Check(c.LocalAddr(), c.RemoteAddr()); !v.FromHost {
+			b.Fatal(v)
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"log/slog"
+	"mime"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/tandem-run/tandem/common/httpapi"
+	"github.com/tandem-run/tandem/shim/origin"
+)
+
+// Access decides who may drive the shim. The API can start privileged
+// containers with any host path mounted: it is root on the host, so by
+// default only the host itself may call it. The dstack server arrives
+// through the host's sshd on loopback, tandem runs on the host or tunnels
+// the same way; a job, even in host network mode, runs in a container and
+// is refused.
+type Access struct {
+	// AllowContainers is the kill switch for the origin check.
+	AllowContainers bool
+	// Token, when set, is a second factor: every request must carry
+	// "Authorization: Bearer <Token>".
+	Token string
+	// AllowedHosts are accepted in the Host header besides loopback names
+	// ("*" accepts any). A browser tricked by DNS rebinding sends its own
+	// domain there.
+	AllowedHosts []string
+	// Check resolves a connection's origin (origin.Checker.Check).
+	Check func(local, remote net.Addr) origin.Verdict
+	Log   *slog.Logger
+}
+
+type verdictKey struct{}
+
+// connVerdict caches the origin of one connection for its keep-alive
+// requests: the lookup runs once per connection, not per request.
+type connVerdict struct {
+	once sync.Once
+	v    origin.Verdict
+}
+
+// ConnContext is http.Server.ConnContext for the shim's server.
+func ConnContext(ctx context.Context, _ net.Conn) context.Context {
+	return context.WithValue(ctx, verdictKey{}, &connVerdict{})
+}
+
+func loopbackHost(h string) bool {
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	}
+	h = strings.Trim(strings.ToLower(h), "[]")
+	if h == "localhost" || strings.HasSuffix(h, ".localhost") || h == "agent.sock" {
+		return true
+	}
+	ip := net.ParseIP(h)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (a Access) hostAllowed(h string) bool {
+	if loopbackHost(h) {
+		return true
+	}
+	name := h
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		name = host
+	}
+	for _, allowed := range a.AllowedHosts {
+		if allowed == "*" || strings.EqualFold(allowed, name) || strings.EqualFold(allowed, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// Middleware enforces, in order: the Host header (421), the caller's
+// origin (403), the token (401) and a JSON Content-Type on any body (415).
+// Each refusal is logged with the peer.
+func (a Access) Middleware() echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			r := c.Request()
+			peer := r.RemoteAddr
+			refuse := func(status int, msg string, attrs ...any) error {
+				a.Log.Warn("shim API refused", append([]any{"peer", peer, "method", r.Method, "path", r.URL.Path, "status", status, "why", msg}, attrs...)...)
+				return httpapi.Errorf(status, "%s", msg)
+			}
+			if !a.hostAllowed(r.Host) {
+				return refuse(http.StatusMisdirectedRequest, "Host "+r.Host+" is not this shim's; use localhost or a name given with --api-allowed-host")
+			}
+			if !a.AllowContainers && a.Check != nil {
+				v := a.verdict(r)
+				if v.Peer != "" {
+					peer = v.Peer
+				}
+				if !v.FromHost {
+					return refuse(http.StatusForbidden, "the shim API serves only the host itself, not "+peer+": "+v.Reason)
+				}
+			}
+			if a.Token != "" {
+				got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+				if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(a.Token)) != 1 {
+					return refuse(http.StatusUnauthorized, "a valid bearer token is required")
+				}
+			}
+			if r.ContentLength != 0 && r.Body != nil && r.Body != http.NoBody {
+				mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+				if err != nil || mt != "application/json" {
+					return refuse(http.StatusUnsupportedMediaType, "Content-Type header is not application/json")
+				}
+			}
+			return next(c)
+		}
+	}
+}
+
+func (a Access) verdict(r *http.Request) origin.Verdict {
+	local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	remote, err := net.ResolveTCPAddr("tcp", r.RemoteAddr)
+	if local == nil || err != nil {
+		return origin.Verdict{Peer: r.RemoteAddr, Reason: "the connection's addresses are unknown"}
+	}
+	cv, ok := r.Context().Value(verdictKey{}).(*connVerdict)
+	if !ok {
+		return a.Check(local, remote)
+	}
+	cv.once.Do(func() { cv.v = a.Check(local, remote) })
+	return cv.v
+}
