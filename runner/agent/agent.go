@@ -35,9 +35,13 @@ type Config struct {
 	AuthorizedKeys []string
 	SSHLogLevel    string
 	SSHCiphers     []string
-	DstackDir      string // "/dstack"
-	StartTimeout   time.Duration
-	LogsWait       time.Duration
+	SSHAddress     string
+	// SSH carries the SSH server's limits and policy switches (LoginGrace,
+	// MaxStartups, PerSource, GatewayPorts, PermitUserEnvironment).
+	SSH          sshd.Config
+	DstackDir    string // "/dstack"
+	StartTimeout time.Duration
+	LogsWait     time.Duration
 	// Linger keeps the runner up this long after the logs were pulled, for
 	// late readers (a CLI attaching over WebSocket, a retried pull).
 	Linger time.Duration
@@ -97,14 +101,19 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var x *executor.Executor
 	sshSrv, err := sshd.New(sshd.Config{
-		HostKeyDir: filepath.Join(cfg.TempDir, "ssh"),
-		Accounts:   accounts,
-		Env:        func() []string { return x.SessionEnv() },
-		CanSetUser: canSet,
-		Self:       self,
-		Tracker:    tracker,
-		Log:        log,
-		Ciphers:    cfg.SSHCiphers,
+		LoginGrace:            cfg.SSH.LoginGrace,
+		MaxStartups:           cfg.SSH.MaxStartups,
+		PerSource:             cfg.SSH.PerSource,
+		GatewayPorts:          cfg.SSH.GatewayPorts,
+		PermitUserEnvironment: cfg.SSH.PermitUserEnvironment,
+		HostKeyDir:            filepath.Join(cfg.TempDir, "ssh"),
+		Accounts:              accounts,
+		Env:                   func() []string { return x.SessionEnv() },
+		CanSetUser:            canSet,
+		Self:                  self,
+		Tracker:               tracker,
+		Log:                   log,
+		Ciphers:               cfg.SSHCiphers,
 	}, keys)
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)
@@ -129,7 +138,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer x.Close()
 	// SSH serves only now: a session's environment comes from the executor.
-	sshLn, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(cfg.SSHPort)))
+	sshLn, err := net.Listen("tcp", net.JoinHostPort(cfg.SSHAddress, strconv.Itoa(cfg.SSHPort)))
 	if err != nil {
 		return fmt.Errorf("ssh listen :%d: %w", cfg.SSHPort, err)
 	}

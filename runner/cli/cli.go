@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -40,6 +41,9 @@ func App() *cli.App {
 		Name:    "dstack-runner",
 		Usage:   "run one dstack job inside its container",
 		Version: version.String(),
+		// authorized_keys options contain commas (from="a,b",no-pty): a key
+		// must arrive as the one value it is.
+		DisableSliceFlagSeparator: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "fatal, error, warn, info, debug, trace or 1..6"},
 			&cli.BoolFlag{Name: versionVerbose, Usage: "print the version, Tandem's release and the Go toolchain"},
@@ -58,6 +62,12 @@ func App() *cli.App {
 			Usage:  "serve sftp on stdin/stdout (started by the SSH server as the login user)",
 			Action: func(*cli.Context) error { return sshd.ServeSFTP() },
 		}, {
+			Name:            sshd.SockHelperCommand,
+			Hidden:          true,
+			SkipFlagParsing: true,
+			Usage:           "open one forwarding socket as the login user and pass it back on fd 3 (started by the SSH server)",
+			Action:          func(c *cli.Context) error { return sshd.ServeSockHelper(c.Args().Slice()) },
+		}, {
 			Name:  "start",
 			Usage: "start the runner and wait for a job",
 			Flags: []cli.Flag{
@@ -69,6 +79,12 @@ func App() *cli.App {
 				&cli.StringSliceFlag{Name: "ssh-authorized-key", Usage: "authorized public key (repeatable)"},
 				&cli.StringFlag{Name: "ssh-log-level", Value: "INFO", Usage: "SSH server log level"},
 				&cli.StringSliceFlag{Name: "ssh-ciphers", Hidden: true, Usage: "SSH ciphers offered (default: AES-GCM)"},
+				&cli.StringFlag{Name: "ssh-address", Usage: "SSH bind address (default: all interfaces)"},
+				&cli.DurationFlag{Name: "ssh-login-grace", Value: 30 * time.Second, Usage: "time a connection has to authenticate"},
+				&cli.IntFlag{Name: "ssh-max-startups", Value: 32, Usage: "unauthenticated connections held at once (the oldest is dropped past it)"},
+				&cli.IntFlag{Name: "ssh-max-startups-per-source", Value: 8, Usage: "unauthenticated connections held from one address"},
+				&cli.BoolFlag{Name: "ssh-gateway-ports", Usage: "let -R listen on non-loopback addresses"},
+				&cli.BoolFlag{Name: "ssh-permit-user-environment", Usage: "apply environment= options of authorized keys"},
 				&cli.DurationFlag{Name: "start-timeout", Value: 5 * time.Minute, Hidden: true, Usage: "exit 1 when no job runs within this"},
 				&cli.DurationFlag{Name: "logs-wait", Value: 5 * time.Minute, Hidden: true, Usage: "after the job, wait this long at most for logs to be read"},
 				&cli.DurationFlag{Name: "linger", Value: 10 * time.Second, Hidden: true, Usage: "stay up this long after the logs were pulled, for late readers"},
@@ -90,7 +106,11 @@ func App() *cli.App {
 					SSHPort:        c.Int("ssh-port"),
 					AuthorizedKeys: c.StringSlice("ssh-authorized-key"),
 					SSHLogLevel:    c.String("ssh-log-level"),
-					SSHCiphers:     c.StringSlice("ssh-ciphers"),
+					SSHCiphers:     splitCommas(c.StringSlice("ssh-ciphers")),
+					SSHAddress:     c.String("ssh-address"),
+					SSH: sshd.Config{LoginGrace: c.Duration("ssh-login-grace"), MaxStartups: c.Int("ssh-max-startups"),
+						PerSource: c.Int("ssh-max-startups-per-source"), GatewayPorts: c.Bool("ssh-gateway-ports"),
+						PermitUserEnvironment: c.Bool("ssh-permit-user-environment")},
 					StartTimeout:   c.Duration("start-timeout"),
 					LogsWait:       c.Duration("logs-wait"),
 					Linger:         c.Duration("linger"),
@@ -100,4 +120,17 @@ func App() *cli.App {
 			},
 		}},
 	}
+}
+
+// splitCommas accepts a list flag both repeated and comma-separated.
+func splitCommas(vals []string) []string {
+	var out []string
+	for _, v := range vals {
+		for _, p := range strings.Split(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
 }

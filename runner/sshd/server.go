@@ -17,7 +17,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +51,17 @@ type Config struct {
 	MaxChannels int
 	// Ciphers offered, in order; nil means DefaultCiphers.
 	Ciphers []string
+	// LoginGrace bounds a connection's time to authenticate (30 s);
+	// MaxStartups caps unauthenticated connections (32), PerSource those
+	// from one address (8). See gate.
+	LoginGrace  time.Duration
+	MaxStartups int
+	PerSource   int
+	// GatewayPorts lets -R listen on addresses other than loopback.
+	GatewayPorts bool
+	// PermitUserEnvironment applies authorized_keys environment= options.
+	PermitUserEnvironment bool
+	Now                   func() time.Time
 }
 
 // DefaultCiphers are offered by default. Clients pick by their own order,
@@ -64,17 +74,23 @@ var DefaultCiphers = []string{"aes128-gcm@openssh.com", "aes256-gcm@openssh.com"
 
 // Server is the SSH server.
 type Server struct {
-	cfg   Config
-	keys  *KeySet
-	srv   *gssh.Server
-	conns atomic.Int64
+	cfg  Config
+	keys *KeySet
+	srv  *gssh.Server
+	gate *gate
+}
+
+// authKey is one authorized_keys line: the key and its options.
+type authKey struct {
+	key     gossh.PublicKey
+	options []string
 }
 
 // KeySet is the shared authorized keys: --ssh-authorized-key values and the
-// job's multi-node key. Safe for concurrent use.
+// job's multi-node key, each with its options. Safe for concurrent use.
 type KeySet struct {
 	mu   sync.RWMutex // guards keys
-	keys []gossh.PublicKey
+	keys []authKey
 }
 
 // Add parses and adds authorized_keys lines; bad lines are errors.
@@ -84,21 +100,30 @@ func (k *KeySet) Add(lines ...string) error {
 		if l == "" {
 			continue
 		}
-		pk, _, _, _, err := gossh.ParseAuthorizedKey([]byte(l))
+		pk, _, opts, _, err := gossh.ParseAuthorizedKey([]byte(l))
 		if err != nil {
 			return fmt.Errorf("authorized key %.40q: %w", l, err)
 		}
+		if _, err := parseKeyOptions(opts); err != nil {
+			return fmt.Errorf("authorized key %.40q: %w", l, err)
+		}
 		k.mu.Lock()
-		k.keys = append(k.keys, pk)
+		k.keys = append(k.keys, authKey{key: pk, options: opts})
 		k.mu.Unlock()
 	}
 	return nil
 }
 
-func (k *KeySet) has(key gossh.PublicKey) bool {
+func (k *KeySet) matching(key gssh.PublicKey) []authKey {
 	k.mu.RLock()
 	defer k.mu.RUnlock()
-	return slices.ContainsFunc(k.keys, func(p gossh.PublicKey) bool { return gssh.KeysEqual(p, key) })
+	var out []authKey
+	for _, a := range k.keys {
+		if gssh.KeysEqual(a.key, key) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // New prepares the server (host keys, handlers) without listening.
@@ -118,13 +143,24 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 	if cfg.Tracker == nil {
 		cfg.Tracker = NewTracker()
 	}
+	if cfg.LoginGrace == 0 {
+		cfg.LoginGrace = 30 * time.Second
+	}
+	if cfg.MaxStartups == 0 {
+		cfg.MaxStartups = 32
+	}
+	if cfg.PerSource == 0 {
+		cfg.PerSource = 8
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	signers, err := hostKeys(cfg.HostKeyDir)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, keys: keys}
-	fwd := &gssh.ForwardedTCPHandler{}
-	sl := &streamLocal{log: cfg.Log}
+	s := &Server{cfg: cfg, keys: keys, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns)}
+	fw := &forwards{s: s, log: cfg.Log}
 	s.srv = &gssh.Server{
 		Addr:                          cfg.Addr,
 		HostSigners:                   signers,
@@ -132,18 +168,19 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 		Handler:                       s.session,
 		PublicKeyHandler:              s.auth,
 		ConnCallback:                  s.onConn,
-		LocalPortForwardingCallback:   func(gssh.Context, string, uint32) bool { return true },
-		ReversePortForwardingCallback: func(gssh.Context, string, uint32) bool { return true },
+		PtyCallback:                   func(ctx gssh.Context, _ gssh.Pty) bool { return !s.grant(ctx).noPty },
+		LocalPortForwardingCallback:   func(gssh.Context, string, uint32) bool { return false }, // ours below
+		ReversePortForwardingCallback: func(gssh.Context, string, uint32) bool { return false },
 		ChannelHandlers: map[string]gssh.ChannelHandler{
 			"session":                        s.channel(gssh.DefaultSessionHandler),
-			"direct-tcpip":                   s.channel(directTCPIP),
-			"direct-streamlocal@openssh.com": s.channel(sl.direct),
+			"direct-tcpip":                   s.channel(fw.directTCP),
+			"direct-streamlocal@openssh.com": s.channel(fw.directUnix),
 		},
 		RequestHandlers: map[string]gssh.RequestHandler{
-			"tcpip-forward":                          fwd.HandleSSHRequest,
-			"cancel-tcpip-forward":                   fwd.HandleSSHRequest,
-			"streamlocal-forward@openssh.com":        sl.forward,
-			"cancel-streamlocal-forward@openssh.com": sl.cancel,
+			"tcpip-forward":                          fw.listenTCP,
+			"cancel-tcpip-forward":                   fw.cancelTCP,
+			"streamlocal-forward@openssh.com":        fw.listenUnix,
+			"cancel-streamlocal-forward@openssh.com": fw.cancelUnix,
 		},
 		SubsystemHandlers: map[string]gssh.SubsystemHandler{"sftp": s.sftp},
 		ServerConfigCallback: func(gssh.Context) *gossh.ServerConfig {
@@ -151,6 +188,14 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 			c.Ciphers = cfg.Ciphers
 			if c.Ciphers == nil {
 				c.Ciphers = DefaultCiphers
+			}
+			// Called after each authentication attempt; nil err is a real
+			// success (a signature checked), unlike the key callback, which
+			// also answers queries.
+			c.AuthLogCallback = func(md gossh.ConnMetadata, method string, err error) {
+				if err == nil {
+					s.authenticated(md)
+				}
 			}
 			return c
 		},
@@ -176,53 +221,120 @@ func (s *Server) Close() error { return s.srv.Close() }
 // Tracker returns the connection tracker.
 func (s *Server) Tracker() *Tracker { return s.cfg.Tracker }
 
-// onConn caps concurrent connections and tracks their lifetimes.
-func (s *Server) onConn(ctx gssh.Context, c net.Conn) net.Conn {
-	if n := s.conns.Add(1); n > int64(s.cfg.MaxConns) {
-		s.conns.Add(-1)
-		s.cfg.Log.Warn("ssh connection refused: too many connections", "remote", c.RemoteAddr().String(), "max", s.cfg.MaxConns)
-		c.Close()
-		return c
+// onConn admits a new connection into the login window (see gate); the
+// oldest unauthenticated connections past the caps are dropped.
+func (s *Server) onConn(_ gssh.Context, c net.Conn) net.Conn {
+	gc, evicted := s.gate.admit(c, nil)
+	for _, e := range evicted {
+		s.cfg.Log.Info("ssh: dropping an unauthenticated connection to make room", "remote", e.RemoteAddr().String())
+		e.Close()
 	}
-	id := s.cfg.Tracker.Opened(time.Now())
-	return &trackedConn{Conn: c, done: func() {
-		s.conns.Add(-1)
-		s.cfg.Tracker.Closed(id, time.Now())
-	}}
+	return gc
 }
 
-type trackedConn struct {
-	net.Conn
-	once sync.Once
-	done func()
+// authenticated ends the connection's login window and starts tracking it
+// for no_connections_secs; past MaxConns it is dropped.
+func (s *Server) authenticated(md gossh.ConnMetadata) {
+	s.gate.mu.Lock()
+	gc := s.gate.byRemote[md.RemoteAddr().String()]
+	s.gate.mu.Unlock()
+	if gc == nil {
+		return
+	}
+	if !s.gate.authenticated(md.RemoteAddr()) {
+		s.cfg.Log.Warn("ssh connection refused: too many connections", "remote", md.RemoteAddr().String(), "max", s.cfg.MaxConns)
+		gc.Close()
+		return
+	}
+	id := s.cfg.Tracker.Opened(s.cfg.Now())
+	gc.done = func() { s.cfg.Tracker.Closed(id, s.cfg.Now()) }
 }
 
-func (c *trackedConn) Close() error {
-	c.once.Do(c.done)
-	return c.Conn.Close()
-}
+// grantsKey is the per-connection record of what each authorized key
+// grants, by fingerprint.
+type grantsKey struct{}
 
-// auth accepts the shared keys and the target user's own authorized_keys.
+// permKey names the fingerprint in the key's gossh.Permissions.
+const permKey = "tandem-key-fp"
+
+// auth accepts a key listed in the shared keys or the target user's
+// authorized_keys, with OpenSSH's option semantics: a line whose options we
+// do not implement, that expired, or whose from= does not match is skipped.
+// What the key grants is recorded per key: the options in force are those
+// of the key that actually signed (grant), not of the last key offered.
 func (s *Server) auth(ctx gssh.Context, key gssh.PublicKey) bool {
-	if s.keys.has(key) {
+	fp := gossh.FingerprintSHA256(key)
+	log := s.cfg.Log.With("user", ctx.User(), "remote", ctx.RemoteAddr().String(), "key", fp)
+	candidates := s.keys.matching(key)
+	if l, err := s.cfg.Accounts.Login(ctx.User()); err == nil && l.Home != "/" {
+		candidates = append(candidates, userKeys(l.Home, key)...)
+	}
+	for _, c := range candidates {
+		opts, err := parseKeyOptions(c.options)
+		if err != nil {
+			log.Warn("ssh key line refused", "err", err)
+			continue
+		}
+		if ok, why := opts.admits(s.cfg.Now(), ctx.RemoteAddr()); !ok {
+			log.Info("ssh key line refused", "why", why)
+			continue
+		}
+		ctx.Lock()
+		grants, _ := ctx.Value(grantsKey{}).(map[string]keyOptions)
+		if grants == nil {
+			grants = map[string]keyOptions{}
+			ctx.SetValue(grantsKey{}, grants)
+		}
+		if _, seen := grants[fp]; !seen {
+			grants[fp] = opts
+		}
+		ctx.Unlock()
+		// A fresh Permissions per key: x/crypto caches it with the key,
+		// so the connection ends up holding the signing key's.
+		ctx.SetValue(gssh.ContextKeyPermissions, &gssh.Permissions{Permissions: &gossh.Permissions{Extensions: map[string]string{permKey: fp}}})
 		return true
 	}
-	if l, err := s.cfg.Accounts.Login(ctx.User()); err == nil && l.Home != "/" {
-		if b, err := os.ReadFile(filepath.Join(l.Home, ".ssh", "authorized_keys")); err == nil {
-			for len(b) > 0 {
-				pk, _, _, rest, err := gossh.ParseAuthorizedKey(b)
-				if err != nil {
-					break
-				}
-				if gssh.KeysEqual(pk, key) {
-					return true
-				}
-				b = rest
-			}
-		}
-	}
-	s.cfg.Log.Info("ssh auth refused", "user", ctx.User(), "remote", ctx.RemoteAddr().String(), "key", gossh.FingerprintSHA256(key))
+	log.Info("ssh auth refused")
 	return false
+}
+
+// userKeys are the lines of home's authorized_keys for key.
+func userKeys(home string, key gssh.PublicKey) []authKey {
+	b, err := os.ReadFile(filepath.Join(home, ".ssh", "authorized_keys"))
+	if err != nil {
+		return nil
+	}
+	var out []authKey
+	for len(b) > 0 {
+		pk, _, opts, rest, err := gossh.ParseAuthorizedKey(b)
+		if err != nil {
+			break
+		}
+		if gssh.KeysEqual(pk, key) {
+			out = append(out, authKey{key: pk, options: opts})
+		}
+		b = rest
+	}
+	return out
+}
+
+// grant returns what the connection's authenticated key grants. Anything
+// unexpected grants nothing.
+func (s *Server) grant(ctx gssh.Context) keyOptions {
+	deny := keyOptions{noPortForwarding: true, noPty: true, noAgent: true, hasCommand: true, command: "false"}
+	conn, ok := ctx.Value(gssh.ContextKeyConn).(*gossh.ServerConn)
+	if !ok || conn.Permissions == nil {
+		return deny
+	}
+	fp := conn.Permissions.Extensions[permKey]
+	ctx.Lock()
+	defer ctx.Unlock()
+	grants, _ := ctx.Value(grantsKey{}).(map[string]keyOptions)
+	opts, ok := grants[fp]
+	if !ok {
+		return deny
+	}
+	return opts
 }
 
 type connStateKey struct{}

@@ -24,10 +24,17 @@ func acceptedEnv(kv string) bool {
 	return k == "LANG" || strings.HasPrefix(k, "LC_") || k == "COLORTERM" || k == "NO_COLOR"
 }
 
-// shellFor picks the user's shell, else /bin/sh, else busybox's.
+// noLogin reports a shell that refuses logins (nologin, false): such a
+// user gets no session, as with OpenSSH (forwarding still works).
+func noLogin(shell string) bool {
+	return strings.HasSuffix(shell, "/nologin") || strings.HasSuffix(shell, "/false")
+}
+
+// shellFor picks the user's shell, else /bin/sh, else busybox's (an image
+// whose passwd names a shell it does not ship).
 func shellFor(login executor.Login) []string {
 	usable := func(p string) bool {
-		if p == "" || strings.HasSuffix(p, "nologin") || strings.HasSuffix(p, "/false") {
+		if p == "" || noLogin(p) {
 			return false
 		}
 		fi, err := os.Stat(p)
@@ -92,6 +99,13 @@ func (s *Server) session(sess gssh.Session) {
 		_ = sess.Exit(254)
 		return
 	}
+	if noLogin(login.Shell) {
+		log.Info("ssh session refused: the account's shell refuses logins", "shell", login.Shell)
+		fmt.Fprint(sess.Stderr(), "This account is currently not available.\r\n")
+		_ = sess.Exit(1)
+		return
+	}
+	opts := s.grant(sess.Context())
 	shellArgv := shellFor(login)
 	if shellArgv == nil {
 		fmt.Fprintf(sess.Stderr(), "tandem: no shell in this image (tried %q, /bin/sh, busybox)\r\n", login.Shell)
@@ -99,7 +113,12 @@ func (s *Server) session(sess gssh.Session) {
 		return
 	}
 	env := s.sessionEnv(sess, login, shellArgv[0])
-	if gssh.AgentRequested(sess) {
+	if s.cfg.PermitUserEnvironment {
+		env = append(env, opts.env...)
+	}
+	if gssh.AgentRequested(sess) && opts.noAgent {
+		log.Info("agent forwarding refused: no-agent-forwarding")
+	} else if gssh.AgentRequested(sess) {
 		if sock, closeAgent, err := s.agentSocket(sess, login); err == nil {
 			defer closeAgent()
 			env = append(env, "SSH_AUTH_SOCK="+sock)
@@ -108,7 +127,14 @@ func (s *Server) session(sess gssh.Session) {
 		}
 	}
 	var cmd *exec.Cmd
-	if raw := sess.RawCommand(); raw != "" {
+	if opts.hasCommand {
+		// command= runs instead of whatever was asked (a shell, a command,
+		// a subsystem); what was asked is in SSH_ORIGINAL_COMMAND.
+		if raw := sess.RawCommand(); raw != "" {
+			env = append(env, "SSH_ORIGINAL_COMMAND="+raw)
+		}
+		cmd = exec.Command(shellArgv[0], append(shellArgv[1:], "-c", opts.command)...)
+	} else if raw := sess.RawCommand(); raw != "" {
 		cmd = exec.Command(shellArgv[0], append(shellArgv[1:], "-c", raw)...)
 	} else {
 		cmd = exec.Command(shellArgv[0], append(shellArgv[1:], "-l")...)
@@ -262,6 +288,10 @@ func (s *Server) sftp(sess gssh.Session) {
 	login, err := s.cfg.Accounts.Login(sess.User())
 	if err != nil {
 		_ = sess.Exit(254)
+		return
+	}
+	if noLogin(login.Shell) || s.grant(sess.Context()).hasCommand {
+		s.session(sess) // refused, or the forced command runs instead
 		return
 	}
 	cmd := exec.Command(s.cfg.Self, "sftp-server")

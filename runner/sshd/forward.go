@@ -1,0 +1,345 @@
+package sshd
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+
+	gssh "github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/tandem-run/tandem/runner/executor"
+)
+
+// forwards serves -L and -R for TCP ports and Unix sockets (OpenSSH's
+// direct-tcpip, tcpip-forward, and the streamlocal extensions the dstack
+// server uses for /run/dstack/server.sock). Every socket is opened as the
+// login user (dialAs, listenAs), within what the key's options allow;
+// -R listens on loopback unless GatewayPorts, and only root may listen on
+// ports below 1024.
+type forwards struct {
+	s   *Server
+	log *slog.Logger
+
+	mu        sync.Mutex // guards listeners
+	listeners map[string]net.Listener
+}
+
+type directTCPIPData struct {
+	DestAddr   string
+	DestPort   uint32
+	OriginAddr string
+	OriginPort uint32
+}
+
+type tcpForwardReq struct {
+	BindAddr string
+	BindPort uint32
+}
+
+type tcpForwardReply struct {
+	Port uint32
+}
+
+type forwardedTCPPayload struct {
+	Addr       string
+	Port       uint32
+	OriginAddr string
+	OriginPort uint32
+}
+
+type streamLocalDirect struct {
+	SocketPath string
+	Reserved0  string
+	Reserved1  uint32
+}
+
+type streamLocalForward struct {
+	SocketPath string
+}
+
+type forwardedStreamLocal struct {
+	SocketPath string
+	Reserved   string
+}
+
+func pipe(a, b io.ReadWriteCloser) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _, _ = io.Copy(a, b); a.Close() }()
+	go func() { defer wg.Done(); _, _ = io.Copy(b, a); b.Close() }()
+	wg.Wait()
+}
+
+// acceptAndPipe finishes a forward channel: reject it with the dial error,
+// or accept it and copy both ways until either side ends.
+func acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
+	if dialErr != nil {
+		_ = nc.Reject(gossh.ConnectionFailed, dialErr.Error())
+		return
+	}
+	ch, reqs, err := nc.Accept()
+	if err != nil {
+		conn.Close()
+		return
+	}
+	go gossh.DiscardRequests(reqs)
+	pipe(ch, conn)
+}
+
+func (f *forwards) login(ctx gssh.Context) (executor.Login, error) {
+	return f.s.cfg.Accounts.Login(ctx.User())
+}
+
+func (f *forwards) refuse(ctx gssh.Context, what, why string) {
+	f.log.Info("ssh forward refused", "user", ctx.User(), "remote", ctx.RemoteAddr().String(), "forward", what, "why", why)
+}
+
+// directTCP serves ssh -L to a TCP address. It returns only when the
+// forward ends, so per-connection channel accounting holds for forwards.
+func (f *forwards) directTCP(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, ctx gssh.Context) {
+	var d directTCPIPData
+	if err := gossh.Unmarshal(nc.ExtraData(), &d); err != nil {
+		_ = nc.Reject(gossh.ConnectionFailed, "malformed direct-tcpip request")
+		return
+	}
+	dest := net.JoinHostPort(d.DestAddr, strconv.Itoa(int(d.DestPort)))
+	if !f.s.grant(ctx).permitsOpen(d.DestAddr, d.DestPort) {
+		f.refuse(ctx, "-L "+dest, "not permitted by the key's options")
+		_ = nc.Reject(gossh.Prohibited, "port forwarding to "+dest+" is not permitted")
+		return
+	}
+	login, err := f.login(ctx)
+	if err != nil {
+		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
+		return
+	}
+	conn, err := f.s.dialAs(ctx, login, "tcp", dest)
+	acceptAndPipe(nc, conn, err)
+}
+
+// directUnix serves ssh -L to a Unix socket, connecting as the user.
+func (f *forwards) directUnix(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewChannel, ctx gssh.Context) {
+	var d streamLocalDirect
+	if err := gossh.Unmarshal(nc.ExtraData(), &d); err != nil {
+		_ = nc.Reject(gossh.ConnectionFailed, "malformed streamlocal request")
+		return
+	}
+	if f.s.grant(ctx).noPortForwarding {
+		f.refuse(ctx, "-L "+d.SocketPath, "no-port-forwarding")
+		_ = nc.Reject(gossh.Prohibited, "port forwarding is not permitted")
+		return
+	}
+	login, err := f.login(ctx)
+	if err != nil {
+		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
+		return
+	}
+	conn, err := f.s.dialAs(ctx, login, "unix", d.SocketPath)
+	acceptAndPipe(nc, conn, err)
+}
+
+// bindAddr is where a -R TCP listen really binds.
+func (f *forwards) bindAddr(requested string) string {
+	if f.s.cfg.GatewayPorts {
+		switch requested {
+		case "", "*":
+			return ""
+		case "localhost":
+			return "127.0.0.1"
+		}
+		return requested
+	}
+	if ip := net.ParseIP(requested); ip != nil && ip.IsLoopback() {
+		return requested
+	}
+	return "127.0.0.1"
+}
+
+func connKey(ctx gssh.Context, kind, addr string) string {
+	return fmt.Sprintf("%s|%s|%s", ctx.SessionID(), kind, addr)
+}
+
+func (f *forwards) keep(key string, ln net.Listener) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.listeners == nil {
+		f.listeners = map[string]net.Listener{}
+	}
+	f.listeners[key] = ln
+}
+
+func (f *forwards) drop(key string) (net.Listener, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	ln, ok := f.listeners[key]
+	delete(f.listeners, key)
+	return ln, ok
+}
+
+// listenTCP serves ssh -R for a TCP port.
+func (f *forwards) listenTCP(ctx gssh.Context, _ *gssh.Server, req *gossh.Request) (bool, []byte) {
+	var r tcpForwardReq
+	if err := gossh.Unmarshal(req.Payload, &r); err != nil || r.BindPort > 65535 {
+		return false, nil
+	}
+	what := "-R " + net.JoinHostPort(r.BindAddr, strconv.Itoa(int(r.BindPort)))
+	conn, ok := ctx.Value(gssh.ContextKeyConn).(*gossh.ServerConn)
+	if !ok {
+		return false, nil
+	}
+	if !f.s.grant(ctx).permitsListen(r.BindAddr, r.BindPort) {
+		f.refuse(ctx, what, "not permitted by the key's options")
+		return false, nil
+	}
+	login, err := f.login(ctx)
+	if err != nil {
+		return false, nil
+	}
+	if r.BindPort != 0 && r.BindPort < 1024 && login.UID != 0 {
+		f.refuse(ctx, what, "only root may listen on ports below 1024")
+		return false, nil
+	}
+	ln, err := f.s.listenAs(ctx, login, "tcp", net.JoinHostPort(f.bindAddr(r.BindAddr), strconv.Itoa(int(r.BindPort))))
+	if err != nil {
+		f.refuse(ctx, what, err.Error())
+		return false, nil
+	}
+	port := uint32(ln.Addr().(*net.TCPAddr).Port)
+	key := connKey(ctx, "tcp", net.JoinHostPort(r.BindAddr, strconv.Itoa(int(r.BindPort))))
+	f.keep(key, ln)
+	go func() {
+		<-ctx.Done()
+		if ln, ok := f.drop(key); ok {
+			ln.Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				oaddr, oport := "", 0
+				if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+					oaddr, oport = ta.IP.String(), ta.Port
+				}
+				payload := gossh.Marshal(forwardedTCPPayload{Addr: r.BindAddr, Port: port, OriginAddr: oaddr, OriginPort: uint32(oport)})
+				ch, reqs, err := conn.OpenChannel("forwarded-tcpip", payload)
+				if err != nil {
+					c.Close()
+					return
+				}
+				go gossh.DiscardRequests(reqs)
+				pipe(ch, c)
+			}()
+		}
+	}()
+	return true, gossh.Marshal(tcpForwardReply{Port: port})
+}
+
+func (f *forwards) cancelTCP(ctx gssh.Context, _ *gssh.Server, req *gossh.Request) (bool, []byte) {
+	var r tcpForwardReq
+	if err := gossh.Unmarshal(req.Payload, &r); err != nil {
+		return false, nil
+	}
+	ln, ok := f.drop(connKey(ctx, "tcp", net.JoinHostPort(r.BindAddr, strconv.Itoa(int(r.BindPort)))))
+	if ok {
+		ln.Close()
+	}
+	return ok, nil
+}
+
+// listenUnix serves ssh -R for a Unix socket, created by the user.
+func (f *forwards) listenUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Request) (bool, []byte) {
+	var r streamLocalForward
+	if err := gossh.Unmarshal(req.Payload, &r); err != nil {
+		return false, nil
+	}
+	conn, ok := ctx.Value(gssh.ContextKeyConn).(*gossh.ServerConn)
+	if !ok {
+		return false, nil
+	}
+	if f.s.grant(ctx).noPortForwarding {
+		f.refuse(ctx, "-R "+r.SocketPath, "no-port-forwarding")
+		return false, nil
+	}
+	login, err := f.login(ctx)
+	if err != nil {
+		return false, nil
+	}
+	ln, err := f.s.listenAs(ctx, login, "unix", r.SocketPath)
+	if err != nil {
+		f.refuse(ctx, "-R "+r.SocketPath, err.Error())
+		return false, nil
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		ul.SetUnlinkOnClose(false) // removed below, only if still ours
+	}
+	key := connKey(ctx, "unix", r.SocketPath)
+	f.keep(key, ln)
+	owner := login.UID
+	if !f.s.needsHelper(login) {
+		owner = os.Geteuid()
+	}
+	closeIt := func() {
+		if ln, ok := f.drop(key); ok {
+			ln.Close()
+			removeSocket(r.SocketPath, owner)
+		}
+	}
+	go func() {
+		<-ctx.Done()
+		closeIt()
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				payload := gossh.Marshal(forwardedStreamLocal{SocketPath: r.SocketPath})
+				ch, reqs, err := conn.OpenChannel("forwarded-streamlocal@openssh.com", payload)
+				if err != nil {
+					c.Close()
+					return
+				}
+				go gossh.DiscardRequests(reqs)
+				pipe(ch, c)
+			}()
+		}
+	}()
+	return true, nil
+}
+
+func (f *forwards) cancelUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Request) (bool, []byte) {
+	var r streamLocalForward
+	if err := gossh.Unmarshal(req.Payload, &r); err != nil {
+		return false, nil
+	}
+	ln, ok := f.drop(connKey(ctx, "unix", r.SocketPath))
+	if ok {
+		ln.Close()
+		_ = os.Remove(r.SocketPath)
+	}
+	return ok, nil
+}
+
+// removeSocket unlinks path only while it is still a socket owned by uid:
+// the name may have been replaced since.
+func removeSocket(path string, uid int) {
+	fi, err := os.Lstat(path)
+	if err != nil || fi.Mode()&os.ModeSocket == 0 {
+		return
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid {
+		_ = os.Remove(path)
+	}
+}

@@ -1,0 +1,116 @@
+package sshd
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+)
+
+func opts(t *testing.T, line string) (keyOptions, error) {
+	t.Helper()
+	_, _, o, _, err := gossh.ParseAuthorizedKey([]byte(line + " ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGa6ZRd7ZG7JXqZbWbKJ3b7h5pI6kY0cUQYvV0c8m1pF u@h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return parseKeyOptions(o)
+}
+
+func TestKeyOptions(t *testing.T) {
+	addr := &net.TCPAddr{IP: net.ParseIP("10.1.2.3"), Port: 5555}
+	now := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
+	o, err := opts(t, `from="10.9.9.9",command="/bin/echo RESTRICTED",no-port-forwarding,no-pty,expiry-time="20000101"`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.hasCommand || o.command != "/bin/echo RESTRICTED" || !o.noPty || o.permitsOpen("localhost", 80) {
+		t.Fatalf("%+v", o)
+	}
+	if ok, why := o.admits(now, addr); ok || !strings.Contains(why, "expired") {
+		t.Fatalf("expired key admitted: %v %s", ok, why)
+	}
+	o.expiry = time.Time{}
+	if ok, why := o.admits(now, addr); ok || !strings.Contains(why, "from=") {
+		t.Fatalf("from= mismatch admitted: %v %s", ok, why)
+	}
+	for _, tc := range []struct {
+		from string
+		ok   bool
+	}{
+		{`from="10.1.2.3"`, true}, {`from="10.1.*"`, true}, {`from="10.0.0.0/8"`, true},
+		{`from="10.0.0.0/8,!10.1.2.3"`, false}, {`from="192.168.0.0/16"`, false}, {`from="10.1.2.?"`, true},
+	} {
+		o, err := opts(t, tc.from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, _ := o.admits(now, addr); ok != tc.ok {
+			t.Errorf("%s: %v", tc.from, ok)
+		}
+	}
+	o, _ = opts(t, `restrict,pty`)
+	if !o.noPortForwarding || o.noPty || !o.noAgent {
+		t.Fatalf("restrict,pty: %+v", o)
+	}
+	o, _ = opts(t, `permitopen="localhost:8080",permitopen="*:9000"`)
+	if !o.permitsOpen("localhost", 8080) || o.permitsOpen("localhost", 8081) || !o.permitsOpen("db", 9000) {
+		t.Fatalf("permitopen: %+v", o)
+	}
+	o, _ = opts(t, `permitlisten="9000",permitlisten="0.0.0.0:9001"`)
+	if !o.permitsListen("localhost", 9000) || o.permitsListen("localhost", 9001) || !o.permitsListen("0.0.0.0", 9001) {
+		t.Fatalf("permitlisten: %+v", o)
+	}
+	for _, bad := range []string{`cert-authority`, `tunnel="0"`, `principals="a"`, `no-such-option`, `expiry-time="tomorrow"`, `permitopen="nohostport"`} {
+		if _, err := opts(t, bad); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
+}
+
+func TestGateEvictsOldestUnauthenticated(t *testing.T) {
+	g := newGate(time.Minute, 3, 2, 10)
+	mk := func(ip string, port int) net.Conn {
+		a, b := net.Pipe()
+		t.Cleanup(func() { a.Close(); b.Close() })
+		return addrConn{Conn: a, remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
+	}
+	c1, ev := g.admit(mk("10.0.0.1", 1), nil)
+	_, ev2 := g.admit(mk("10.0.0.1", 2), nil)
+	if len(ev)+len(ev2) != 0 {
+		t.Fatal("evicted early")
+	}
+	// A third from the same source evicts that source's oldest.
+	_, ev = g.admit(mk("10.0.0.1", 3), nil)
+	if len(ev) != 1 || ev[0] != c1 {
+		t.Fatalf("per-source eviction: %v", ev)
+	}
+	// Another source fills the global cap, then evicts the oldest overall.
+	g.admit(mk("10.0.0.2", 1), nil)
+	if p, _ := g.counts(); p != 3 {
+		t.Fatalf("pending %d", p)
+	}
+	legit := mk("10.0.0.9", 1)
+	gl, ev := g.admit(legit, nil)
+	if len(ev) != 1 {
+		t.Fatalf("global eviction: %v", ev)
+	}
+	if !g.authenticated(legit.RemoteAddr()) {
+		t.Fatal("authentication refused")
+	}
+	if p, a := g.counts(); p != 2 || a != 1 || !gl.authed {
+		t.Fatalf("after auth: pending %d authed %d", p, a)
+	}
+	gl.Close()
+	if _, a := g.counts(); a != 0 {
+		t.Fatal("close did not release")
+	}
+}
+
+type addrConn struct {
+	net.Conn
+	remote net.Addr
+}
+
+func (c addrConn) RemoteAddr() net.Addr { return c.remote }
