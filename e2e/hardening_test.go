@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -319,5 +320,82 @@ func TestEntrypointRefusesHostileURL(t *testing.T) {
 		"--authorized-key", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGa6ZRd7ZG7JXqZbWbKJ3b7h5pI6kY0cUQYvV0c8m1pF u@h").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "runner_url") {
 		t.Fatalf("hostile URL rendered: %v %s", err, out)
+	}
+}
+
+// TestShimServesOnlyTheHost (issue 15): a job in host network mode shares
+// the host's loopback but not its mount namespace: it can neither list nor
+// create tasks nor install components, while the host can.
+func TestShimServesOnlyTheHost(t *testing.T) {
+	t.Parallel()
+	h := startShim(t, runnerScript(t, "sleep 60"), nil)
+	addr := strings.TrimSuffix(strings.TrimPrefix(h.client.BaseURL(), "http://"), "/")
+	_, port, _ := net.SplitHostPort(addr)
+	ctx := context.Background()
+	for _, req := range []string{
+		"GET /api/tasks HTTP/1.0\r\nHost: localhost\r\n\r\n",
+		"POST /api/tasks HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /api/components/install HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
+	} {
+		out, err := testenv.Docker(ctx, "run", "--rm", "--network", "host", h.image, "sh", "-c",
+			`printf '`+strings.ReplaceAll(strings.ReplaceAll(req, "\r", `\r`), "\n", `\n`)+`' | nc 127.0.0.1 `+port)
+		if err != nil {
+			t.Fatalf("docker run: %v %s", err, out)
+		}
+		if !strings.Contains(out, " 403 ") || !strings.Contains(out, "serves only the host") {
+			t.Fatalf("%q from a host-network container: %q", strings.SplitN(req, "\r", 2)[0], out)
+		}
+	}
+	if _, err := h.client.ListTasks(ctx); err != nil {
+		t.Fatalf("the host itself: %v", err)
+	}
+	b, _ := os.ReadFile(filepath.Join(h.home, "shim.log"))
+	if !strings.Contains(string(b), "shim API refused") {
+		t.Fatal("no log line for the refusals")
+	}
+}
+
+// TestShimRefusesScriptAsComponent (issue 15): an install whose download is
+// a script is refused; the installed runner stays and still answers.
+func TestShimRefusesScriptAsComponent(t *testing.T) {
+	t.Parallel()
+	bins := testenv.Binaries(t)
+	runner := filepath.Join(t.TempDir(), "dstack-runner")
+	b, _ := os.ReadFile(bins.Runner)
+	if err := os.WriteFile(runner, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := startShim(t, runner, nil)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("#!/bin/sh\necho dstack-runner version 9.9.9\ntouch /tmp/pwned\n"))
+	}))
+	defer srv.Close()
+	ctx := context.Background()
+	if err := h.client.InstallComponent(ctx, api.ComponentRunner, srv.URL+"/dstack-runner"); err != nil {
+		t.Fatal(err)
+	}
+	var runnerInfo api.ComponentInfo
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		comps, err := h.client.Components(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range comps {
+			if c.Name == api.ComponentRunner {
+				runnerInfo = c
+			}
+		}
+		if runnerInfo.Status != api.ComponentInstalling && runnerInfo.InstallError != "" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if runnerInfo.Status != api.ComponentInstalled || runnerInfo.Version == "9.9.9" || !strings.Contains(runnerInfo.InstallError, "not an ELF executable") {
+		t.Fatalf("after a script install: %+v", runnerInfo)
+	}
+	out, err := exec.Command(runner, "--version").Output()
+	if err != nil || !strings.HasPrefix(string(out), "dstack-runner version ") || strings.Contains(string(out), "9.9.9") {
+		t.Fatalf("installed runner: %q %v", out, err)
 	}
 }
