@@ -30,6 +30,9 @@ func restartDockerd(t *testing.T) (downFor time.Duration) {
 		logf, _ := os.OpenFile("/var/log/tandem-dockerd.log", os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 		cmd := exec.Command("dockerd")
 		cmd.Stdout, cmd.Stderr = logf, logf
+		// It replaces the machine's daemon and outlives the test on purpose;
+		// it must not hold any descriptor of the test run.
+		testenv.Isolate(cmd)
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start dockerd: %v", err)
 		}

@@ -358,6 +358,7 @@ func (p *restartableShim) start() {
 	p.cmd = exec.Command(p.bin, "--shim-home", p.home, "--shim-http-port", p.port, "--runner-binary-path", p.runner, "--shim-binary-path", p.bin)
 	logf, _ := os.OpenFile(filepath.Join(p.home, "stderr"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	testenv.Isolate(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}

@@ -51,6 +51,7 @@ func (p *shimProc) start(args ...string) time.Duration {
 	p.cmd = exec.Command(testenv.Binaries(p.t).Shim, argv...)
 	logf, _ := os.OpenFile(filepath.Join(p.home, "stderr"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	testenv.Isolate(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}

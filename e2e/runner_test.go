@@ -243,10 +243,7 @@ func TestRunnerRemoteRepoWithDiff(t *testing.T) {
 	addr := testenv.FreeAddr(t)
 	host, port, _ := strings.Cut(addr, ":")
 	daemon := exec.Command("git", "daemon", "--reuseaddr", "--listen="+host, "--port="+port, "--base-path="+filepath.Dir(src), filepath.Dir(src))
-	if err := daemon.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = daemon.Process.Kill(); _ = daemon.Wait() })
+	testenv.StartDaemon(t, daemon) // git daemon forks per client: killed as a group
 	time.Sleep(300 * time.Millisecond)
 
 	h := startRunner(t, testenv.Busybox(t))

@@ -70,6 +70,7 @@ func startShimTB(t testing.TB, runner string, env []string, args ...string) *shi
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
+	testenv.Isolate(cmd)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

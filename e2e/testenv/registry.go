@@ -53,14 +53,8 @@ auth:
 	cmd := exec.Command("docker-registry", "serve", filepath.Join(dir, "config.yml"))
 	logf, _ := os.Create(filepath.Join(dir, "registry.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start docker-registry (install docker-registry): %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		logf.Close()
-	})
+	t.Cleanup(func() { logf.Close() })
+	StartDaemon(t, cmd)
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		resp, err := http.Get("http://" + r.Addr + "/v2/")

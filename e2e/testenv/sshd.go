@@ -71,10 +71,8 @@ LogLevel ERROR
 	cmd := exec.Command("/usr/sbin/sshd", "-D", "-e", "-f", cfgPath)
 	logf, _ := os.Create(filepath.Join(dir, "sshd.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start sshd: %v", err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); logf.Close() })
+	t.Cleanup(func() { logf.Close() })
+	StartDaemon(t, cmd) // sshd forks per connection: killed as a group
 	hostPub, _ := os.ReadFile(hostKey + ".pub")
 	f := strings.Fields(string(hostPub))
 	s.HostPub = f[0] + " " + f[1]

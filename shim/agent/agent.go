@@ -96,16 +96,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer rt.Close()
-	diskPath := "/"
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	if info, err := rt.Client().Info(pingCtx); err != nil {
-		log.Error("docker is not answering; tasks will fail until it does", "err", err)
-	} else {
-		diskPath = info.DockerRootDir
-		log.Info("docker", "server_version", info.ServerVersion, "root", info.DockerRootDir, "runtimes", len(info.Runtimes))
-	}
-	cancel()
-
 	// GPUs: every vendor is asked; discrete GPUs of two vendors stop the
 	// shim with a clear error instead of a silent pick.
 	nvmlSrc := gpu.NewNVML()
@@ -118,22 +108,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(gpus) > 0 {
 		vendor = gpus[0].Vendor
 	}
-	nvidiaCDI := false
-	if vendor == api.GPUVendorNVIDIA {
-		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		mode, err := rt.GPUMode(mctx)
-		cancel()
-		switch {
-		case err != nil:
-			log.Warn("cannot tell how Docker reaches NVIDIA GPUs; assuming the runtime hook", "err", err)
-		case mode == "cdi":
-			nvidiaCDI = true
-			log.Info("NVIDIA GPUs via CDI device requests")
-		case mode == "":
-			log.Warn("Docker has neither the NVIDIA runtime nor CDI; GPU tasks will fail to start until nvidia-container-toolkit is set up")
-		}
-	}
-
 	env := passEnv(cfg.PassEnv)
 	if cfg.PJRTDevice != "" {
 		env = append(env, "PJRT_DEVICE="+cfg.PJRTDevice)
@@ -160,16 +134,32 @@ func Run(ctx context.Context, cfg Config) error {
 		PullStallTimeout:  cfg.PullStallTimeout,
 		PullTimeout:       cfg.PullTimeout,
 		GPUVendor:         vendor,
-		NvidiaCDI:         nvidiaCDI,
 	}, rt, locks, &authkeys.Editor{}, log)
 
-	// Restart safety: tasks come back from their records, re-attached to
-	// their containers; what Docker cannot answer for now is settled by the
-	// reconcile loop once it does.
-	if err := engine.Restore(ctx); err != nil {
-		log.Warn("restoring tasks is incomplete until Docker answers", "err", err)
-	}
-	go engine.ReconcileLoop(ctx, 5*time.Second)
+	// The API serves before anything waits on Docker: a hung daemon must not
+	// make the instance look dead. Task calls wait (bounded) for recovery
+	// below and answer 503 past it; the server retries.
+	ready := make(chan struct{})
+	go func() {
+		defer close(ready)
+		diskPath := dockerFacts(ctx, rt, engine, vendor, log)
+		if cfg.ServiceMode {
+			writeHostInfo(cfg.Home, gpus, diskPath, log)
+		}
+		// Restart safety: tasks come back from their records, re-attached to
+		// their containers; what Docker cannot answer for now is settled by
+		// the reconcile loop once it does.
+		if err := engine.Restore(ctx); err != nil {
+			log.Warn("restoring tasks is incomplete until Docker answers", "err", err)
+		}
+	}()
+	go func() {
+		select {
+		case <-ready:
+			engine.ReconcileLoop(ctx, 5*time.Second)
+		case <-ctx.Done():
+		}
+	}()
 
 	var health func(context.Context) *api.DCGMHealth
 	var taskMetrics func(context.Context, []string) (string, bool, error)
@@ -186,17 +176,6 @@ func Run(ctx context.Context, cfg Config) error {
 				}
 			}
 			return m.Text(ids), true, nil
-		}
-	}
-
-	if cfg.ServiceMode {
-		hi, err := hostinfo.Collect(gpus, diskPath)
-		if err != nil {
-			log.Error("collect host info", "err", err)
-		} else if wrote, err := hostinfo.WriteOnce(filepath.Join(cfg.Home, "host_info.json"), hi); err != nil {
-			return err
-		} else if !wrote {
-			log.Info("host_info.json exists; left as is")
 		}
 	}
 
@@ -221,6 +200,16 @@ func Run(ctx context.Context, cfg Config) error {
 		TaskMetrics: taskMetrics,
 		Shutdown:    sd.request,
 		Log:         log,
+		Ready: func(rctx context.Context) error {
+			select {
+			case <-ready:
+				return nil
+			case <-time.After(10 * time.Second):
+				return task.ErrNotReady
+			case <-rctx.Done():
+				return rctx.Err()
+			}
+		},
 	})
 	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
 	ln, err := net.Listen("tcp", addr)
@@ -294,4 +283,49 @@ func passEnv(names []string) []string {
 		}
 	}
 	return env
+}
+
+// dockerFacts asks Docker, each call bounded, what the shim adapts to: its
+// root dir (host_info's disk) and how it reaches NVIDIA GPUs. A daemon that
+// does not answer leaves the defaults, logged.
+func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, engine *task.Engine, vendor api.GPUVendor, log *slog.Logger) string {
+	diskPath := "/"
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	if info, err := rt.Client().Info(ictx); err != nil {
+		log.Error("docker is not answering; tasks will fail until it does", "err", err)
+	} else {
+		diskPath = info.DockerRootDir
+		log.Info("docker", "server_version", info.ServerVersion, "root", info.DockerRootDir, "runtimes", len(info.Runtimes))
+	}
+	cancel()
+	if vendor != api.GPUVendorNVIDIA {
+		return diskPath
+	}
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	mode, err := rt.GPUMode(mctx)
+	cancel()
+	switch {
+	case err != nil:
+		log.Warn("cannot tell how Docker reaches NVIDIA GPUs; assuming the runtime hook", "err", err)
+	case mode == "cdi":
+		engine.UseCDI(true)
+		log.Info("NVIDIA GPUs via CDI device requests")
+	case mode == "":
+		log.Warn("Docker has neither the NVIDIA runtime nor CDI; GPU tasks will fail to start until nvidia-container-toolkit is set up")
+	}
+	return diskPath
+}
+
+// writeHostInfo writes host_info.json once (service mode).
+func writeHostInfo(home string, gpus []gpu.GPU, diskPath string, log *slog.Logger) {
+	hi, err := hostinfo.Collect(gpus, diskPath)
+	if err != nil {
+		log.Error("collect host info", "err", err)
+		return
+	}
+	if wrote, err := hostinfo.WriteOnce(filepath.Join(home, "host_info.json"), hi); err != nil {
+		log.Error("write host_info.json", "err", err)
+	} else if !wrote {
+		log.Info("host_info.json exists; left as is")
+	}
 }

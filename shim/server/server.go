@@ -51,7 +51,10 @@ type Deps struct {
 	GPUIDs      func(id string) ([]string, error)
 	// Shutdown is called after the 200 is sent.
 	Shutdown func(force bool)
-	Log      *slog.Logger
+	// Ready waits (bounded) until the tasks are restored after a start;
+	// task endpoints answer 503 while it fails. nil: always ready.
+	Ready func(ctx context.Context) error
+	Log   *slog.Logger
 }
 
 // New returns the echo instance serving the shim API.
@@ -64,16 +67,29 @@ func New(d Deps) *echo.Echo {
 	e.GET("/api/instance/info", s.instanceInfo)
 	e.GET("/api/components", s.components)
 	e.POST("/api/components/install", s.install)
-	e.GET("/api/tasks", s.listTasks)
-	e.POST("/api/tasks", s.submit)
-	e.GET("/api/tasks/:id", s.getTask)
-	e.POST("/api/tasks/:id/terminate", s.terminate)
-	e.POST("/api/tasks/:id/remove", s.remove)
-	e.GET("/metrics/tasks/:id", s.metrics)
+	ready := s.ready
+	e.GET("/api/tasks", s.listTasks, ready)
+	e.POST("/api/tasks", s.submit, ready)
+	e.GET("/api/tasks/:id", s.getTask, ready)
+	e.POST("/api/tasks/:id/terminate", s.terminate, ready)
+	e.POST("/api/tasks/:id/remove", s.remove, ready)
+	e.GET("/metrics/tasks/:id", s.metrics, ready)
 	return e
 }
 
 type srv struct{ d Deps }
+
+// ready holds task endpoints until recovery is done (503 past the bound).
+func (s *srv) ready(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if s.d.Ready != nil {
+			if err := s.d.Ready(c.Request().Context()); err != nil {
+				return toHTTP(err)
+			}
+		}
+		return next(c)
+	}
+}
 
 // toHTTP maps engine and component errors to API errors.
 func toHTTP(err error) error {
@@ -83,6 +99,8 @@ func toHTTP(err error) error {
 		return nil
 	case errors.Is(err, task.ErrNotFound):
 		return httpapi.Errorf(http.StatusNotFound, "Not Found")
+	case errors.Is(err, task.ErrNotReady):
+		return &httpapi.Error{Status: http.StatusServiceUnavailable, Message: task.ErrNotReady.Error()}
 	case errors.Is(err, task.ErrInvalid):
 		return &httpapi.Error{Status: http.StatusBadRequest, Message: trimClass(err, task.ErrInvalid)}
 	case errors.Is(err, task.ErrConflict):

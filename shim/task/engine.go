@@ -32,6 +32,8 @@ var (
 	ErrNotFound = errors.New("task not found")
 	ErrConflict = errors.New("request error")
 	ErrInvalid  = errors.New("invalid task")
+	// ErrNotReady means the shim is still restoring tasks after a start.
+	ErrNotReady = errors.New("the shim is restoring its tasks after a start; retry shortly")
 )
 
 // Labels put on every task container (dstack's, used for recovery).
@@ -96,12 +98,13 @@ type Engine struct {
 	log  *slog.Logger
 	now  func() time.Time
 
-	mu      sync.RWMutex // guards tasks and every task's record fields
-	tasks   map[string]*task
-	wg      sync.WaitGroup // pipelines
-	recs    *records       // nil: tasks are not persisted
-	writers int            // background record writers running; guarded by mu
-	idle    *sync.Cond     // signalled (on mu) when writers drops to 0
+	mu         sync.RWMutex // guards tasks, tombstones and every task's record fields
+	tasks      map[string]*task
+	tombstones map[string]time.Time // removed ids (tombstone.go)
+	wg         sync.WaitGroup       // pipelines
+	recs       *records             // nil: tasks are not persisted
+	writers    int                  // background record writers running; guarded by mu
+	idle       *sync.Cond           // signalled (on mu) when writers drops to 0
 }
 
 // saveSoon persists t in the background, coalescing bursts into one write
@@ -320,6 +323,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		}
 		return api.TaskInfoResponse{}, fmt.Errorf("%w: task %s is already submitted", ErrConflict, cfg.ID)
 	}
+	delete(e.tombstones, cfg.ID) // a new submit under a removed id is a new task
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &task{
 		cfg:       cfg,
@@ -1015,6 +1019,7 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	t.saveMu.Lock() // no save may write the record back after this
 	e.mu.Lock()
 	delete(e.tasks, id)
+	e.bury(id)
 	e.mu.Unlock()
 	t.saveMu.Unlock()
 	if e.recs != nil {
@@ -1044,6 +1049,11 @@ func (e *Engine) lockOp(id string) (*task, error) {
 	}
 	return t, nil
 }
+
+// UseCDI switches NVIDIA wiring to CDI device requests. The shim learns it
+// from Docker after the API already serves; it must be called before any
+// task can start (the API holds task calls until recovery is done).
+func (e *Engine) UseCDI(v bool) { e.cfg.NvidiaCDI = v }
 
 // Wait blocks until every pipeline has returned (for tests and shutdown of
 // tests; the shim itself never stops containers on exit).

@@ -2,6 +2,7 @@ package task
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -78,7 +79,7 @@ func (e *Engine) Restore(ctx context.Context) error {
 			}
 		default: // 2
 			if t.name != "" {
-				_ = e.rt.Remove(ctx, t.name)
+				e.cleanup(ctx, log, "remove the container of a task that never ran", func(ctx context.Context) error { return e.rt.Remove(ctx, t.name) })
 			}
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before the task's container started; submit it again"})
 			close(t.done)
@@ -86,6 +87,21 @@ func (e *Engine) Restore(ctx context.Context) error {
 		e.save(t)
 	}
 	return e.Reconcile(ctx)
+}
+
+// dockerCallTimeout bounds each Docker call recovery makes: a hung daemon
+// delays recovery, it never wedges it.
+const dockerCallTimeout = 30 * time.Second
+
+// cleanup runs a cleanup step that must not be cut halfway by the caller's
+// cancellation (context.WithoutCancel) yet cannot hang (a timeout), and
+// logs what it could not do.
+func (e *Engine) cleanup(ctx context.Context, log *slog.Logger, what string, f func(context.Context) error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dockerCallTimeout)
+	defer cancel()
+	if err := f(cctx); err != nil && !errors.Is(err, ErrContainerGone) {
+		log.Warn("recovery cleanup failed", "step", what, "err", err)
+	}
 }
 
 // restored builds a task from a record (or from a failed read).
@@ -113,7 +129,9 @@ func (e *Engine) restored(l loaded) *task {
 // containers Docker has (cases 3–5, 7). It is idempotent; the shim calls it
 // at start and on every tick until Docker answers.
 func (e *Engine) Reconcile(ctx context.Context) error {
-	conts, err := e.rt.Containers(ctx)
+	lctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	conts, err := e.rt.Containers(lctx)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -143,7 +161,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 			e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared while the shim was down"})
 			close(t.done)
 		case c.NeverStarted: // 2, caught after create
-			_ = e.rt.Remove(ctx, c.ID)
+			e.cleanup(ctx, log, "remove a container that never started", func(ctx context.Context) error { return e.rt.Remove(ctx, c.ID) })
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before starting the container; submit it again"})
 			close(t.done)
 		default: // 3, 4: watch handles a stopped container at once
@@ -163,7 +181,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		if c.TaskID == "" || byTask[c.TaskID] {
 			continue
 		}
-		e.adopt(c)
+		e.adopt(c) // re-checks existence and tombstones under the lock
 	}
 	return nil
 }
@@ -188,7 +206,7 @@ func (e *Engine) adopt(c ContainerState) {
 	}
 	log := e.log.With("task_id", c.TaskID, "container", c.Name)
 	e.mu.Lock()
-	if _, exists := e.tasks[c.TaskID]; exists {
+	if _, exists := e.tasks[c.TaskID]; exists || e.buried(c.TaskID) {
 		e.mu.Unlock()
 		return
 	}

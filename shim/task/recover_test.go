@@ -5,8 +5,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
@@ -94,5 +96,75 @@ func TestResubmitWithRegistryAuthAfterRestart(t *testing.T) {
 	b, _ = os.ReadFile(filepath.Join(e1.cfg.Home, "tasks", "p.json"))
 	if !strings.Contains(string(b), "registry_password_hash") {
 		t.Fatal("a rewrite after restore lost the hash")
+	}
+}
+
+// staleList answers Containers with a snapshot taken earlier: what the
+// reconcile loop holds when a Remove lands between its list and adoption.
+type staleList struct {
+	*stepRuntime
+	snap []ContainerState
+}
+
+func (s *staleList) Containers(context.Context) ([]ContainerState, error) { return s.snap, nil }
+
+// TestRemovedTaskIsNeverAdoptedAgain: the list still shows a removed task's
+// container; the tombstone keeps it from coming back, and a new submit under
+// the same id is still accepted.
+func TestRemovedTaskIsNeverAdoptedAgain(t *testing.T) {
+	step := newStepRuntime()
+	rt := &staleList{stepRuntime: step}
+	e, _ := newEngine(t, rt)
+	if _, err := e.Submit(api.TaskConfig{ID: "a", Name: "a", ImageName: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "a", api.TaskRunning)
+	live, _ := step.Containers(context.Background())
+	for i := range live {
+		live[i].TaskID, live[i].Running = "a", true
+	}
+	rt.snap = live
+	ctx := context.Background()
+	if _, err := e.Terminate(ctx, "a", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByServer}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Remove(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := e.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.Get("a"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a removed task came back: %v", err)
+	}
+	e.Sync()
+	if _, err := os.Stat(filepath.Join(e.cfg.Home, "tasks", "a.json")); err == nil {
+		t.Fatal("its record was written again")
+	}
+	rt.snap = nil
+	if _, err := e.Submit(api.TaskConfig{ID: "a", Name: "a", ImageName: "img"}); err != nil {
+		t.Fatalf("a new submit under the removed id: %v", err)
+	}
+	waitStatus(t, e, "a", api.TaskRunning)
+}
+
+func TestTombstonesAreBounded(t *testing.T) {
+	e, _ := newEngine(t, newStepRuntime())
+	now := time.Unix(1000, 0)
+	e.now = func() time.Time { return now }
+	e.mu.Lock()
+	for i := range maxTombstones + 100 {
+		now = now.Add(time.Millisecond)
+		e.bury(strconv.Itoa(i))
+	}
+	n := len(e.tombstones)
+	first, last := e.buried("0"), e.buried(strconv.Itoa(maxTombstones+99))
+	now = now.Add(tombstoneTTL + time.Second)
+	expired := e.buried(strconv.Itoa(maxTombstones + 99))
+	e.mu.Unlock()
+	if n > maxTombstones || first || !last || expired {
+		t.Fatalf("n=%d first=%v last=%v expired=%v", n, first, last, expired)
 	}
 }

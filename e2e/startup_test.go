@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/shimclient"
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+// privateDockerd starts a dockerd of the test's own (its socket, data and
+// exec roots, no networking of its own), so freezing it disturbs no other
+// test. It returns the DOCKER_HOST and the daemon's pid.
+func privateDockerd(t *testing.T) (string, int) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if testenv.InCI() {
+			t.Fatal("CI runs as root")
+		}
+		t.Skip("dockerd needs root")
+	}
+	dir, err := os.MkdirTemp("", "tandem-dockerd-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-R", "-l", dir).Run(); _ = os.RemoveAll(dir) })
+	sock := "unix://" + filepath.Join(dir, "d.sock")
+	cmd := exec.Command("dockerd", "--host", sock, "--data-root", filepath.Join(dir, "root"), "--exec-root", filepath.Join(dir, "exec"),
+		"--pidfile", filepath.Join(dir, "d.pid"), "--bridge", "none", "--iptables=false", "--ip-masq=false")
+	logf, _ := os.Create(filepath.Join(dir, "dockerd.log"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	t.Cleanup(func() { logf.Close() })
+	testenv.StartDaemon(t, cmd)
+	t.Cleanup(func() { _ = syscall.Kill(cmd.Process.Pid, syscall.SIGCONT) }) // never leave it frozen
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c := exec.Command("docker", "info")
+		c.Env = append(os.Environ(), "DOCKER_HOST="+sock)
+		if c.Run() == nil {
+			return sock, cmd.Process.Pid
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(dir, "dockerd.log"))
+			t.Fatalf("private dockerd did not start:\n%s", tailStr(string(b), 2000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestShimServesWhileDockerIsFrozen (issue 16): with dockerd stopped by
+// SIGSTOP the shim still answers its healthcheck within a second of start;
+// task calls say 503 while recovery waits on Docker, and recovery finishes
+// once dockerd continues.
+func TestShimServesWhileDockerIsFrozen(t *testing.T) {
+	host, pid := privateDockerd(t)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	bins := testenv.Binaries(t)
+	home := t.TempDir()
+	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	cmd := exec.Command(bins.Shim, "--shim-home", home, "--shim-http-port", port, "--runner-binary-path", bins.Runner)
+	cmd.Env = append(os.Environ(), "DOCKER_HOST="+host)
+	testenv.StartDaemon(t, cmd)
+	start := time.Now()
+	c, _ := shimclient.New("127.0.0.1:" + port)
+	ctx := context.Background()
+	for {
+		hctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		_, err := c.Healthcheck(hctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(start) > 3*time.Second {
+			t.Fatalf("no healthcheck with dockerd frozen: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("healthcheck answered %s after start with dockerd frozen", time.Since(start).Round(time.Millisecond))
+	c.SetTimeout(30 * time.Second)
+	_, err := c.ListTasks(ctx)
+	var se *api.StatusError
+	if !errors.As(err, &se) || se.Code != 503 || !strings.Contains(se.Message, "restoring") {
+		t.Fatalf("task list while Docker is frozen: %v", err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := c.ListTasks(ctx); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("recovery did not finish after SIGCONT: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
