@@ -20,6 +20,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/internal/loopdev"
 )
 
 // Issue 13's repros, each against the real binaries.
@@ -275,7 +276,7 @@ func TestRunnerRefusesSparseAndOversizedUploads(t *testing.T) {
 // device_name and as a GCP disk: both tasks fail with the refusal and the
 // disk is unchanged byte for byte.
 func TestShimNeverFormatsData(t *testing.T) {
-	dev, img := testenv.RandomLoopDevice(t, 16)
+	dev, img := loopdev.Random(t, 16)
 	sum := func() [32]byte {
 		b, err := os.ReadFile(img)
 		if err != nil {

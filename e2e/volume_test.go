@@ -10,6 +10,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/internal/loopdev"
 )
 
 func isMounted(dir string) bool { return exec.Command("mountpoint", "-q", dir).Run() == nil }
@@ -17,7 +18,7 @@ func isMounted(dir string) bool { return exec.Command("mountpoint", "-q", dir).R
 // Network volumes through the real shim: a loop device stands in for a GCP
 // persistent disk (a fixture /dev/disk/by-id points at it).
 func TestShimVolumesEndToEnd(t *testing.T) {
-	dev := testenv.LoopDevice(t, 64, false)
+	dev := loopdev.New(t, 64, false)
 	byID := t.TempDir()
 	if err := os.Symlink(dev, filepath.Join(byID, "google-train-data")); err != nil {
 		t.Fatal(err)

@@ -101,4 +101,3 @@ func LeftoverDaemons() []string {
 	}
 	return out
 }
-

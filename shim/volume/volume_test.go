@@ -13,7 +13,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
-	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/internal/loopdev"
 )
 
 // byID makes a fixture /dev/disk/by-id with google-<name> → dev.
@@ -32,7 +32,7 @@ func manager(t *testing.T, resolvers map[string]Resolver) *Manager {
 }
 
 func TestFreshDiskFormattedOnceAndDataKept(t *testing.T) {
-	dev := testenv.LoopDevice(t, 64, false)
+	dev := loopdev.New(t, 64, false)
 	m := manager(t, map[string]Resolver{"gcp": GCP{ByID: byID(t, map[string]string{"data-disk": dev})}})
 	v := api.VolumeInfo{Backend: "gcp", Name: "data", VolumeID: "pd-1", DeviceName: "data-disk", InitFS: true}
 	ctx := context.Background()
@@ -72,8 +72,8 @@ func TestFreshDiskFormattedOnceAndDataKept(t *testing.T) {
 }
 
 func TestRefusals(t *testing.T) {
-	blank := testenv.LoopDevice(t, 32, false)
-	parted := testenv.LoopDevice(t, 32, true)
+	blank := loopdev.New(t, 32, false)
+	parted := loopdev.New(t, 32, true)
 	m := manager(t, map[string]Resolver{"gcp": GCP{ByID: byID(t, map[string]string{"blank": blank, "whole": parted})}})
 	ctx := context.Background()
 	tests := []struct {
@@ -110,7 +110,7 @@ func TestRefusals(t *testing.T) {
 // AWS: the NVMe serial finds the disk; a partitioned disk mounts its first
 // partition.
 func TestAWSSerialAndPartition(t *testing.T) {
-	parted := testenv.LoopDevice(t, 64, true)
+	parted := loopdev.New(t, 64, true)
 	name := filepath.Base(parted)
 	list := func(context.Context) ([]BlockDevice, error) {
 		return []BlockDevice{{Name: "nvme0n1", Serial: "vol0other"}, {Name: name, Serial: "vol0abc123"}}, nil
@@ -145,7 +145,7 @@ func fileSum(t *testing.T, path string) [32]byte {
 // recognises (a raw database, an encrypted blob) reads as "no signature" to
 // blkid; the zero check refuses it and not one byte changes.
 func TestRandomDataNeverFormatted(t *testing.T) {
-	dev, img := testenv.RandomLoopDevice(t, 16)
+	dev, img := loopdev.Random(t, 16)
 	before := fileSum(t, img)
 	list := func(context.Context) ([]BlockDevice, error) { return nil, nil } // a Xen host: no NVMe
 	m := manager(t, map[string]Resolver{
@@ -170,7 +170,7 @@ func TestRandomDataNeverFormatted(t *testing.T) {
 // TestDeviceInUseRefused: a device mounted elsewhere (here: by someone
 // else, at another path) is neither formatted nor mounted a second time.
 func TestDeviceInUseRefused(t *testing.T) {
-	dev := testenv.LoopDevice(t, 32, false)
+	dev := loopdev.New(t, 32, false)
 	if out, err := exec.Command("mkfs.ext4", "-q", dev).CombinedOutput(); err != nil {
 		t.Fatalf("mkfs: %v %s", err, out)
 	}
@@ -188,7 +188,7 @@ func TestDeviceInUseRefused(t *testing.T) {
 		t.Fatal("mounted a second time")
 	}
 	// A partition's disk counts too: the whole disk of a mounted partition.
-	parted := testenv.LoopDevice(t, 32, true)
+	parted := loopdev.New(t, 32, true)
 	if out, err := exec.Command("mkfs.ext4", "-q", parted+"p1").CombinedOutput(); err != nil {
 		t.Fatalf("mkfs: %v %s", err, out)
 	}
@@ -229,7 +229,7 @@ func TestUnmountLeavesForeignMounts(t *testing.T) {
 // TestNitroIgnoresDeviceName: on an NVMe host device_name may name any
 // disk (the root disk, another volume); only the serial counts there.
 func TestNitroIgnoresDeviceName(t *testing.T) {
-	dev := testenv.LoopDevice(t, 16, false)
+	dev := loopdev.New(t, 16, false)
 	list := func(context.Context) ([]BlockDevice, error) {
 		return []BlockDevice{{Name: "nvme0n1", Serial: "vol0root"}}, nil
 	}

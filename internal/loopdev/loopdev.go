@@ -1,4 +1,7 @@
-package testenv
+// Package loopdev gives tests real block devices: loop devices backed by
+// temp files, detached when the test ends. Unit tests (shim/volume) and the
+// e2e suite both use it.
+package loopdev
 
 import (
 	"crypto/rand"
@@ -14,10 +17,10 @@ import (
 // LoopDevice backs a fresh loop device with a sparse file of sizeMiB; with
 // partition set it carries one partition spanning the disk (exposed as
 // <dev>p1). It is detached with the test.
-func LoopDevice(t testing.TB, sizeMiB int, partition bool) string {
+func New(t testing.TB, sizeMiB int, partition bool) string {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		if InCI() {
+		if os.Getenv("CI") == "true" {
 			t.Fatal("loop devices need root (CI runs as root)")
 		}
 		t.Skip("loop devices need root")
@@ -39,10 +42,10 @@ func LoopDevice(t testing.TB, sizeMiB int, partition bool) string {
 // RandomLoopDevice is a loop device of sizeMiB full of random bytes: data
 // with no signature any probe recognises. It also returns the image's path,
 // to compare its bytes afterwards.
-func RandomLoopDevice(t testing.TB, sizeMiB int) (dev, img string) {
+func Random(t testing.TB, sizeMiB int) (dev, img string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		if InCI() {
+		if os.Getenv("CI") == "true" {
 			t.Fatal("loop devices need root (CI runs as root)")
 		}
 		t.Skip("loop devices need root")
