@@ -36,7 +36,9 @@ import (
 //     exit code.
 //
 // Steps 3–5 and 7 need Docker. When it does not answer, running tasks stay
-// running and Reconcile settles them once it does.
+// running and Reconcile settles them once it does. The decisions themselves
+// are pure functions in decide.go (decideRecord, decideHeld, decideStray),
+// one table test each; this file only carries them out.
 func (e *Engine) Restore(ctx context.Context) error {
 	if e.recs == nil {
 		return nil
@@ -51,19 +53,19 @@ func (e *Engine) Restore(ctx context.Context) error {
 		e.tasks[t.cfg.ID] = t
 		e.mu.Unlock()
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
-		switch {
-		case l.err != nil: // 6
+		a := decideRecord(recordView{readable: l.err == nil, status: t.status, hasContainer: t.contID != "", released: t.released})
+		log.Debug("recovery", "record_status", t.status, "action", a)
+		switch a {
+		case actUnreadable:
 			log.Error("unreadable task record", "err", l.err)
 			close(t.done)
-		case t.status == api.TaskTerminated: // 1
+		case actKeep:
 			close(t.done)
-			if !t.released {
-				e.release(t, log)
-			}
-		case t.status == api.TaskCreating && t.contID != "": // settled as 3–5
-			t.status = api.TaskRunning
-			fallthrough
-		case t.status == api.TaskRunning:
+		case actRelease:
+			close(t.done)
+			e.release(t, log)
+		case actHold:
+			t.status = api.TaskRunning // a creating record with a container is settled as running
 			if len(t.gpuIDs) > 0 {
 				if err := e.gpus.Lock(t.cfg.ID, t.gpuIDs); err != nil {
 					log.Error("restored task's GPUs are held by another task", "err", err)
@@ -77,7 +79,7 @@ func (e *Engine) Restore(ctx context.Context) error {
 					log.Error("restored task's volume is claimed twice", "volume", v, "err", err)
 				}
 			}
-		default: // 2
+		case actFailNeverRan:
 			if t.name != "" {
 				e.cleanup(ctx, log, "remove the container of a task that never ran", func(ctx context.Context) error { return e.rt.Remove(ctx, t.name) })
 			}
@@ -156,15 +158,15 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		if !ok {
 			c, ok = byName[t.name]
 		}
-		switch {
-		case !ok: // 5
+		switch decideHeld(containerView{found: ok, neverStarted: c.NeverStarted}) {
+		case actEndGone:
 			e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared while the shim was down"})
 			close(t.done)
-		case c.NeverStarted: // 2, caught after create
+		case actEndNeverStarted:
 			e.cleanup(ctx, log, "remove a container that never started", func(ctx context.Context) error { return e.rt.Remove(ctx, c.ID) })
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before starting the container; submit it again"})
 			close(t.done)
-		default: // 3, 4: watch handles a stopped container at once
+		case actAttach: // a stopped container ends at once in watch
 			e.mu.Lock()
 			t.contID = c.ID
 			if c.Ports != nil {
@@ -181,7 +183,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		if c.TaskID == "" || byTask[c.TaskID] {
 			continue
 		}
-		e.adopt(c) // re-checks existence and tombstones under the lock
+		e.adopt(c) // decides again under the lock: the task table may have moved
 	}
 	return nil
 }
@@ -206,12 +208,14 @@ func (e *Engine) adopt(c ContainerState) {
 	}
 	log := e.log.With("task_id", c.TaskID, "container", c.Name)
 	e.mu.Lock()
-	if _, exists := e.tasks[c.TaskID]; exists || e.buried(c.TaskID) {
+	_, known := e.tasks[c.TaskID]
+	a := decideStray(strayView{taskID: c.TaskID, known: known, removed: e.buried(c.TaskID), running: c.Running})
+	if a == actSkip {
 		e.mu.Unlock()
 		return
 	}
 	e.tasks[c.TaskID] = t
-	if c.Running {
+	if a == actAdoptRunning {
 		t.status, t.watched = api.TaskRunning, true
 	} else {
 		t.status = api.TaskTerminated
