@@ -21,14 +21,23 @@ import (
 // on /api/shutdown exits 0 leaving running containers alone.
 func TestShimServiceModeComponentsAndShutdown(t *testing.T) {
 	t.Parallel()
-	v1 := "#!/bin/sh\nif [ \"$1\" = \"--version\" ]; then echo \"dstack-runner version 0.0.1+stand.in\"; exit 0; fi\nwhile :; do sleep 1; done\n"
-	v2 := strings.Replace(v1, "0.0.1", "0.0.2", 1)
+	// Real runners: an install must be an ELF that answers as the runner.
+	v1, err := os.ReadFile(testenv.Binaries(t).Runner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldDir := t.TempDir()
+	buildOld(t, oldDir, "0.0.2")
+	v2, err := os.ReadFile(filepath.Join(oldDir, "dstack-runner"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	files := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/v1/dstack-runner":
-			_, _ = w.Write([]byte(v1))
+			_, _ = w.Write(v1)
 		case "/v2/dstack-runner":
-			_, _ = w.Write([]byte(v2))
+			_, _ = w.Write(v2)
 		default:
 			http.NotFound(w, r)
 		}
@@ -39,14 +48,20 @@ func TestShimServiceModeComponentsAndShutdown(t *testing.T) {
 	ctx := context.Background()
 
 	comps, err := h.client.Components(ctx)
-	if err != nil || comps[0].Name != api.ComponentRunner || comps[0].Status != api.ComponentInstalled || comps[0].Version != "0.0.1+stand.in" {
+	if err != nil || comps[0].Name != api.ComponentRunner || comps[0].Status != api.ComponentInstalled || comps[0].Version != "0.21.3" {
 		t.Fatalf("runner downloaded at start: %+v %v", comps, err)
 	}
-	if comps[1].Name != api.ComponentShim || comps[1].Status != api.ComponentInstalled || !strings.HasPrefix(comps[1].Version, "0.21.3+tandem.") {
+	if comps[1].Name != api.ComponentShim || comps[1].Status != api.ComponentInstalled || comps[1].Version != "0.21.3" {
 		t.Fatalf("shim component: %+v", comps[1])
 	}
 	var hi api.HostInfo
-	b, err := os.ReadFile(filepath.Join(h.home, "host_info.json"))
+	var b []byte
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		// Written after Docker answered, while the API already serves.
+		if b, err = os.ReadFile(filepath.Join(h.home, "host_info.json")); err == nil {
+			break
+		}
+	}
 	if err != nil || json.Unmarshal(b, &hi) != nil {
 		t.Fatalf("host_info.json: %v %s", err, b)
 	}
@@ -63,7 +78,7 @@ func TestShimServiceModeComponentsAndShutdown(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		comps, _ = h.client.Components(ctx)
-		if comps[0].Status == api.ComponentInstalled && comps[0].Version == "0.0.2+stand.in" {
+		if comps[0].Status == api.ComponentInstalled && comps[0].Version == "0.0.2" {
 			break
 		}
 		if time.Now().After(deadline) {

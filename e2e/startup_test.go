@@ -18,8 +18,9 @@ import (
 )
 
 // privateDockerd starts a dockerd of the test's own (its socket, data and
-// exec roots, no networking of its own), so freezing it disturbs no other
-// test. It returns the DOCKER_HOST and the daemon's pid.
+// exec roots, its own bridge), so freezing it disturbs no other test. Not
+// --bridge=none: that makes dockerd delete docker0, the machine daemon's
+// bridge, under every other test. It returns the DOCKER_HOST and the pid.
 func privateDockerd(t *testing.T) (string, int) {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -33,9 +34,22 @@ func privateDockerd(t *testing.T) (string, int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-R", "-l", dir).Run(); _ = os.RemoveAll(dir) })
+	t.Cleanup(func() {
+		// dockerd must never take the machine daemon's bridge with it.
+		if exec.Command("ip", "link", "show", "docker0").Run() != nil {
+			t.Error("docker0 is gone after the private dockerd")
+		}
+	})
+	br := "tdm" + randomID("")[1:8]
+	for _, args := range [][]string{{"link", "add", br, "type", "bridge"}, {"addr", "add", "172.31.254.1/24", "dev", br}, {"link", "set", br, "up"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v %s", args, err, out)
+		}
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", br).Run() })
 	sock := "unix://" + filepath.Join(dir, "d.sock")
 	cmd := exec.Command("dockerd", "--host", sock, "--data-root", filepath.Join(dir, "root"), "--exec-root", filepath.Join(dir, "exec"),
-		"--pidfile", filepath.Join(dir, "d.pid"), "--bridge", "none", "--iptables=false", "--ip-masq=false")
+		"--pidfile", filepath.Join(dir, "d.pid"), "--bridge", br, "--iptables=false", "--ip-masq=false")
 	logf, _ := os.Create(filepath.Join(dir, "dockerd.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	t.Cleanup(func() { logf.Close() })

@@ -157,7 +157,7 @@ func TestTandemOverSSH(t *testing.T) {
 		t.Fatalf("run over ssh: %v\n%s\n%s", err, out, errb)
 	}
 	cmd, out, errb = tandem(t, "info", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts, "--shim", shim)
-	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "dstack-shim 0.21.3+tandem.") {
+	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "dstack-shim 0.21.3 (tandem ") {
 		t.Fatalf("info over ssh: %v\n%s\n%s", err, out, errb)
 	}
 	bad := filepath.Join(t.TempDir(), "known_hosts")

@@ -2,6 +2,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -398,7 +399,7 @@ func infoCmd() *cli.Command {
 				}
 				return writeJSON(c, out)
 			}
-			fmt.Fprintf(c.App.Writer, "shim:      %s %s\n", hc.Service, hc.Version)
+			fmt.Fprintf(c.App.Writer, "shim:      %s %s (tandem %s)\n", hc.Service, hc.Version, cmp.Or(hc.TandemVersion, "unknown: not a Tandem shim"))
 			if ii, err := s.InstanceInfo(c.Context); err == nil {
 				vendor := string(ii.GPUVendor)
 				if vendor == "" {
