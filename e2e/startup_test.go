@@ -3,11 +3,13 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/shimclient"
 	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/shim/task"
 )
 
 // privateDockerd starts a dockerd of the test's own (its socket, data and
@@ -119,4 +122,66 @@ func TestShimServesWhileDockerIsFrozen(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// TestShimChurnNoResurrection (issue 16): three rounds of 40 real
+// containers, each terminated and removed as soon as it runs, while the
+// reconcile loop ticks every 50 ms. No removed task may come back.
+func TestShimChurnNoResurrection(t *testing.T) {
+	h := startShim(t, runnerScript(t, "sleep 600"), nil, "--reconcile-interval", "50ms")
+	ctx := context.Background()
+	removed := map[string]bool{}
+	for round := range 3 {
+		var wg sync.WaitGroup
+		errs := make(chan error, 40)
+		for i := range 40 {
+			cfg := api.TaskConfig{ID: fmt.Sprintf("churn-%d-%d-%s", round, i, randomID("")[1:]), Name: "rs-" + strings.ToLower(randomID("c")), ImageName: h.image}
+			removed[cfg.ID] = true
+			h.names = append(h.names, task.ContainerName(cfg.Name, cfg.ID))
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := h.client.SubmitTask(ctx, cfg); err != nil {
+					errs <- err
+					return
+				}
+				for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+					if info, err := h.client.GetTask(ctx, cfg.ID); err == nil && (info.Status == api.TaskRunning || info.Status == api.TaskTerminated) {
+						break
+					}
+				}
+				if _, err := h.client.TerminateTask(ctx, cfg.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByServer}); err != nil {
+					errs <- fmt.Errorf("terminate %s: %w", cfg.ID, err)
+					return
+				}
+				if err := h.client.RemoveTask(ctx, cfg.ID); err != nil {
+					errs <- fmt.Errorf("remove %s: %w", cfg.ID, err)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // several more reconcile ticks
+	list, err := h.client.ListTasks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := 0
+	for _, it := range list {
+		if removed[it.ID] {
+			back++
+			t.Errorf("removed task %s came back as %s", it.ID, it.Status)
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(h.home, "tasks"))
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "churn-") {
+			t.Errorf("record rewritten for a removed task: %s", e.Name())
+		}
+	}
+	t.Logf("3 × 40 tasks submitted, terminated and removed: %d came back", back)
 }

@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -39,25 +40,27 @@ type Config struct {
 	// APIAllowContainers, APIToken and APIAllowedHosts configure who may
 	// call the API (server.Access).
 	APIAllowContainers bool
-	APIToken           string
-	APIAllowedHosts    []string
-	HTTPPort           int
-	LogLevel           slog.Level
-	RunnerDownloadURL  string
-	RunnerBinaryPath   string
-	RunnerHTTPPort     int
-	RunnerSSHPort      int
-	RunnerLogLevel     string
-	RunnerSSHLogLevel  string
-	PassEnv            []string // variable names
-	Privileged         bool
-	PJRTDevice         string
-	ServiceMode        bool
-	PullStallTimeout   time.Duration
-	PullTimeout        time.Duration
-	DCGMExporterPort   int
-	VolumesRoot        string // "/mnt/disks/dstack-volumes"
-	GCPDiskByID        string // "/dev/disk/by-id"
+	// ReconcileInterval is the reconcile loop's period (5 s).
+	ReconcileInterval time.Duration
+	APIToken          string
+	APIAllowedHosts   []string
+	HTTPPort          int
+	LogLevel          slog.Level
+	RunnerDownloadURL string
+	RunnerBinaryPath  string
+	RunnerHTTPPort    int
+	RunnerSSHPort     int
+	RunnerLogLevel    string
+	RunnerSSHLogLevel string
+	PassEnv           []string // variable names
+	Privileged        bool
+	PJRTDevice        string
+	ServiceMode       bool
+	PullStallTimeout  time.Duration
+	PullTimeout       time.Duration
+	DCGMExporterPort  int
+	VolumesRoot       string // "/mnt/disks/dstack-volumes"
+	GCPDiskByID       string // "/dev/disk/by-id"
 	// Ready, if set, receives the listen address once the API serves.
 	Ready func(addr string)
 }
@@ -156,7 +159,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() {
 		select {
 		case <-ready:
-			engine.ReconcileLoop(ctx, 5*time.Second)
+			engine.ReconcileLoop(ctx, cmp.Or(cfg.ReconcileInterval, 5*time.Second))
 		case <-ctx.Done():
 		}
 	}()

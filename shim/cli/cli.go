@@ -100,6 +100,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		DCGMExporterPort:   c.Int("dcgm-exporter-http-port"),
 		VolumesRoot:        c.String("volumes-root"),
 		GCPDiskByID:        c.String("gcp-disk-by-id"),
+		ReconcileInterval:  c.Duration("reconcile-interval"),
 		APIAllowContainers: c.Bool("api-allow-containers"),
 		APIToken:           c.String("api-token"),
 		APIAllowedHosts:    c.StringSlice("api-allowed-host"),
@@ -111,6 +112,7 @@ func Flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "shim-home", EnvVars: []string{"DSTACK_SHIM_HOME"}, Usage: "home/state directory (default $HOME/.dstack)"},
 		&cli.StringFlag{Name: "shim-binary-path", EnvVars: []string{"DSTACK_SHIM_BINARY_PATH"}, Usage: "file replaced on shim self-update"},
+		&cli.DurationFlag{Name: "reconcile-interval", Value: 5 * time.Second, Hidden: true, Usage: "how often containers are reconciled with tasks"},
 		&cli.BoolFlag{Name: "api-allow-containers", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_CONTAINERS"}, Usage: "kill switch: serve callers inside containers too (the API is root on this host)"},
 		&cli.StringFlag{Name: "api-token", EnvVars: []string{"TANDEM_SHIM_API_TOKEN"}, Usage: "require this bearer token on every API call (a second factor; the dstack server does not send one)"},
 		&cli.StringSliceFlag{Name: "api-allowed-host", EnvVars: []string{"TANDEM_SHIM_API_ALLOWED_HOSTS"}, Usage: "Host header names accepted besides loopback ones (* for any)"},

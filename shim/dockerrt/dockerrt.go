@@ -176,6 +176,9 @@ func (r *Runtime) GPUMode(ctx context.Context) (string, error) {
 // Start starts a container.
 func (r *Runtime) Start(ctx context.Context, id string) error {
 	if err := r.c.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+		if strings.Contains(err.Error(), "/dev/nvidia-modeset") {
+			return fmt.Errorf("start container %s: %w: %v", short(id), task.ErrNoModeset, err)
+		}
 		return fmt.Errorf("start container %s: %w", short(id), err)
 	}
 	return nil
@@ -243,6 +246,7 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (task.ContainerState, 
 	st := task.ContainerState{ID: ins.ID, Name: strings.TrimPrefix(ins.Name, "/")}
 	if ins.Config != nil {
 		st.TaskID = ins.Config.Labels[task.LabelTaskID]
+		st.ShimHome = ins.Config.Labels[task.LabelShimHome]
 	}
 	if ins.State != nil {
 		st.Running = ins.State.Running || ins.State.Restarting || ins.State.Paused

@@ -76,12 +76,15 @@ type strayView struct {
 	known   bool   // a task of that id exists
 	removed bool   // a tombstone names it
 	running bool
+	// otherShim: the container names another shim home as its creator (a
+	// second shim on the host, e.g. tests); never ours to adopt.
+	otherShim bool
 }
 
 // decideStray decides what to do with a container no held task claimed.
 func decideStray(s strayView) action {
 	switch {
-	case s.taskID == "" || s.known || s.removed:
+	case s.taskID == "" || s.known || s.removed || s.otherShim:
 		return actSkip
 	case s.running:
 		return actAdoptRunning

@@ -56,6 +56,7 @@ func TestDecideStray(t *testing.T) {
 		{"not ours", strayView{}, actSkip},
 		{"a task we have", strayView{taskID: "a", known: true, running: true}, actSkip},
 		{"removed (tombstone): never again", strayView{taskID: "a", removed: true, running: true}, actSkip},
+		{"another shim's container", strayView{taskID: "a", running: true, otherShim: true}, actSkip},
 		{"no record, running", strayView{taskID: "a", running: true}, actAdoptRunning},
 		{"no record, stopped", strayView{taskID: "a"}, actAdoptStopped},
 	}

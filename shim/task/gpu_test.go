@@ -2,7 +2,7 @@ package task
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -65,7 +65,7 @@ func (m *modesetRuntime) Start(ctx context.Context, id string) error {
 	defer m.mu.Unlock()
 	m.starts++
 	if m.starts == 1 {
-		return errors.New("error running hook: nvidia-container-cli: mount error: stat failed: /dev/nvidia-modeset: no such file or directory")
+		return fmt.Errorf("%w: error running hook: nvidia-container-cli: mount error: stat failed: /dev/nvidia-modeset: no such file or directory", ErrNoModeset)
 	}
 	return nil
 }

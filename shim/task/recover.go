@@ -209,7 +209,8 @@ func (e *Engine) adopt(c ContainerState) {
 	log := e.log.With("task_id", c.TaskID, "container", c.Name)
 	e.mu.Lock()
 	_, known := e.tasks[c.TaskID]
-	a := decideStray(strayView{taskID: c.TaskID, known: known, removed: e.buried(c.TaskID), running: c.Running})
+	a := decideStray(strayView{taskID: c.TaskID, known: known, removed: e.buried(c.TaskID), running: c.Running,
+		otherShim: c.ShimHome != "" && c.ShimHome != e.cfg.Home})
 	if a == actSkip {
 		e.mu.Unlock()
 		return

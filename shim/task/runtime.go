@@ -40,9 +40,15 @@ type Runtime interface {
 // ErrContainerGone means the container does not exist (any more).
 var ErrContainerGone = errors.New("container not found")
 
+// ErrNoModeset is a start refused because the NVIDIA hook wants
+// /dev/nvidia-modeset (the display capability) on a headless host; the
+// runtime classifies Docker's message, the engine retries without it.
+var ErrNoModeset = errors.New("no /dev/nvidia-modeset on this host")
+
 // ContainerState is what recovery needs to know about a container.
 type ContainerState struct {
 	ID, Name, TaskID string
+	ShimHome         string // LabelShimHome: which shim created it ("" if unknown)
 	Running          bool
 	NeverStarted     bool // created but not started
 	ExitCode         int

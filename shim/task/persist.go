@@ -1,0 +1,74 @@
+package task
+
+// Persistence: task records written synchronously where recovery needs them, coalesced in the background elsewhere.
+
+import (
+	"slices"
+)
+
+// saveSoon persists t in the background, coalescing bursts into one write
+// of the latest state. Used on the start path, where recovery already copes
+// with a record one step behind (a pending or creating record whose
+// container exists is reconciled or cleaned up).
+func (e *Engine) saveSoon(t *task) {
+	if e.recs == nil {
+		return
+	}
+	e.mu.Lock()
+	t.dirty = true
+	if t.writing {
+		e.mu.Unlock()
+		return
+	}
+	t.writing = true
+	e.writers++
+	e.mu.Unlock()
+	go func() {
+		for {
+			e.mu.Lock()
+			if !t.dirty {
+				t.writing = false
+				e.writers--
+				if e.writers == 0 {
+					e.idle.Broadcast()
+				}
+				e.mu.Unlock()
+				return
+			}
+			t.dirty = false
+			e.mu.Unlock()
+			e.save(t)
+		}
+	}()
+}
+
+// Sync waits until no background record write is running.
+func (e *Engine) Sync() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for e.writers > 0 {
+		e.idle.Wait()
+	}
+}
+
+// save writes t's record. Each call snapshots the latest state, and writes
+// of one task are serialized, so the file never goes back in time.
+func (e *Engine) save(t *task) {
+	if e.recs == nil {
+		return
+	}
+	t.saveMu.Lock()
+	defer t.saveMu.Unlock()
+	e.mu.RLock()
+	if e.tasks[t.cfg.ID] != t { // removed meanwhile: no resurrection
+		e.mu.RUnlock()
+		return
+	}
+	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
+		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
+		Volumes: slices.Clone(t.volumes), Released: t.released, StopRequest: t.stopReq, PasswordHash: t.pwHash}
+	e.mu.RUnlock()
+	if err := e.recs.save(rec); err != nil {
+		e.log.Error("persist task", "task_id", t.cfg.ID, "err", err)
+	}
+}

@@ -1,0 +1,397 @@
+package task
+
+// The start pipeline: prepare, pull, create, start, watch, end and release.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/distribution/reference"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// runnerDir is <home>/runners/<container name>; a name that is not one path
+// component (a damaged record) has no dir, never a parent's.
+func (e *Engine) runnerDir(t *task) (string, error) {
+	if t.name == "" || t.name != filepath.Base(t.name) || t.name == "." || t.name == ".." {
+		return "", fmt.Errorf("task %s has no valid container name (%q)", t.cfg.ID, t.name)
+	}
+	return filepath.Join(e.cfg.Home, "runners", t.name), nil
+}
+
+// failure is how a pipeline stage ends a task.
+type failure struct {
+	reason api.TerminationReason
+	msg    string
+}
+
+// run is the start pipeline of one task; it returns when the task ended and
+// its host resources are released.
+func (e *Engine) run(ctx context.Context, t *task) {
+	log := e.log.With("task_id", t.cfg.ID, "container", t.name)
+	defer close(t.done)
+	defer t.cancelPre()
+	if f := e.start(ctx, t, log); f != nil {
+		e.end(t, log, *f)
+		return
+	}
+	e.watch(t, log)
+}
+
+// end releases the task's host resources, then commits terminated, so a
+// terminated task never still holds GPUs or keys.
+func (e *Engine) end(t *task, log *slog.Logger, f failure) {
+	e.release(t, log)
+	e.finish(t, f.reason, f.msg)
+	log.Info("task terminated", "reason", f.reason, "message", f.msg)
+}
+
+// release gives back the task's GPUs and host keys, exactly once.
+func (e *Engine) release(t *task, log *slog.Logger) {
+	e.mu.Lock()
+	if t.released {
+		e.mu.Unlock()
+		return
+	}
+	t.released = true
+	ids, keys, user, vols := slices.Clone(t.gpuIDs), t.keysAdded, t.cfg.HostSSHUser, slices.Clone(t.volumes)
+	e.mu.Unlock()
+	for _, v := range vols {
+		if e.cfg.Volumes == nil {
+			log.Error("a volume is recorded but this shim has no volume support", "volume", v)
+			continue
+		}
+		if err := e.cfg.Volumes.Unmount(v, t.cfg.ID); err != nil {
+			log.Error("unmount volume", "volume", v, "err", err)
+		}
+	}
+	if len(ids) > 0 {
+		e.gpus.Release(t.cfg.ID, ids)
+	}
+	if keys && e.keys != nil {
+		if err := e.keys.Remove(user, t.cfg.ID); err != nil {
+			log.Error("remove host keys", "err", err)
+		}
+	}
+	e.saveSoon(t)
+}
+
+// watch waits for the running container to exit, whoever stops it, and
+// ends the task with the matching reason.
+func (e *Engine) watch(t *task, log *slog.Logger) {
+	e.mu.RLock()
+	id := t.contID
+	e.mu.RUnlock()
+	code, err := e.waitExit(id, log)
+	switch {
+	case errors.Is(err, ErrContainerGone):
+		e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared"})
+	case err != nil:
+		e.end(t, log, failure{api.ReasonContainerExitedWithError, err.Error()})
+	case code == 0:
+		e.end(t, log, failure{api.ReasonDoneByRunner, ""})
+	default:
+		lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		tailText, lerr := e.rt.LogTail(lctx, id, 5)
+		cancel()
+		if lerr != nil {
+			log.Warn("read container log tail", "err", lerr)
+		}
+		if tailText == "" {
+			tailText = fmt.Sprintf("container exited with code %d", code)
+		}
+		e.end(t, log, failure{api.ReasonContainerExitedWithError, tailText})
+	}
+}
+
+// waitExit waits for a container to stop. A wait cut by a Docker restart is
+// resumed (the task stays running meanwhile); only a container that is
+// really gone or stopped ends it.
+func (e *Engine) waitExit(id string, log *slog.Logger) (int, error) {
+	backoff := 500 * time.Millisecond
+	for {
+		code, err := e.rt.Wait(context.Background(), id)
+		if err == nil {
+			return code, nil
+		}
+		st, ierr := e.rt.Inspect(context.Background(), id)
+		switch {
+		case errors.Is(ierr, ErrContainerGone):
+			return -1, ErrContainerGone
+		case ierr == nil && !st.Running:
+			return st.ExitCode, nil
+		}
+		log.Warn("lost the wait on the container; retrying", "err", err, "retry_in", backoff)
+		time.Sleep(backoff)
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+// start runs the stages up to a running container. A nil result means the
+// container runs; cleanups collects what must be undone when the task ends.
+func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure {
+	fail := func(reason api.TerminationReason, format string, args ...any) *failure {
+		return &failure{reason, fmt.Sprintf(format, args...)}
+	}
+	aborted := func() *failure {
+		return fail(api.ReasonTerminatedByServer, "terminated before start")
+	}
+	cfg := t.cfg
+	began := e.now()
+	var phases []any
+	mark := func(name string) {
+		now := e.now()
+		phases = append(phases, name, now.Sub(began).Round(100*time.Microsecond))
+		began = now
+	}
+	if err := e.commit(t, api.TaskPreparing, nil); err != nil {
+		return aborted()
+	}
+	dir, err := e.runnerDir(t)
+	if err == nil {
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err != nil {
+		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)
+	}
+
+	gpuIDs := []string{}
+	if cfg.GPU != 0 {
+		ids, err := e.gpus.Acquire(cfg.ID, cfg.GPU)
+		if err != nil {
+			return fail(api.ReasonExecutorError, "%v", err)
+		}
+		gpuIDs = ids
+	}
+	e.mu.Lock()
+	t.gpuIDs = gpuIDs // persisted with the container id: locks start empty after a restart
+	e.mu.Unlock()
+
+	if len(cfg.HostSSHKeys) > 0 && cfg.HostSSHUser != "" {
+		if e.keys == nil {
+			return fail(api.ReasonExecutorError, "host keys error: no authorized_keys editor")
+		}
+		// Recorded before the edit: a crash in between leaves a removal that
+		// finds nothing, never a line nobody removes.
+		e.mu.Lock()
+		t.keysAdded = true
+		e.mu.Unlock()
+		e.save(t)
+		if err := e.keys.Add(cfg.HostSSHUser, cfg.ID, cfg.HostSSHKeys); err != nil {
+			return fail(api.ReasonExecutorError, "host keys error: %v", err)
+		}
+	}
+	if len(cfg.Volumes) > 0 {
+		if e.cfg.Volumes == nil {
+			return fail(api.ReasonExecutorError, "prepareVolumes error: this shim has no volume support configured")
+		}
+		// Recorded before mounting: after any crash, release unmounts them
+		// (a no-op for those never mounted).
+		names := make([]string, 0, len(cfg.Volumes))
+		for _, v := range cfg.Volumes {
+			names = append(names, v.Name)
+		}
+		e.mu.Lock()
+		t.volumes = names
+		e.mu.Unlock()
+		e.save(t)
+		for _, v := range cfg.Volumes {
+			if err := e.cfg.Volumes.Mount(ctx, cfg.ID, v); err != nil {
+				return fail(api.ReasonExecutorError, "prepareVolumes error: %v", err)
+			}
+		}
+	}
+	if err := e.prepareInstanceMounts(cfg.InstanceMounts); err != nil {
+		return fail(api.ReasonExecutorError, "prepareInstanceMountPoints error: %v", err)
+	}
+	if ctx.Err() != nil {
+		return aborted()
+	}
+
+	mark("prepare")
+	if err := e.commit(t, api.TaskPulling, nil); err != nil {
+		return aborted()
+	}
+	if err := e.pullImage(ctx, t, dir, log); err != nil {
+		if ctx.Err() != nil {
+			return aborted()
+		}
+		return fail(api.ReasonCreatingContainerError, "pullImage error: %v", err)
+	}
+
+	mark("pull")
+	if err := e.commit(t, api.TaskCreating, nil); err != nil {
+		return aborted()
+	}
+	spec := e.containerSpec(t, dir, gpuIDs)
+	// Create must not be cut off halfway by a terminate: we want the id, so
+	// that remove can find what Docker made.
+	id, err := e.rt.Create(context.WithoutCancel(ctx), spec)
+	if err != nil {
+		return fail(api.ReasonCreatingContainerError, "createContainer error: %v", err)
+	}
+	mark("create")
+	e.mu.Lock()
+	t.contID = id
+	e.mu.Unlock()
+	e.saveSoon(t)
+	if ctx.Err() != nil {
+		return aborted()
+	}
+	err = e.rt.Start(context.WithoutCancel(ctx), id)
+	if errors.Is(err, ErrNoModeset) && spec.GPUs != nil && slices.Contains(spec.GPUs.Capabilities, "display") {
+		log.Warn("no /dev/nvidia-modeset on this host; starting without the display capability", "err", err)
+		_ = e.rt.Remove(context.WithoutCancel(ctx), id)
+		spec = withoutDisplay(spec)
+		if id, err = e.rt.Create(context.WithoutCancel(ctx), spec); err == nil {
+			e.mu.Lock()
+			t.contID = id
+			e.mu.Unlock()
+			e.save(t)
+			err = e.rt.Start(context.WithoutCancel(ctx), id)
+		}
+	}
+	if err != nil {
+		return fail(api.ReasonCreatingContainerError, "startContainer error: %v", err)
+	}
+	mark("start")
+	ports := []api.PortMapping{}
+	if cfg.NetworkMode != "host" {
+		ports, err = e.rt.Ports(context.WithoutCancel(ctx), id)
+		if err != nil {
+			log.Error("discover ports", "err", err)
+			ports = []api.PortMapping{}
+		}
+	}
+	if err := e.commit(t, api.TaskRunning, func() { t.ports, t.watched = ports, true }); err != nil {
+		// Terminated while we were starting it: do not leave it running.
+		_ = e.rt.Stop(context.WithoutCancel(ctx), id, 0)
+		return aborted()
+	}
+	log.Info("task running", append([]any{"container_id", id, "ports", ports, "gpus", gpuIDs}, phases...)...)
+	return nil
+}
+
+func (e *Engine) prepareInstanceMounts(mounts []api.InstanceMountPoint) error {
+	for _, m := range mounts {
+		if !filepath.IsAbs(m.InstancePath) || !filepath.IsAbs(m.Path) {
+			return fmt.Errorf("instance mount %q -> %q: paths must be absolute", m.InstancePath, m.Path)
+		}
+		clean := filepath.Clean(m.InstancePath)
+		home := filepath.Clean(e.cfg.Home)
+		if clean == home || strings.HasPrefix(clean, home+string(filepath.Separator)) {
+			return fmt.Errorf("instance mount %q: paths under the shim home are not allowed", m.InstancePath)
+		}
+		if _, err := os.Stat(clean); os.IsNotExist(err) {
+			if err := os.MkdirAll(clean, 0o755); err != nil {
+				return fmt.Errorf("create %s: %w", clean, err)
+			}
+			if err := os.Chmod(clean, 0o777); err != nil {
+				return fmt.Errorf("chmod %s: %w", clean, err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("stat %s: %w", clean, err)
+		}
+	}
+	return nil
+}
+
+// imageRef normalizes ref and says whether a local copy may be used as is:
+// a tag other than latest, or a digest.
+func imageRef(ref string) (string, bool, error) {
+	named, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return "", false, fmt.Errorf("image %q: %w", ref, err)
+	}
+	named = reference.TagNameOnly(named)
+	if _, ok := named.(reference.Digested); ok {
+		return reference.FamiliarString(named), true, nil
+	}
+	tagged, _ := named.(reference.Tagged)
+	return reference.FamiliarString(named), tagged != nil && tagged.Tag() != "latest", nil
+}
+
+func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.Logger) error {
+	ref, reuse, err := imageRef(t.cfg.ImageName)
+	if err != nil {
+		return err
+	}
+	if reuse {
+		present, err := e.rt.ImagePresent(ctx, ref)
+		if err != nil {
+			return err
+		}
+		if present {
+			log.Debug("image present, not pulling", "image", ref)
+			return nil
+		}
+	}
+	var auth RegistryAuth
+	if t.cfg.RegistryUsername != "" || t.cfg.RegistryPassword != "" {
+		auth = RegistryAuth{Username: t.cfg.RegistryUsername, Password: t.cfg.RegistryPassword}
+		if named, err := reference.ParseNormalizedNamed(ref); err == nil {
+			auth.ServerAddress = reference.Domain(named)
+		}
+	}
+	pctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if e.cfg.PullTimeout > 0 {
+		var c2 context.CancelFunc
+		pctx, c2 = context.WithTimeoutCause(pctx, e.cfg.PullTimeout, fmt.Errorf("pull exceeded %s", e.cfg.PullTimeout))
+		defer c2()
+	}
+	tracker := t.tracker
+	// Stall watchdog: no byte moved for PullStallTimeout → give up.
+	go func() {
+		tick := time.NewTicker(min(e.cfg.PullStallTimeout/4, 5*time.Second))
+		defer tick.Stop()
+		for {
+			select {
+			case <-pctx.Done():
+				return
+			case <-tick.C:
+				if d := tracker.SinceProgress(); d >= e.cfg.PullStallTimeout {
+					cancel(fmt.Errorf("no progress for %s", d.Round(time.Second)))
+					return
+				}
+			}
+		}
+	}()
+	logFile, err := os.Create(filepath.Join(dir, "pull.log"))
+	if err != nil {
+		return fmt.Errorf("pull log: %w", err)
+	}
+	defer logFile.Close()
+	rc, err := e.rt.Pull(pctx, ref, auth)
+	if err != nil {
+		if cause := context.Cause(pctx); cause != nil {
+			return fmt.Errorf("image pull interrupted: %s: %w", tracker.Summary(), cause)
+		}
+		return err
+	}
+	ferr := tracker.Feed(rc, logFile)
+	rc.Close()
+	if cause := context.Cause(pctx); cause != nil {
+		return fmt.Errorf("image pull interrupted: %s: %w", tracker.Summary(), cause)
+	}
+	if ferr != nil {
+		return fmt.Errorf("failed pulling %s: %s, errors: [%v]", ref, tracker.Summary(), ferr)
+	}
+	// Success is the image being there, not a particular status line (#2503).
+	present, err := e.rt.ImagePresent(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if !present {
+		return fmt.Errorf("failed pulling %s: the pull ended but the image is not in the local store", ref)
+	}
+	return nil
+}

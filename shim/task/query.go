@@ -1,0 +1,67 @@
+package task
+
+// Queries: what the API reads.
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// Get returns one task.
+func (e *Engine) Get(id string) (api.TaskInfoResponse, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	t, ok := e.tasks[id]
+	if !ok {
+		return api.TaskInfoResponse{}, ErrNotFound
+	}
+	return e.infoLocked(t), nil
+}
+
+// List returns all tasks, sorted by id.
+func (e *Engine) List() []api.TaskListItem {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	out := make([]api.TaskListItem, 0, len(e.tasks))
+	for id, t := range e.tasks {
+		out = append(out, api.TaskListItem{ID: id, Status: t.status})
+	}
+	slices.SortFunc(out, func(a, b api.TaskListItem) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// GPUIDs returns the GPUs a task holds (for metrics filtering).
+func (e *Engine) GPUIDs(id string) ([]string, error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	t, ok := e.tasks[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return slices.Clone(t.gpuIDs), nil
+}
+
+func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
+	info := api.TaskInfoResponse{
+		ID:                 t.cfg.ID,
+		Status:             t.status,
+		TerminationReason:  t.reason,
+		TerminationMessage: t.message,
+		Ports:              slices.Clone(t.ports),
+		ContainerName:      t.name,
+		ContainerID:        t.contID,
+		GPUIDs:             slices.Clone(t.gpuIDs),
+	}
+	if t.ports != nil && info.Ports == nil {
+		info.Ports = []api.PortMapping{}
+	}
+	if t.gpuIDs != nil && info.GPUIDs == nil {
+		info.GPUIDs = []string{}
+	}
+	if t.status != api.TaskPending && t.status != api.TaskPreparing {
+		info.ImagePullProgress = t.tracker.Progress()
+	}
+	return info
+}

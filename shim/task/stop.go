@@ -1,0 +1,126 @@
+package task
+
+// Stopping and removing tasks.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// StopError is a failure to stop a running container (HTTP 500).
+type StopError struct{ Err error }
+
+func (e *StopError) Error() string { return "failed to stop container: " + e.Err.Error() }
+
+func (e *StopError) Unwrap() error { return e.Err }
+
+// Terminate stops a task. It returns once the task is terminated and its
+// resources released (or after TerminateWait if the pipeline is stuck).
+// Terminating a terminated task keeps its first reason.
+func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error) {
+	t, err := e.lockOp(id)
+	if err != nil {
+		return api.TaskInfoResponse{}, err
+	}
+	defer t.op.Unlock()
+
+	e.mu.Lock()
+	if t.status == api.TaskTerminated {
+		info := e.infoLocked(t)
+		e.mu.Unlock()
+		return info, nil
+	}
+	if t.stopReq == nil {
+		r := req
+		t.stopReq = &r
+	}
+	status, contID := t.status, t.contID
+	e.mu.Unlock()
+	e.save(t)
+
+	t.cancelPre()
+	if status == api.TaskRunning && contID != "" {
+		if err := e.rt.Stop(ctx, contID, time.Duration(req.Timeout)*time.Second); err != nil {
+			return api.TaskInfoResponse{}, &StopError{Err: err}
+		}
+	}
+	select {
+	case <-t.done:
+	case <-time.After(time.Duration(req.Timeout)*time.Second + e.cfg.TerminateWait):
+		e.log.Warn("pipeline did not wind down in time; marking terminated", "task_id", id)
+		e.finish(t, req.TerminationReason, req.TerminationMessage)
+	case <-ctx.Done():
+		return api.TaskInfoResponse{}, ctx.Err()
+	}
+	return e.Get(id)
+}
+
+// Remove forgets a terminated task, removing its container and runner dir.
+func (e *Engine) Remove(ctx context.Context, id string) error {
+	t, err := e.lockOp(id)
+	if err != nil {
+		return err
+	}
+	defer t.op.Unlock()
+	e.mu.RLock()
+	status := t.status
+	e.mu.RUnlock()
+	if status != api.TaskTerminated {
+		return fmt.Errorf("%w: cannot remove task %s with %s status", ErrConflict, id, status)
+	}
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(e.cfg.TerminateWait):
+		e.log.Warn("removing a task whose pipeline is still winding down", "task_id", id)
+	}
+	// By name: it also finds a container whose id was never recorded. A
+	// task restored from an unreadable record has neither name nor dir.
+	if t.name != "" {
+		if err := e.rt.Remove(ctx, t.name); err != nil {
+			return err
+		}
+		if dir, err := e.runnerDir(t); err == nil {
+			if err := os.RemoveAll(dir); err != nil {
+				return fmt.Errorf("remove runner dir: %w", err)
+			}
+		}
+	}
+	t.saveMu.Lock() // no save may write the record back after this
+	e.mu.Lock()
+	delete(e.tasks, id)
+	e.bury(id)
+	e.mu.Unlock()
+	t.saveMu.Unlock()
+	if e.recs != nil {
+		if err := e.recs.remove(id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lockOp takes the task's op lock, then checks the task still exists (a
+// concurrent remove may have won the lock first).
+func (e *Engine) lockOp(id string) (*task, error) {
+	e.mu.RLock()
+	t, ok := e.tasks[id]
+	e.mu.RUnlock()
+	if !ok {
+		return nil, ErrNotFound
+	}
+	t.op.Lock()
+	e.mu.RLock()
+	cur, ok := e.tasks[id]
+	e.mu.RUnlock()
+	if !ok || cur != t {
+		t.op.Unlock()
+		return nil, ErrNotFound
+	}
+	return t, nil
+}

@@ -1,0 +1,87 @@
+package task
+
+// Validation at the door and what makes two submits the same.
+
+import (
+	"fmt"
+	"path/filepath"
+	"reflect"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/ident"
+)
+
+// normalize fills dstack's defaults so that equal requests compare equal.
+func normalize(c api.TaskConfig) api.TaskConfig {
+	if c.ContainerUser == "" {
+		c.ContainerUser = "root"
+	}
+	if c.NetworkMode == "" {
+		c.NetworkMode = "host"
+	}
+	emptyNil := func(v any) {
+		rv := reflect.ValueOf(v).Elem()
+		if rv.Len() == 0 {
+			rv.Set(reflect.Zero(rv.Type()))
+		}
+	}
+	emptyNil(&c.Volumes)
+	emptyNil(&c.VolumeMounts)
+	emptyNil(&c.InstanceMounts)
+	emptyNil(&c.GPUDevices)
+	emptyNil(&c.HostSSHKeys)
+	emptyNil(&c.ContainerSSHKeys)
+	return c
+}
+
+func validate(c api.TaskConfig) error {
+	switch { // dstack's own texts for the empty cases
+	case c.ID == "":
+		return fmt.Errorf("%w: empty id", ErrInvalid)
+	case c.Name == "":
+		return fmt.Errorf("%w: empty name", ErrInvalid)
+	}
+	if err := ident.TaskID(c.ID); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if err := ident.TaskName(c.Name); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	switch {
+	case c.ImageName == "":
+		return fmt.Errorf("%w: empty image_name", ErrInvalid)
+	case c.GPU < -1:
+		return fmt.Errorf("%w: gpu must be -1, 0 or a positive count, got %d", ErrInvalid, c.GPU)
+	case c.CPU < 0 || c.Memory < 0 || c.ShmSize < 0:
+		return fmt.Errorf("%w: cpu, memory and shm_size must not be negative", ErrInvalid)
+	}
+	for i, v := range c.Volumes {
+		if err := ident.VolumeName(v.Name); err != nil {
+			return fmt.Errorf("%w: volumes[%d]: %v", ErrInvalid, i, err)
+		}
+	}
+	for i, v := range c.VolumeMounts {
+		if err := ident.VolumeName(v.Name); err != nil {
+			return fmt.Errorf("%w: volume_mounts[%d]: %v", ErrInvalid, i, err)
+		}
+		if !filepath.IsAbs(v.Path) {
+			return fmt.Errorf("%w: volume_mounts[%d]: path %q must be absolute", ErrInvalid, i, v.Path)
+		}
+	}
+	return nil
+}
+
+// sameSubmit says whether cfg repeats t's submit. A task restored from its
+// record has no registry password, only its hash: the rest must be equal
+// and the password must match the hash.
+func sameSubmit(t *task, cfg api.TaskConfig) bool {
+	if reflect.DeepEqual(t.cfg, cfg) {
+		return true
+	}
+	if t.cfg.RegistryPassword != "" || t.pwHash == "" {
+		return false
+	}
+	bare := cfg
+	bare.RegistryPassword = ""
+	return reflect.DeepEqual(t.cfg, bare) && passwordMatches(t.pwHash, cfg.RegistryPassword)
+}
