@@ -27,6 +27,7 @@ import (
 	"github.com/docker/go-connections/nat"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/gpu"
 	"github.com/tandem-run/tandem/shim/task"
 )
 
@@ -254,16 +255,14 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (task.ContainerState, 
 		st.ExitCode = ins.State.ExitCode
 	}
 	if hc := ins.HostConfig; hc != nil {
+		var reqIDs, devs []string
 		for _, dr := range hc.DeviceRequests {
-			for _, id := range dr.DeviceIDs {
-				st.GPUIDs = append(st.GPUIDs, strings.TrimPrefix(id, "nvidia.com/gpu="))
-			}
+			reqIDs = append(reqIDs, dr.DeviceIDs...)
 		}
 		for _, d := range hc.Devices {
-			if strings.HasPrefix(d.PathOnHost, "/dev/dri/renderD") {
-				st.GPUIDs = append(st.GPUIDs, d.PathOnHost)
-			}
+			devs = append(devs, d.PathOnHost)
 		}
+		st.GPUIDs = gpu.IDsFromContainer(reqIDs, devs)
 		if hc.NetworkMode.IsHost() {
 			st.Ports = []api.PortMapping{}
 		}

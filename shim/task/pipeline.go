@@ -16,6 +16,7 @@ import (
 	"github.com/distribution/reference"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/gpu"
 )
 
 // runnerDir is <home>/runners/<container name>; a name that is not one path
@@ -247,7 +248,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		return aborted()
 	}
 	err = e.rt.Start(context.WithoutCancel(ctx), id)
-	if errors.Is(err, ErrNoModeset) && spec.GPUs != nil && slices.Contains(spec.GPUs.Capabilities, "display") {
+	if errors.Is(err, ErrNoModeset) && gpu.HasDisplay(spec.GPUs) {
 		log.Warn("no /dev/nvidia-modeset on this host; starting without the display capability", "err", err)
 		_ = e.rt.Remove(context.WithoutCancel(ctx), id)
 		spec = withoutDisplay(spec)

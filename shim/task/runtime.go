@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/gpu"
 )
 
 // Runtime is what the engine needs from the container engine. shim/dockerrt
@@ -93,11 +94,7 @@ type ContainerSpec struct {
 
 // GPURequest is a Docker device request: the NVIDIA hook (Driver "") or CDI
 // (Driver "cdi", qualified device names).
-type GPURequest struct {
-	Driver       string
-	DeviceIDs    []string
-	Capabilities []string
-}
+type GPURequest = gpu.Request
 
 // Bind is a bind mount.
 type Bind struct {

@@ -9,10 +9,8 @@ import (
 	"strconv"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/gpu"
 )
-
-// nvidiaCapabilities are the driver capabilities a task gets (dstack's).
-var nvidiaCapabilities = []string{"gpu", "utility", "compute", "graphics", "video", "display", "compat32"}
 
 func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSpec {
 	cfg := t.cfg
@@ -76,35 +74,21 @@ func (e *Engine) wireGPUs(spec *ContainerSpec, cfg api.TaskConfig, gpuIDs []stri
 		}
 		return
 	}
-	switch e.cfg.GPUVendor {
-	case api.GPUVendorNVIDIA:
-		if e.cfg.NvidiaCDI {
-			ids := make([]string, 0, len(gpuIDs))
-			for _, id := range gpuIDs {
-				ids = append(ids, "nvidia.com/gpu="+id)
-			}
-			spec.GPUs = &GPURequest{Driver: "cdi", DeviceIDs: ids}
-			return
-		}
-		spec.GPUs = &GPURequest{DeviceIDs: slices.Clone(gpuIDs), Capabilities: slices.Clone(nvidiaCapabilities)}
-	case api.GPUVendorAMD:
-		spec.Devices = append(spec.Devices, Device{Host: "/dev/kfd", Container: "/dev/kfd", Perms: "rwm"})
-		for _, id := range gpuIDs {
-			spec.Devices = append(spec.Devices, Device{Host: id, Container: id, Perms: "rwm"})
-		}
-		spec.IpcMode = "host"
-		spec.CapAdd = []string{"SYS_PTRACE"}
-		spec.SecurityOpt = []string{"seccomp=unconfined"}
+	w := gpu.Wire(e.cfg.GPUVendor, gpuIDs, e.cfg.NvidiaCDI)
+	spec.GPUs = w.Request
+	for _, d := range w.Devices {
+		spec.Devices = append(spec.Devices, Device{Host: d, Container: d, Perms: "rwm"})
 	}
+	if w.IpcHost {
+		spec.IpcMode = "host"
+	}
+	spec.CapAdd = append(spec.CapAdd, w.CapAdd...)
+	spec.SecurityOpt = append(spec.SecurityOpt, w.SecurityOpt...)
 }
 
 // withoutDisplay drops the display capability (headless hosts have no
 // /dev/nvidia-modeset; dstack issue #4004).
 func withoutDisplay(spec ContainerSpec) ContainerSpec {
-	if spec.GPUs != nil {
-		g := *spec.GPUs
-		g.Capabilities = slices.DeleteFunc(slices.Clone(g.Capabilities), func(c string) bool { return c == "display" })
-		spec.GPUs = &g
-	}
+	spec.GPUs = gpu.WithoutDisplay(spec.GPUs)
 	return spec
 }
