@@ -66,7 +66,9 @@ func TestScriptAndUnit(t *testing.T) {
 			t.Fatalf("unit misses %s", want)
 		}
 	}
-	if _, err := exec.LookPath("systemd-analyze"); err == nil {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil && os.Getenv("CI") == "true" {
+		t.Fatal("systemd-analyze missing (make deps installs systemd)")
+	} else if err == nil {
 		dir := t.TempDir()
 		p := filepath.Join(dir, "dstack-shim.service")
 		_ = os.WriteFile(p, []byte(unit), 0o644)

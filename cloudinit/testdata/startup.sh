@@ -60,7 +60,12 @@ Wants=network-online.target docker.service
 StartLimitIntervalSec=0
 
 [Service]
-Type=simple
+# notify: active once the API serves and tasks are recovered; the watchdog
+# restarts a shim that stops answering itself.
+Type=notify
+NotifyAccess=main
+WatchdogSec=60
+TimeoutStartSec=300
 User=root
 EnvironmentFile=/etc/dstack/shim.env
 ExecStart=/usr/local/bin/dstack-shim

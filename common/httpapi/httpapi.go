@@ -147,9 +147,14 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 			}
 		}
 		attrs := []any{"method", c.Request().Method, "path", c.Request().URL.Path, "status", status, "err", err}
-		if status >= 500 {
+		switch {
+		case status >= 500:
 			log.Error("internal error", attrs...)
-		} else {
+		case status == http.StatusNotFound:
+			// Expected in normal operation: the server and tandem look up
+			// tasks they just removed.
+			log.Debug("API error", attrs...)
+		default:
 			log.Warn("API error", attrs...)
 		}
 		if werr := writeText(c, status, msg); werr != nil {

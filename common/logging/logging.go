@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -55,9 +53,34 @@ func LevelName(l slog.Level) string {
 	return "fatal"
 }
 
+// Format is how log lines are written.
+type Format string
+
+// Formats: logfmt-style text (dstack's), or one JSON object per line.
+const (
+	FormatText Format = "text"
+	FormatJSON Format = "json"
+)
+
+// ParseFormat accepts "text" (or "") and "json".
+func ParseFormat(s string) (Format, error) {
+	switch strings.ToLower(s) {
+	case "", "text", "logfmt":
+		return FormatText, nil
+	case "json":
+		return FormatJSON, nil
+	}
+	return "", fmt.Errorf("unknown log format %q (text or json)", s)
+}
+
 // New returns a text logger at level writing to every w. A failing sink does
 // not stop the others.
 func New(level slog.Leveler, w ...io.Writer) *slog.Logger {
+	return NewFormat(level, FormatText, w...)
+}
+
+// NewFormat is New in the given format.
+func NewFormat(level slog.Leveler, format Format, w ...io.Writer) *slog.Logger {
 	var out io.Writer = io.Discard
 	switch len(w) {
 	case 0:
@@ -66,7 +89,7 @@ func New(level slog.Leveler, w ...io.Writer) *slog.Logger {
 	default:
 		out = tee(w)
 	}
-	h := slog.NewTextHandler(out, &slog.HandlerOptions{
+	opts := &slog.HandlerOptions{
 		Level: level,
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			if a.Key == slog.LevelKey {
@@ -76,8 +99,11 @@ func New(level slog.Leveler, w ...io.Writer) *slog.Logger {
 			}
 			return a
 		},
-	})
-	return slog.New(h)
+	}
+	if format == FormatJSON {
+		return slog.New(slog.NewJSONHandler(out, opts))
+	}
+	return slog.New(slog.NewTextHandler(out, opts))
 }
 
 // tee writes to every writer, reporting success if any accepted the bytes.
@@ -112,14 +138,12 @@ func (d discardHandler) WithAttrs([]slog.Attr) slog.Handler      { return d }
 func (d discardHandler) WithGroup(string) slog.Handler           { return d }
 
 // ToFile returns a logger writing to console and appending to path (its
-// directory is created); close the returned file when done.
-func ToFile(level slog.Leveler, console io.Writer, path string) (*slog.Logger, io.Closer, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return nil, nil, fmt.Errorf("log dir: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+// directory is created), rotated by size (see Rotating); close the returned
+// file when done.
+func ToFile(level slog.Leveler, format Format, console io.Writer, path string) (*slog.Logger, io.Closer, error) {
+	f, err := OpenRotating(path, DefaultMaxBytes, DefaultKeep)
 	if err != nil {
-		return nil, nil, fmt.Errorf("log file: %w", err)
+		return nil, nil, err
 	}
-	return New(level, console, f), f, nil
+	return NewFormat(level, format, console, f), f, nil
 }

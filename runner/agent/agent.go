@@ -28,6 +28,7 @@ import (
 // Config is the runner's configuration.
 type Config struct {
 	LogLevel       slog.Level
+	LogFormat      logging.Format
 	TempDir        string
 	HTTPAddress    string
 	HTTPPort       int
@@ -67,7 +68,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Stdout == nil {
 		cfg.Stdout = os.Stdout
 	}
-	log, logf, err := logging.ToFile(cfg.LogLevel, cfg.Stdout, filepath.Join(cfg.TempDir, "default.log"))
+	log, logf, err := logging.ToFile(cfg.LogLevel, cfg.LogFormat, cfg.Stdout, filepath.Join(cfg.TempDir, "default.log"))
 	if err != nil {
 		return err
 	}

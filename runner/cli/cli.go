@@ -46,6 +46,7 @@ func App() *cli.App {
 		DisableSliceFlagSeparator: true,
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "fatal, error, warn, info, debug, trace or 1..6"},
+			&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: []string{"TANDEM_LOG_FORMAT"}, Usage: "text or json (one object per line)"},
 			&cli.BoolFlag{Name: versionVerbose, Usage: "print the version, Tandem's release and the Go toolchain"},
 		},
 		Before: func(c *cli.Context) error {
@@ -96,10 +97,15 @@ func App() *cli.App {
 				if err != nil {
 					return err
 				}
+				format, err := logging.ParseFormat(c.String("log-format"))
+				if err != nil {
+					return err
+				}
 				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGQUIT)
 				defer stop()
 				return agent.Run(ctx, agent.Config{
 					LogLevel:       level,
+					LogFormat:      format,
 					TempDir:        c.String("temp-dir"),
 					HTTPAddress:    c.String("http-address"),
 					HTTPPort:       c.Int("http-port"),

@@ -20,12 +20,14 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/common/sdnotify"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/authkeys"
 	"github.com/tandem-run/tandem/shim/component"
 	"github.com/tandem-run/tandem/shim/dockerrt"
 	"github.com/tandem-run/tandem/shim/gpu"
 	"github.com/tandem-run/tandem/shim/hostinfo"
+	"github.com/tandem-run/tandem/shim/metrics"
 	"github.com/tandem-run/tandem/shim/origin"
 	"github.com/tandem-run/tandem/shim/server"
 	"github.com/tandem-run/tandem/shim/task"
@@ -46,6 +48,7 @@ type Config struct {
 	APIAllowedHosts   []string
 	HTTPPort          int
 	LogLevel          slog.Level
+	LogFormat         logging.Format
 	RunnerDownloadURL string
 	RunnerBinaryPath  string
 	RunnerHTTPPort    int
@@ -68,7 +71,7 @@ type Config struct {
 // Run runs the shim until ctx ends or an API shutdown; running containers
 // are never stopped on exit.
 func Run(ctx context.Context, cfg Config) error {
-	log, logFile, err := logging.ToFile(cfg.LogLevel, os.Stderr, filepath.Join(cfg.Home, "shim.log"))
+	log, logFile, err := logging.ToFile(cfg.LogLevel, cfg.LogFormat, os.Stderr, filepath.Join(cfg.Home, "shim.log"))
 	if err != nil {
 		return err
 	}
@@ -123,7 +126,13 @@ func Run(ctx context.Context, cfg Config) error {
 		},
 		Log: log,
 	}
-	engine := task.New(task.Config{
+	var engine *task.Engine // set below, before the API serves
+	mx := metrics.New(metrics.Sources{GPUsTotal: func() int { return len(gpus) }, GPUsFree: locks.Free,
+		Tasks: func() []api.TaskListItem { return engine.List() }})
+	volumes.Observe = mx.VolumeMount
+	runnerComp.Observe, shimComp.Observe = mx.ComponentInstalled, mx.ComponentInstalled
+	engine = task.New(task.Config{
+		Observer:          mx,
 		Volumes:           volumes,
 		VolumesRoot:       cfg.VolumesRoot,
 		Home:              cfg.Home,
@@ -198,11 +207,13 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return api.InstanceInfoResponse{GPUVendor: gpus[0].Vendor, GPUDriverVersion: gpus[0].DriverVersion}
 		},
-		GPUIDs:      engine.GPUIDs,
-		Health:      health,
-		TaskMetrics: taskMetrics,
-		Shutdown:    sd.request,
-		Log:         log,
+		GPUIDs:            engine.GPUIDs,
+		Health:            health,
+		TaskMetrics:       taskMetrics,
+		Shutdown:          sd.request,
+		Log:               log,
+		Metrics:           mx.Handler(),
+		MetricsMiddleware: mx.Middleware(),
 		Ready: func(rctx context.Context) error {
 			select {
 			case <-ready:
@@ -235,15 +246,51 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.Ready(ln.Addr().String())
 	}
 
+	// systemd (Type=notify): ready once serving and recovered; the
+	// watchdog hears from us only while the API and the engine answer.
+	notify := sdnotify.FromEnv()
+	stopWatch := make(chan struct{})
+	go func() {
+		select {
+		case <-ready:
+		case <-stopWatch:
+			return
+		}
+		if err := notify.Send("READY=1"); err != nil {
+			log.Warn("systemd notify", "err", err)
+		}
+		every := sdnotify.WatchdogInterval() / 2
+		if every <= 0 {
+			return
+		}
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopWatch:
+				return
+			case <-t.C:
+				if alive(engine, ln.Addr().String(), every) {
+					_ = notify.Send("WATCHDOG=1")
+				} else {
+					log.Error("watchdog: the shim is not answering itself; systemd will restart it")
+				}
+			}
+		}
+	}()
+
 	var force bool
 	select {
 	case err := <-errc:
+		close(stopWatch)
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 		log.Info("signal received, shutting down")
 	case force = <-sd.ch:
 		log.Info("API shutdown requested", "force", force)
 	}
+	close(stopWatch)
+	_ = notify.Send("STOPPING=1")
 	cancelInstalls()
 	if force {
 		_ = hs.Close()
@@ -330,5 +377,32 @@ func writeHostInfo(home string, gpus []gpu.GPU, diskPath string, log *slog.Logge
 		log.Error("write host_info.json", "err", err)
 	} else if !wrote {
 		log.Info("host_info.json exists; left as is")
+	}
+}
+
+// alive checks, within limit, that the engine's lock is free and the API
+// answers its own healthcheck over the listener: what WATCHDOG=1 vouches
+// for.
+func alive(engine *task.Engine, addr string, limit time.Duration) bool {
+	if host, port, err := net.SplitHostPort(addr); err == nil {
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			addr = net.JoinHostPort("127.0.0.1", port)
+		}
+	}
+	done := make(chan bool, 1)
+	go func() {
+		engine.List()
+		c := http.Client{Timeout: limit}
+		resp, err := c.Get("http://" + addr + "/api/healthcheck")
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err == nil && resp.StatusCode == http.StatusOK
+	}()
+	select {
+	case ok := <-done:
+		return ok
+	case <-time.After(limit):
+		return false
 	}
 }

@@ -56,6 +56,10 @@ func App() *cli.App {
 }
 
 func config(c *cli.Context) (agent.Config, error) {
+	format, err := logging.ParseFormat(c.String("log-format"))
+	if err != nil {
+		return agent.Config{}, err
+	}
 	level, err := logging.ParseLevel(c.String("shim-log-level"))
 	if err != nil {
 		return agent.Config{}, err
@@ -85,6 +89,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		HTTPAddress:        c.String("shim-http-address"),
 		HTTPPort:           c.Int("shim-http-port"),
 		LogLevel:           level,
+		LogFormat:          format,
 		RunnerDownloadURL:  c.String("runner-download-url"),
 		RunnerBinaryPath:   c.String("runner-binary-path"),
 		RunnerHTTPPort:     c.Int("runner-http-port"),
@@ -118,6 +123,7 @@ func Flags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "api-allowed-host", EnvVars: []string{"TANDEM_SHIM_API_ALLOWED_HOSTS"}, Usage: "Host header names accepted besides loopback ones (* for any)"},
 		&cli.IntFlag{Name: "shim-http-port", Value: 10998, EnvVars: []string{"DSTACK_SHIM_HTTP_PORT"}, Usage: "API port"},
 		&cli.StringFlag{Name: "shim-http-address", Value: "127.0.0.1", EnvVars: []string{"DSTACK_SHIM_HTTP_ADDRESS"}, Usage: "API bind address"},
+		&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: []string{"TANDEM_LOG_FORMAT"}, Usage: "text or json (one object per line)"},
 		&cli.StringFlag{Name: "shim-log-level", Value: "info", EnvVars: []string{"DSTACK_SHIM_LOG_LEVEL"}, Usage: "fatal, error, warn, info, debug, trace or 1..6"},
 		&cli.StringFlag{Name: "runner-download-url", EnvVars: []string{"DSTACK_RUNNER_DOWNLOAD_URL"}, Usage: "download the runner from here at start when missing"},
 		&cli.StringFlag{Name: "runner-binary-path", Value: "/usr/local/bin/dstack-runner", EnvVars: []string{"DSTACK_RUNNER_BINARY_PATH"}, Usage: "host path of the runner binary"},

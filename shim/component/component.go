@@ -43,6 +43,8 @@ type Manager struct {
 	HTTP                    *http.Client
 	Log                     *slog.Logger
 	Now                     func() time.Time
+	// Observe hears each install's result (nil: nobody listens).
+	Observe func(component string, err error)
 	// CheckFile vets a download before its --version is run; nil means an
 	// ELF executable for this machine (never a script).
 	CheckFile func(path string) error
@@ -193,6 +195,9 @@ func (m *Manager) begin(url string) error {
 }
 
 func (m *Manager) end(url string, err error) {
+	if m.Observe != nil {
+		m.Observe(string(m.Name), err)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.installing = false

@@ -51,6 +51,10 @@ type Deps struct {
 	GPUIDs      func(id string) ([]string, error)
 	// Shutdown is called after the 200 is sent.
 	Shutdown func(force bool)
+	// Metrics serves GET /metrics (nil: 404); MetricsMiddleware counts
+	// requests (nil: none).
+	Metrics           http.Handler
+	MetricsMiddleware echo.MiddlewareFunc
 	// Ready waits (bounded) until the tasks are restored after a start;
 	// task endpoints answer 503 while it fails. nil: always ready.
 	Ready func(ctx context.Context) error
@@ -61,6 +65,12 @@ type Deps struct {
 func New(d Deps) *echo.Echo {
 	e := httpapi.NewEcho(d.Log)
 	s := &srv{d: d}
+	if d.MetricsMiddleware != nil {
+		e.Use(d.MetricsMiddleware)
+	}
+	if d.Metrics != nil {
+		e.GET("/metrics", echo.WrapHandler(d.Metrics))
+	}
 	e.GET("/api/healthcheck", s.healthcheck)
 	e.POST("/api/shutdown", s.shutdown)
 	e.GET("/api/instance/health", s.instanceHealth)

@@ -59,6 +59,8 @@ type Volumes interface {
 
 // Config is how the engine runs tasks.
 type Config struct {
+	// Observer receives metrics events (nil: none).
+	Observer Observer
 	// Volumes mounts network volumes; nil refuses tasks that ask for them.
 	Volumes           Volumes
 	Home              string // shim home; runner dirs live in <home>/runners
@@ -106,7 +108,8 @@ type task struct {
 	op sync.Mutex
 
 	cfg       api.TaskConfig
-	pwHash    string // hashPassword of the registry password (records keep only this)
+	submitted time.Time // when Submit accepted it (zero for restored tasks)
+	pwHash    string    // hashPassword of the registry password (records keep only this)
 	status    api.TaskStatus
 	reason    api.TerminationReason
 	message   string
@@ -179,6 +182,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	t := &task{
 		cfg:       cfg,
 		pwHash:    hashPassword(cfg.RegistryPassword),
+		submitted: e.now(),
 		status:    api.TaskPending,
 		name:      ContainerName(cfg.Name, cfg.ID),
 		tracker:   pull.NewTracker(e.now),
@@ -190,6 +194,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	e.wg.Add(1)
 	e.mu.Unlock()
 	e.save(t)
+	e.obs().TaskSubmitted()
 	go func() {
 		defer e.wg.Done()
 		e.run(ctx, t)

@@ -52,7 +52,16 @@ func (e *Engine) run(ctx context.Context, t *task) {
 func (e *Engine) end(t *task, log *slog.Logger, f failure) {
 	e.release(t, log)
 	e.finish(t, f.reason, f.msg)
-	log.Info("task terminated", "reason", f.reason, "message", f.msg)
+	e.mu.RLock()
+	reason := t.reason // a stop request's reason wins over f's
+	e.mu.RUnlock()
+	e.obs().TaskEnded(reason)
+	level := slog.LevelInfo
+	switch reason {
+	case api.ReasonExecutorError, api.ReasonCreatingContainerError, api.ReasonContainerExitedWithError:
+		level = slog.LevelWarn
+	}
+	log.Log(context.Background(), level, "task terminated", "reason", reason, "message", f.msg)
 }
 
 // release gives back the task's GPUs and host keys, exactly once.
@@ -278,6 +287,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		return aborted()
 	}
 	log.Info("task running", append([]any{"container_id", id, "ports", ports, "gpus", gpuIDs}, phases...)...)
+	if !t.submitted.IsZero() {
+		e.obs().TaskRunning(e.now().Sub(t.submitted))
+	}
 	return nil
 }
 
@@ -321,6 +333,28 @@ func imageRef(ref string) (string, bool, error) {
 }
 
 func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.Logger) error {
+	began, pulled := e.now(), false
+	var err error
+	defer func() {
+		if pulled {
+			p := t.tracker.Progress()
+			var n int64
+			if p != nil {
+				n = p.DownloadedBytes
+			}
+			e.obs().ImagePulled(n, e.now().Sub(began), err)
+			if err != nil {
+				log.Warn("image pull failed", "image", t.cfg.ImageName, "err", err)
+			}
+		}
+	}()
+	err = e.pull(ctx, t, dir, log, &pulled)
+	return err
+}
+
+// pull does pullImage's work; pulled says whether a pull was attempted
+// (an image used as is is not one).
+func (e *Engine) pull(ctx context.Context, t *task, dir string, log *slog.Logger, pulled *bool) error {
 	ref, reuse, err := imageRef(t.cfg.ImageName)
 	if err != nil {
 		return err
@@ -370,6 +404,7 @@ func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.L
 	if err != nil {
 		return fmt.Errorf("pull log: %w", err)
 	}
+	*pulled = true
 	defer logFile.Close()
 	rc, err := e.rt.Pull(pctx, ref, auth)
 	if err != nil {

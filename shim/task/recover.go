@@ -43,10 +43,13 @@ func (e *Engine) Restore(ctx context.Context) error {
 	if e.recs == nil {
 		return nil
 	}
+	began := e.now()
 	loaded, err := e.recs.load()
 	if err != nil {
 		return err
 	}
+	actions := map[string]int{}
+	defer func() { e.obs().Recovered(e.now().Sub(began), actions) }()
 	for _, l := range loaded {
 		t := e.restored(l)
 		e.mu.Lock()
@@ -55,6 +58,7 @@ func (e *Engine) Restore(ctx context.Context) error {
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
 		a := decideRecord(recordView{readable: l.err == nil, status: t.status, hasContainer: t.contID != "", released: t.released})
 		log.Debug("recovery", "record_status", t.status, "action", a)
+		actions[a.String()]++
 		switch a {
 		case actUnreadable:
 			log.Error("unreadable task record", "err", l.err)

@@ -33,6 +33,9 @@ type Manager struct {
 	// SysRoot ("/sys") and Mountinfo ("/proc/self/mountinfo") are where
 	// the in-use checks look.
 	SysRoot, Mountinfo string
+	// Observe hears each mount attempt's result: "mounted", "formatted"
+	// or "refused" (nil: nobody listens).
+	Observe func(result string)
 
 	mu      sync.Mutex        // guards users and devices
 	users   map[string]string // volume name → task id
@@ -67,6 +70,20 @@ func (m *Manager) unclaim(name, task string) {
 // Mount resolves, checks and mounts v for task. Nothing is left mounted or
 // claimed when it fails.
 func (m *Manager) Mount(ctx context.Context, task string, v api.VolumeInfo) (err error) {
+	formatted := false
+	defer func() {
+		if m.Observe == nil {
+			return
+		}
+		switch {
+		case err != nil:
+			m.Observe("refused")
+		case formatted:
+			m.Observe("formatted")
+		default:
+			m.Observe("mounted")
+		}
+	}()
 	if err := ident.VolumeName(v.Name); err != nil {
 		return err
 	}
@@ -98,7 +115,6 @@ func (m *Manager) Mount(ctx context.Context, task string, v api.VolumeInfo) (err
 	if err != nil {
 		return fmt.Errorf("volume %s: %w", v.Name, err)
 	}
-	formatted := false
 	if fs == "" {
 		if !v.InitFS {
 			return fmt.Errorf("volume %s: disk %s has no file system (and init_fs is false)", v.Name, dev)
