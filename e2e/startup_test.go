@@ -129,6 +129,9 @@ func TestShimServesWhileDockerIsFrozen(t *testing.T) {
 // reconcile loop ticks every 50 ms. No removed task may come back.
 func TestShimChurnNoResurrection(t *testing.T) {
 	h := startShim(t, runnerScript(t, "sleep 600"), nil, "--reconcile-interval", "50ms")
+	// 40 containers at once on a loaded 2-core CI machine: Docker's stop
+	// and remove can take longer than the default 9 s per call.
+	h.client.SetTimeout(3 * time.Minute)
 	ctx := context.Background()
 	removed := map[string]bool{}
 	for round := range 3 {
