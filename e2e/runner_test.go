@@ -332,3 +332,67 @@ func TestRunnerLogQuota(t *testing.T) {
 		t.Fatalf("stored %d bytes of job logs for a 64 KiB quota", n)
 	}
 }
+
+// TestRunnerStopInteractiveShEndsAtOnce (issue 17): the dstack server runs
+// jobs as `/bin/sh -i -c "..."`. Ctrl-C kills the foreground sleep and the
+// interactive shell takes the terminal back; the runner hangs the session
+// up right then: the job ends within a second, without a prompt in its
+// logs, in busybox's ash and Debian's dash.
+func TestRunnerStopInteractiveShEndsAtOnce(t *testing.T) {
+	t.Parallel()
+	for name, image := range map[string]func(testing.TB) string{"busybox": testenv.Busybox, "debian": testenv.Debian} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			h := startRunner(t, image(t))
+			h.start(job("/bin/sh", "-i", "-c", `echo before && sleep 300 && echo after`))
+			var stoppedAt time.Time
+			c := h.pullUntilDone(time.Minute, func(c *collected) {
+				if stoppedAt.IsZero() && strings.Contains(c.logs.String(), "before") {
+					stoppedAt = time.Now()
+					if err := h.client.Stop(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+				}
+			})
+			took := time.Since(stoppedAt)
+			logs := c.logs.String()
+			rest := strings.TrimSpace(logs[strings.Index(logs, "before\n")+len("before\n"):])
+			t.Logf("%s: stop to terminated in %s; after the output: %q", name, took.Round(time.Millisecond), rest)
+			if took > time.Second {
+				t.Fatalf("stop took %s", took)
+			}
+			if f := c.final(); f.State != api.JobTerminated {
+				t.Fatalf("final %+v", f)
+			}
+			if strings.Contains(logs, "after") || (rest != "" && rest != "^C") {
+				t.Fatalf("logs after the stop: %q", logs)
+			}
+			if out, _ := testenv.Docker(context.Background(), "top", h.container); strings.Contains(out, "sleep 300") {
+				t.Fatalf("a process was left: %s", out)
+			}
+		})
+	}
+}
+
+// TestRunnerStopGivesSIGINTHandlersTheirGrace: a foreground program that
+// handles Ctrl-C itself keeps the terminal while it cleans up; the stop
+// waits for it and keeps what it printed.
+func TestRunnerStopGivesSIGINTHandlersTheirGrace(t *testing.T) {
+	t.Parallel()
+	h := startRunner(t, testenv.Busybox(t))
+	h.start(job("/bin/sh", "-i", "-c", `sh -c 'trap "echo caught; sleep 1; echo cleaned; exit 0" INT; echo ready; while :; do sleep 0.2; done'; echo next`))
+	var stoppedAt time.Time
+	c := h.pullUntilDone(time.Minute, func(c *collected) {
+		if stoppedAt.IsZero() && strings.Contains(c.logs.String(), "ready") {
+			stoppedAt = time.Now()
+			if err := h.client.Stop(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	took := time.Since(stoppedAt)
+	logs := c.logs.String()
+	if !strings.Contains(logs, "cleaned") || took < time.Second || took > 3*time.Second {
+		t.Fatalf("after %s, logs %q", took, logs)
+	}
+}

@@ -1,17 +1,20 @@
 package executor
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tandem-run/tandem/common/ident"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tandem-run/tandem/common/ident"
 
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
@@ -309,17 +312,22 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUse
 		}
 	}()
 	readDone := make(chan struct{})
+	var cut outputCut
 	go func() {
 		defer close(readDone)
 		defer close(chunks)
 		buf := make([]byte, 32<<10)
+		deliver := func(b []byte) {
+			if len(b) > 0 {
+				_, _ = hist.Write(b)
+				chunks <- append([]byte(nil), b...)
+			}
+		}
 		for {
 			n, err := master.Read(buf)
-			if n > 0 {
-				_, _ = hist.Write(buf[:n])
-				chunks <- append([]byte(nil), buf[:n]...)
-			}
+			deliver(cut.pass(buf[:n]))
 			if err != nil {
+				deliver(cut.rest())
 				return
 			}
 		}
@@ -335,7 +343,7 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUse
 	case <-exited:
 	case <-ctx.Done():
 		cause = context.Cause(ctx)
-		x.stopSequence(master, sid, exited)
+		x.stopSequence(master, sid, exited, &cut)
 	case <-quotaHit:
 		cause = errLogQuota
 		signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
@@ -380,18 +388,51 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUse
 
 // stopSequence stops the job like a person at the terminal would, then
 // harder: Ctrl-C (the terminal's INTR character reaches the foreground
-// process group, even under an interactive shell), then SIGTERM and SIGHUP
+// process group, even under an interactive shell); then SIGTERM and SIGHUP
 // to the whole session, then SIGKILL.
-func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}) {
+//
+// An interactive shell (`sh -i -c "a && sleep 300 && b"`, how the dstack
+// server runs jobs) survives Ctrl-C: the foreground job dies, the shell
+// takes the terminal back and waits at a prompt until the escalation. So
+// when a job had the terminal and the shell, the session leader, takes it
+// back, the session is hung up at once and nothing the shell wrote after
+// that moment (its prompt) is kept. A foreground program that handles
+// SIGINT itself keeps the terminal, and so its full grace.
+func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}, cut *outputCut) {
+	fd := int(master.Fd())
 	intr := byte(3)
-	if t, err := unix.IoctlGetTermios(int(master.Fd()), unix.TCGETS); err == nil && t.Cc[unix.VINTR] != 0 {
+	if t, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil && t.Cc[unix.VINTR] != 0 {
 		intr = t.Cc[unix.VINTR]
 	}
+	fg0, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+	jobHadTerminal := err == nil && fg0 > 0 && fg0 != sid
+	if jobHadTerminal {
+		cut.stopping()
+	}
 	_, _ = master.Write([]byte{intr})
-	select {
-	case <-exited:
-		return
-	case <-time.After(x.cfg.InterruptGrace):
+	grace := time.After(x.cfg.InterruptGrace)
+	poll := time.NewTicker(time.Millisecond)
+	defer poll.Stop()
+	for waiting := true; waiting; {
+		select {
+		case <-exited:
+			return
+		case <-grace:
+			waiting = false
+		case <-poll.C:
+			if !jobHadTerminal {
+				continue
+			}
+			if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && fg == sid {
+				// The shell has the terminal again: keep what was
+				// written until now, then hang up.
+				pending, _ := unix.IoctlGetInt(fd, unix.TIOCINQ)
+				cut.at(pending)
+				signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
+				signalSession(x.cfg.ProcRoot, sid, syscall.SIGCONT)
+				waiting = false
+			}
+		}
 	}
 	signalSession(x.cfg.ProcRoot, sid, syscall.SIGTERM)
 	signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
@@ -402,6 +443,66 @@ func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}
 	}
 	signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
 	<-exited
+}
+
+// outputCut drops what an interactive shell writes once it took the
+// terminal back on a stop: its prompt. From the Ctrl-C on, output passes a
+// line at a time (a partial last line is held back until its newline);
+// when the cut comes, bytes read after it and the held partial line (the
+// prompt has no newline) are dropped. Safe for the reader and the stop
+// sequence together.
+type outputCut struct {
+	mu       sync.Mutex // guards the fields below
+	holding  bool       // a stop began: hold partial lines
+	read     int64      // bytes the reader has taken from the terminal
+	limit    int64      // keep bytes before this offset; 0: no cut yet
+	held     []byte     // partial line held back
+	cutTaken bool
+}
+
+func (c *outputCut) stopping() {
+	c.mu.Lock()
+	c.holding = true
+	c.mu.Unlock()
+}
+
+// pass accounts p just read and returns what may be delivered now.
+func (c *outputCut) pass(p []byte) []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	start := c.read
+	c.read += int64(len(p))
+	if c.cutTaken {
+		if keep := c.limit - start; keep < int64(len(p)) {
+			p = p[:max(0, keep)]
+		}
+	}
+	if !c.holding {
+		return p
+	}
+	data := append(c.held, p...)
+	i := bytes.LastIndexByte(data, '\n')
+	c.held = append([]byte(nil), data[i+1:]...)
+	return data[:i+1]
+}
+
+// rest is the held partial line at the end of output: kept unless the
+// stop cut it (it is then the shell's prompt).
+func (c *outputCut) rest() []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cutTaken {
+		return nil
+	}
+	return c.held
+}
+
+// at cuts after what was read so far plus pending bytes still in the
+// terminal's buffer.
+func (c *outputCut) at(pending int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.limit, c.cutTaken = c.read+int64(max(pending, 0)), true
 }
 
 // chargeQuota accounts n stripped bytes in the current hour bucket
