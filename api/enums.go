@@ -56,6 +56,23 @@ func (s JobState) Final() bool {
 	return s == JobDone || s == JobFailed || s == JobTerminated
 }
 
+// jobTransitions lists, for each state, the states the job_states stream
+// may hold just before it ("" is the empty stream). A job runs once and
+// ends once: running comes first or not at all (a setup failure ends a job
+// that never ran), and nothing follows a final state.
+var jobTransitions = map[JobState][]JobState{
+	JobRunning:    {""},
+	JobDone:       {JobRunning},
+	JobFailed:     {"", JobRunning},
+	JobTerminated: {"", JobRunning},
+}
+
+// CanFollow reports whether a job may enter state s when its last state
+// was prev ("" before any). The runner's one check of its job states.
+func (s JobState) CanFollow(prev JobState) bool {
+	return slices.Contains(jobTransitions[s], prev)
+}
+
 // TerminationReason mirrors the dstack server's JobTerminationReason enum. The
 // server raises on any value outside it, so agents must only emit these.
 type TerminationReason string

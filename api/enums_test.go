@@ -45,3 +45,21 @@ func TestJobStateFinal(t *testing.T) {
 		}
 	}
 }
+
+func TestJobTransitions(t *testing.T) {
+	all := []JobState{"", JobRunning, JobDone, JobFailed, JobTerminated, JobTerminating}
+	allowed := map[[2]JobState]bool{
+		{"", JobRunning}: true, {JobRunning, JobDone}: true, {JobRunning, JobFailed}: true, {JobRunning, JobTerminated}: true,
+		{"", JobFailed}: true, {"", JobTerminated}: true,
+	}
+	for _, prev := range all {
+		for _, next := range all {
+			if next == "" {
+				continue
+			}
+			if got := next.CanFollow(prev); got != allowed[[2]JobState{prev, next}] {
+				t.Errorf("%q -> %q: %v", prev, next, got)
+			}
+		}
+	}
+}

@@ -320,13 +320,22 @@ func writeFile(path string, r io.Reader) error {
 	return nil
 }
 
-// appendState records a job state event.
+// appendState records a job state event if the job may enter it
+// (api.JobState.CanFollow); a refused one is logged, never recorded.
 func (x *Executor) appendState(ev api.JobStateEvent) {
 	x.clock.Stamp(func(ts int64) {
 		ev.Timestamp = ts
 		x.statesMu.Lock()
+		defer x.statesMu.Unlock()
+		var prev api.JobState
+		if n := len(x.states); n > 0 {
+			prev = x.states[n-1].State
+		}
+		if !ev.State.CanFollow(prev) {
+			x.cfg.Log.Error("job state transition refused", "from", prev, "to", ev.State)
+			return
+		}
 		x.states = append(x.states, ev)
-		x.statesMu.Unlock()
 	})
 }
 

@@ -186,12 +186,34 @@ func TestStateMachine(t *testing.T) {
 	}
 }
 
+// TestJobStatesFollowTheTable: a state the table refuses is never recorded.
+func TestJobStatesFollowTheTable(t *testing.T) {
+	x := newTestExecutor(t)
+	x.appendState(api.JobStateEvent{State: api.JobDone}) // done without running
+	x.appendState(api.JobStateEvent{State: api.JobRunning})
+	x.appendState(api.JobStateEvent{State: api.JobRunning}) // twice
+	x.appendState(api.JobStateEvent{State: api.JobTerminated})
+	x.appendState(api.JobStateEvent{State: api.JobDone}) // after the end
+	p, err := x.Pull(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []api.JobState
+	for _, s := range p.JobStates {
+		got = append(got, s.State)
+	}
+	if len(got) != 2 || got[0] != api.JobRunning || got[1] != api.JobTerminated {
+		t.Fatalf("states %v", got)
+	}
+}
+
 func TestPullCapKeepsEverything(t *testing.T) {
 	x := newTestExecutor(t)
 	for i := 0; i < 10; i++ {
 		x.appendLog(x.jobLogs, []byte(strings.Repeat("j", 30)))
 		x.appendLog(x.runnerLogs, []byte(strings.Repeat("r", 10)))
 	}
+	x.appendState(api.JobStateEvent{State: api.JobRunning})
 	x.appendState(api.JobStateEvent{State: api.JobDone})
 	var total, pulls int
 	ts := int64(0)
