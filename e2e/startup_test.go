@@ -137,6 +137,7 @@ func TestShimChurnNoResurrection(t *testing.T) {
 	for round := range 3 {
 		var wg sync.WaitGroup
 		errs := make(chan error, 40)
+		slots := make(chan struct{}, 10) // 10 in flight: 2-core CI machines
 		for i := range 40 {
 			cfg := api.TaskConfig{ID: fmt.Sprintf("churn-%d-%d-%s", round, i, randomID("")[1:]), Name: "rs-" + strings.ToLower(randomID("c")), ImageName: h.image}
 			removed[cfg.ID] = true
@@ -144,6 +145,8 @@ func TestShimChurnNoResurrection(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				slots <- struct{}{}
+				defer func() { <-slots }()
 				if err := h.client.SubmitTask(ctx, cfg); err != nil {
 					errs <- err
 					return

@@ -120,7 +120,11 @@ func (c *Client) GetTask(ctx context.Context, id string) (api.TaskInfoResponse, 
 // for that long, so the per-call timeout is extended accordingly.
 func (c *Client) TerminateTask(ctx context.Context, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error) {
 	var out api.TaskInfoResponse
-	timeout := transport.DefaultTimeout + time.Duration(req.Timeout)*time.Second
+	base := c.t.Timeout
+	if base == 0 {
+		base = transport.DefaultTimeout
+	}
+	timeout := base + time.Duration(req.Timeout)*time.Second
 	err := c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: taskPath(id, "/terminate"), JSON: req, Timeout: timeout}, &out)
 	return out, err
 }
