@@ -219,28 +219,13 @@ func (f *forwards) listenTCP(ctx gssh.Context, _ *gssh.Server, req *gossh.Reques
 			ln.Close()
 		}
 	}()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				oaddr, oport := "", 0
-				if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
-					oaddr, oport = ta.IP.String(), ta.Port
-				}
-				payload := gossh.Marshal(forwardedTCPPayload{Addr: r.BindAddr, Port: port, OriginAddr: oaddr, OriginPort: uint32(oport)})
-				ch, reqs, err := conn.OpenChannel("forwarded-tcpip", payload)
-				if err != nil {
-					c.Close()
-					return
-				}
-				go gossh.DiscardRequests(reqs)
-				pipe(ch, c)
-			}()
+	go serveForward(ln, conn, "forwarded-tcpip", func(c net.Conn) []byte {
+		oaddr, oport := "", 0
+		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			oaddr, oport = ta.IP.String(), ta.Port
 		}
-	}()
+		return gossh.Marshal(forwardedTCPPayload{Addr: r.BindAddr, Port: port, OriginAddr: oaddr, OriginPort: uint32(oport)})
+	})
 	return true, gossh.Marshal(tcpForwardReply{Port: port})
 }
 
@@ -298,24 +283,9 @@ func (f *forwards) listenUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Reque
 		<-ctx.Done()
 		closeIt()
 	}()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				payload := gossh.Marshal(forwardedStreamLocal{SocketPath: r.SocketPath})
-				ch, reqs, err := conn.OpenChannel("forwarded-streamlocal@openssh.com", payload)
-				if err != nil {
-					c.Close()
-					return
-				}
-				go gossh.DiscardRequests(reqs)
-				pipe(ch, c)
-			}()
-		}
-	}()
+	go serveForward(ln, conn, "forwarded-streamlocal@openssh.com", func(net.Conn) []byte {
+		return gossh.Marshal(forwardedStreamLocal{SocketPath: r.SocketPath})
+	})
 	return true, nil
 }
 
@@ -330,6 +300,26 @@ func (f *forwards) cancelUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Reque
 		_ = os.Remove(r.SocketPath)
 	}
 	return ok, nil
+}
+
+// serveForward accepts on a -R listener until it closes and carries each
+// connection over a new channel of kind to the client.
+func serveForward(ln net.Listener, conn *gossh.ServerConn, kind string, payload func(net.Conn) []byte) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			ch, reqs, err := conn.OpenChannel(kind, payload(c))
+			if err != nil {
+				c.Close()
+				return
+			}
+			go gossh.DiscardRequests(reqs)
+			pipe(ch, c)
+		}()
+	}
 }
 
 // removeSocket unlinks path only while it is still a socket owned by uid:
