@@ -304,6 +304,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}
+	engine.Shutdown()
 	engine.Sync() // records on disk before the process goes
 	log.Info("dstack-shim stopped; containers keep running")
 	return nil

@@ -93,6 +93,11 @@ type Engine struct {
 	log  *slog.Logger
 	now  func() time.Time
 
+	// life ends when the shim shuts down (Shutdown): watchers stop waiting
+	// on containers, which keep running.
+	life     context.Context
+	shutdown context.CancelFunc
+
 	mu         sync.RWMutex // guards tasks, tombstones and every task's record fields
 	tasks      map[string]*task
 	tombstones map[string]time.Time // removed ids (tombstone.go)
@@ -147,6 +152,7 @@ func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logg
 		cfg.InfinibandPath = "/dev/infiniband"
 	}
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
+	e.life, e.shutdown = context.WithCancel(context.Background())
 	e.idle = sync.NewCond(&e.mu)
 	if cfg.Home != "" {
 		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks")}
@@ -267,6 +273,10 @@ func (e *Engine) finishLocked(t *task, reason api.TerminationReason, msg string)
 // from Docker after the API already serves; it must be called before any
 // task can start (the API holds task calls until recovery is done).
 func (e *Engine) UseCDI(v bool) { e.cfg.NvidiaCDI = v }
+
+// Shutdown stops watching containers (they keep running; a restarted shim
+// re-attaches). Idempotent.
+func (e *Engine) Shutdown() { e.shutdown() }
 
 // Wait blocks until every pipeline has returned (for tests and shutdown of
 // tests; the shim itself never stops containers on exit).

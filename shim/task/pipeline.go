@@ -100,8 +100,12 @@ func (e *Engine) watch(t *task, log *slog.Logger) {
 	e.mu.RLock()
 	id := t.contID
 	e.mu.RUnlock()
-	code, err := e.waitExit(id, log)
+	code, err := e.waitExit(e.life, id, log)
 	switch {
+	case e.life.Err() != nil:
+		// The shim is shutting down: the task keeps running, and the next
+		// start re-attaches to it. Nothing to end.
+		return
 	case errors.Is(err, ErrContainerGone):
 		e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared"})
 	case err != nil:
@@ -122,17 +126,22 @@ func (e *Engine) watch(t *task, log *slog.Logger) {
 	}
 }
 
-// waitExit waits for a container to stop. A wait cut by a Docker restart is
-// resumed (the task stays running meanwhile); only a container that is
-// really gone or stopped ends it.
-func (e *Engine) waitExit(id string, log *slog.Logger) (int, error) {
+// waitExit waits for a container to stop, until ctx ends. A wait cut by a
+// Docker restart is resumed (the task stays running meanwhile); only a
+// container that is really gone or stopped ends it.
+func (e *Engine) waitExit(ctx context.Context, id string, log *slog.Logger) (int, error) {
 	backoff := 500 * time.Millisecond
 	for {
-		code, err := e.rt.Wait(context.Background(), id)
+		code, err := e.rt.Wait(ctx, id)
 		if err == nil {
 			return code, nil
 		}
-		st, ierr := e.rt.Inspect(context.Background(), id)
+		if ctx.Err() != nil {
+			return -1, ctx.Err()
+		}
+		ictx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+		st, ierr := e.rt.Inspect(ictx, id)
+		cancel()
 		switch {
 		case errors.Is(ierr, ErrContainerGone):
 			return -1, ErrContainerGone
@@ -140,7 +149,11 @@ func (e *Engine) waitExit(id string, log *slog.Logger) (int, error) {
 			return st.ExitCode, nil
 		}
 		log.Warn("lost the wait on the container; retrying", "err", err, "retry_in", backoff)
-		time.Sleep(backoff)
+		select {
+		case <-ctx.Done():
+			return -1, ctx.Err()
+		case <-time.After(backoff):
+		}
 		backoff = min(backoff*2, 10*time.Second)
 	}
 }
