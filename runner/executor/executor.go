@@ -380,41 +380,12 @@ func (x *Executor) Pull(after int64) (api.PullResponse, error) {
 	resp := api.PullResponse{JobStates: []api.JobStateEvent{}, JobLogs: []api.LogEvent{}, RunnerLogs: []api.LogEvent{}}
 	var err error
 	capped := false
+	// Under the clock lock only what must be consistent: how far this
+	// answer goes and the states up to there. Events up to that point are
+	// immutable, so the disk reads happen after, without holding up output.
+	var upTo int64
 	x.clock.Lock(func(last int64) {
-		upTo := last
-		jts, jn := x.jobLogs.Sizes(after, upTo)
-		rts, rn := x.runnerLogs.Sizes(after, upTo)
-		// Merge by timestamp to find where the byte budget runs out.
-		total, i, j := 0, 0, 0
-		for i < len(jts) || j < len(rts) {
-			var ts int64
-			var n int
-			if j >= len(rts) || (i < len(jts) && jts[i] < rts[j]) {
-				ts, n = jts[i], jn[i]
-				i++
-			} else {
-				ts, n = rts[j], rn[j]
-				j++
-			}
-			if total > 0 && total+n > x.cfg.PullCap {
-				upTo, capped = ts-1, true
-				break
-			}
-			total += n
-		}
-		var jev, rev []logs.Event
-		if jev, _, err = x.jobLogs.After(after, upTo, 1<<62); err != nil {
-			return
-		}
-		if rev, _, err = x.runnerLogs.After(after, upTo, 1<<62); err != nil {
-			return
-		}
-		for _, e := range jev {
-			resp.JobLogs = append(resp.JobLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
-		}
-		for _, e := range rev {
-			resp.RunnerLogs = append(resp.RunnerLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
-		}
+		upTo, capped = logs.PullWindow(after, last, x.cfg.PullCap, x.jobLogs, x.runnerLogs)
 		x.statesMu.Lock()
 		for _, s := range x.states {
 			if s.Timestamp > after && s.Timestamp <= upTo {
@@ -422,10 +393,21 @@ func (x *Executor) Pull(after int64) (api.PullResponse, error) {
 			}
 		}
 		x.statesMu.Unlock()
-		resp.LastUpdated = upTo
 	})
+	resp.LastUpdated = upTo
+	jev, _, err := x.jobLogs.After(after, upTo, 1<<62)
 	if err != nil {
 		return resp, err
+	}
+	rev, _, err := x.runnerLogs.After(after, upTo, 1<<62)
+	if err != nil {
+		return resp, err
+	}
+	for _, e := range jev {
+		resp.JobLogs = append(resp.JobLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
+	}
+	for _, e := range rev {
+		resp.RunnerLogs = append(resp.RunnerLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
 	}
 	if x.cfg.Connections != nil {
 		resp.NoConnectionsSecs = x.cfg.Connections.NoConnectionsSecs(x.cfg.Now())

@@ -264,3 +264,37 @@ func TestStripperHugeLineStaysBounded(t *testing.T) {
 		t.Fatalf("total %d biggest %d", total, biggest)
 	}
 }
+
+func TestPullWindowMergesStoresUnderTheCap(t *testing.T) {
+	dir := t.TempDir()
+	a, _ := OpenStore(filepath.Join(dir, "a"))
+	b, _ := OpenStore(filepath.Join(dir, "b"))
+	defer a.Close()
+	defer b.Close()
+	// a: ts 1,3,5 (40 bytes each); b: ts 2,4 (30 bytes each).
+	for _, ts := range []int64{1, 3, 5} {
+		_ = a.Append(ts, make([]byte, 40))
+	}
+	for _, ts := range []int64{2, 4} {
+		_ = b.Append(ts, make([]byte, 30))
+	}
+	tests := []struct {
+		after, last int64
+		cap         int
+		upTo        int64
+		capped      bool
+	}{
+		{0, 5, 1000, 5, false},
+		{0, 5, 100, 2, true},  // 40+30=70; +40 > 100: stop before ts 3
+		{0, 5, 10, 1, true},   // the first event alone is over the cap: it still goes
+		{2, 5, 75, 4, true},   // 40+30=70 fit, +40 does not
+		{4, 5, 1, 5, false},   // a single event always goes
+		{5, 5, 100, 5, false}, // nothing new
+	}
+	for _, tc := range tests {
+		upTo, capped := PullWindow(tc.after, tc.last, tc.cap, a, b)
+		if upTo != tc.upTo || capped != tc.capped {
+			t.Errorf("%+v: upTo %d capped %v", tc, upTo, capped)
+		}
+	}
+}

@@ -104,3 +104,31 @@ func (s *Store) Close() error {
 	defer s.mu.Unlock()
 	return s.f.Close()
 }
+
+// PullWindow decides how far one /api/pull answer goes: from after up to
+// last, stopping early (capped) where the events of all stores, merged by
+// timestamp, would pass byteCap bytes; at least one event is always
+// included so a huge one cannot stall the stream. The caller holds the
+// clock's lock so no event at or before last is still being appended.
+func PullWindow(after, last int64, byteCap int, stores ...*Store) (upTo int64, capped bool) {
+	type ev struct {
+		ts int64
+		n  int
+	}
+	var all []ev
+	for _, s := range stores {
+		ts, n := s.Sizes(after, last)
+		for i := range ts {
+			all = append(all, ev{ts[i], n[i]})
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].ts < all[j].ts })
+	total := 0
+	for _, e := range all {
+		if total > 0 && total+e.n > byteCap {
+			return e.ts - 1, true
+		}
+		total += e.n
+	}
+	return last, false
+}
