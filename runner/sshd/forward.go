@@ -93,7 +93,7 @@ func acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
 }
 
 func (f *forwards) login(ctx gssh.Context) (executor.Login, error) {
-	return f.s.cfg.Accounts.Login(ctx.User())
+	return f.s.login(ctx)
 }
 
 func (f *forwards) refuse(ctx gssh.Context, what, why string) {

@@ -266,7 +266,7 @@ func (s *Server) auth(ctx gssh.Context, key gssh.PublicKey) bool {
 	fp := gossh.FingerprintSHA256(key)
 	log := s.cfg.Log.With("user", ctx.User(), "remote", ctx.RemoteAddr().String(), "key", fp)
 	candidates := s.keys.matching(key)
-	if l, err := s.cfg.Accounts.Login(ctx.User()); err == nil && l.Home != "/" {
+	if l, err := s.login(ctx); err == nil && l.Home != "/" {
 		candidates = append(candidates, userKeys(l.Home, key)...)
 	}
 	for _, c := range candidates {
@@ -316,6 +316,28 @@ func userKeys(home string, key gssh.PublicKey) []authKey {
 		b = rest
 	}
 	return out
+}
+
+// loginKey caches a connection's login in its context.
+type loginKey struct{}
+
+type cachedLogin struct {
+	login executor.Login
+	err   error
+}
+
+// login resolves the connection's user once (passwd, groups, shell, home)
+// and reuses it for every key tried, session and forward of the
+// connection.
+func (s *Server) login(ctx gssh.Context) (executor.Login, error) {
+	ctx.Lock()
+	defer ctx.Unlock()
+	if c, ok := ctx.Value(loginKey{}).(*cachedLogin); ok {
+		return c.login, c.err
+	}
+	l, err := s.cfg.Accounts.Login(ctx.User())
+	ctx.SetValue(loginKey{}, &cachedLogin{login: l, err: err})
+	return l, err
 }
 
 // grant returns what the connection's authenticated key grants. Anything

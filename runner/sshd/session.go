@@ -93,7 +93,7 @@ func (s *Server) sessionEnv(sess gssh.Session, login executor.Login, shell strin
 
 func (s *Server) session(sess gssh.Session) {
 	log := s.cfg.Log.With("user", sess.User(), "remote", sess.RemoteAddr().String())
-	login, err := s.cfg.Accounts.Login(sess.User())
+	login, err := s.login(sess.Context())
 	if err != nil {
 		fmt.Fprintf(sess.Stderr(), "tandem: %v\r\n", err)
 		_ = sess.Exit(254)
@@ -285,7 +285,7 @@ func (s *Server) agentSocket(sess gssh.Session, login executor.Login) (string, f
 // user (the runner re-executed as `sftp-server`), so file access is the
 // user's, never root's on their behalf.
 func (s *Server) sftp(sess gssh.Session) {
-	login, err := s.cfg.Accounts.Login(sess.User())
+	login, err := s.login(sess.Context())
 	if err != nil {
 		_ = sess.Exit(254)
 		return
