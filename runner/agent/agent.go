@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
+	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/executor"
 	"github.com/tandem-run/tandem/runner/metrics"
 	"github.com/tandem-run/tandem/runner/server"
@@ -76,7 +77,7 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("dstack-runner starting", "version", version.String(), "tandem_version", version.Tandem(), "temp_dir", cfg.TempDir)
 
 	uid := os.Geteuid()
-	accounts := executor.Accounts{Root: "/"}
+	accounts := account.Accounts{Root: "/"}
 	home := homeOf(accounts, uid)
 	if os.Getenv("HOME") != home {
 		log.Warn("HOME does not match the passwd entry; fixing", "home", home)
@@ -211,7 +212,7 @@ func Run(ctx context.Context, cfg Config) error {
 	return nil
 }
 
-func homeOf(accounts executor.Accounts, uid int) string {
+func homeOf(accounts account.Accounts, uid int) string {
 	if h := accounts.HomeOf(uid); h != "" {
 		return h
 	}

@@ -6,12 +6,13 @@ import (
 	"strings"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/runner/account"
 )
 
 // setupClusterSSH lets the nodes of a multi-node job reach each other
 // (runner-protocol.md 9.3): the job key in ~/.ssh/dstack_job, a ~/.ssh/config
 // entry per node, and the public key authorized on this node.
-func (x *Executor) setupClusterSSH(b api.SubmitBody, user JobUser) error {
+func (x *Executor) setupClusterSSH(b api.SubmitBody, user account.JobUser) error {
 	key := b.JobSpec.SSHKey
 	if key == nil || len(b.ClusterInfo.JobIPs) < 2 || !user.ProvisionHome {
 		return nil

@@ -8,12 +8,13 @@ import (
 	"path/filepath"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/runner/account"
 )
 
 // writeGitCredentials puts the repo credentials where git and gh look for
 // them in the job user's home (runner-protocol.md 7.3) and returns a cleanup
 // that removes exactly what it wrote.
-func writeGitCredentials(c *api.RepoCredentials, user JobUser, chown bool) (func(), error) {
+func writeGitCredentials(c *api.RepoCredentials, user account.JobUser, chown bool) (func(), error) {
 	noop := func() {}
 	if c == nil || c.CloneURL == "" || !user.ProvisionHome {
 		return noop, nil

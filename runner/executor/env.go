@@ -75,16 +75,6 @@ func JobEnv(base []string, b api.SubmitBody, repoDir, workDir, hostfile, home st
 	return env
 }
 
-// EnvList renders the map sorted, as NAME=value.
-func EnvList(env map[string]string) []string {
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	slices.Sort(out)
-	return out
-}
-
 var shellIdent = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 var profileSkip = map[string]bool{"HOSTNAME": true, "USER": true, "HOME": true, "SHELL": true, "SHLVL": true, "PWD": true, "_": true}

@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/tandem-run/tandem/common/ident"
 	"io"
 	"log/slog"
 	"os"
@@ -16,8 +15,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tandem-run/tandem/common/ident"
+
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/logs"
 )
 
@@ -50,7 +52,7 @@ const (
 type Config struct {
 	TempDir  string
 	Paths    Paths
-	Accounts Accounts
+	Accounts account.Accounts
 	ProcRoot string // "/proc"
 	SelfUID  int
 	// CanSetUser is whether the runner may switch credentials (root with

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/logs"
 	"github.com/tandem-run/tandem/runner/repo"
 )
@@ -85,7 +86,7 @@ func (x *Executor) finish() {
 	close(x.finished)
 }
 
-func (x *Executor) job(ctx context.Context, body api.SubmitBody, user JobUser, wd string) {
+func (x *Executor) job(ctx context.Context, body api.SubmitBody, user account.JobUser, wd string) {
 	log := x.runnerLog
 	defer x.finish()
 	defer func() {
@@ -152,7 +153,7 @@ var (
 	errLogQuota    = errors.New("log quota exceeded")
 )
 
-func (x *Executor) setupRepo(body api.SubmitBody, user JobUser, wd string, codeBlob bool, owner repo.Owner) (string, error) {
+func (x *Executor) setupRepo(body api.SubmitBody, user account.JobUser, wd string, codeBlob bool, owner repo.Owner) (string, error) {
 	if body.JobSpec.RepoDir == nil {
 		return "", errors.New("repo_dir is not set")
 	}
@@ -195,7 +196,7 @@ func blobName(id string) string {
 	return "code"
 }
 
-func (x *Executor) setupFiles(body api.SubmitBody, user JobUser, wd string, owner repo.Owner) error {
+func (x *Executor) setupFiles(body api.SubmitBody, user account.JobUser, wd string, owner repo.Owner) error {
 	dir := filepath.Join(x.cfg.TempDir, "file_archives")
 	defer os.RemoveAll(dir)
 	for _, fa := range body.JobSpec.FileArchives {
@@ -226,7 +227,7 @@ func (x *Executor) setupFiles(body api.SubmitBody, user JobUser, wd string, owne
 // execute runs the command in a pty until it exits, is stopped, or the
 // deadline or log quota hits; it returns the terminal state, recorded only
 // after every byte of output was stored.
-func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUser, wd, repoDir string, hist *logs.History) api.JobStateEvent {
+func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user account.JobUser, wd, repoDir string, hist *logs.History) api.JobStateEvent {
 	log := x.runnerLog
 	failed := func(err error) api.JobStateEvent {
 		log.Error("Executor failed", "err", err)
@@ -238,7 +239,7 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUse
 	}
 	env := JobEnv(x.cfg.BaseEnv, body, repoDir, wd, x.cfg.Paths.HostfilePath(), user.Home)
 	x.mu.Lock()
-	x.jobEnv = EnvList(env)
+	x.jobEnv = account.EnvList(env)
 	x.mu.Unlock()
 	if err := WriteProfile(x.cfg.Paths, env); err != nil {
 		log.Warn("write profile", "err", err)
@@ -264,7 +265,7 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user JobUse
 	cmd := exec.Command(prog, cmdline[1:]...)
 	cmd.Args[0] = cmdline[0]
 	cmd.Dir = wd
-	cmd.Env = EnvList(env)
+	cmd.Env = account.EnvList(env)
 	master, tty, err := pty.Open()
 	if err != nil {
 		return failed(fmt.Errorf("open pty: %w", err))

@@ -11,9 +11,8 @@ import (
 	"syscall"
 
 	gssh "github.com/gliderlabs/ssh"
+	"github.com/tandem-run/tandem/runner/account"
 	gossh "golang.org/x/crypto/ssh"
-
-	"github.com/tandem-run/tandem/runner/executor"
 )
 
 // forwards serves -L and -R for TCP ports and Unix sockets (OpenSSH's
@@ -92,7 +91,7 @@ func acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
 	pipe(ch, conn)
 }
 
-func (f *forwards) login(ctx gssh.Context) (executor.Login, error) {
+func (f *forwards) login(ctx gssh.Context) (account.Login, error) {
 	return f.s.login(ctx)
 }
 

@@ -26,14 +26,14 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/tandem-run/tandem/common/atomicfile"
-	"github.com/tandem-run/tandem/runner/executor"
+	"github.com/tandem-run/tandem/runner/account"
 )
 
 // Config is how the server runs.
 type Config struct {
 	Addr       string
 	HostKeyDir string // host keys are created here once and reused
-	Accounts   executor.Accounts
+	Accounts   account.Accounts
 	// Env returns the environment sessions start from: the job's once it
 	// runs, else the runner's.
 	Env        func() []string
@@ -322,14 +322,14 @@ func userKeys(home string, key gssh.PublicKey) []authKey {
 type loginKey struct{}
 
 type cachedLogin struct {
-	login executor.Login
+	login account.Login
 	err   error
 }
 
 // login resolves the connection's user once (passwd, groups, shell, home)
 // and reuses it for every key tried, session and forward of the
 // connection.
-func (s *Server) login(ctx gssh.Context) (executor.Login, error) {
+func (s *Server) login(ctx gssh.Context) (account.Login, error) {
 	ctx.Lock()
 	defer ctx.Unlock()
 	if c, ok := ctx.Value(loginKey{}).(*cachedLogin); ok {

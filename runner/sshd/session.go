@@ -13,8 +13,7 @@ import (
 
 	"github.com/creack/pty"
 	gssh "github.com/gliderlabs/ssh"
-
-	"github.com/tandem-run/tandem/runner/executor"
+	"github.com/tandem-run/tandem/runner/account"
 )
 
 // acceptedEnv are the client variables a session takes (as dstack's sshd
@@ -32,7 +31,7 @@ func noLogin(shell string) bool {
 
 // shellFor picks the user's shell, else /bin/sh, else busybox's (an image
 // whose passwd names a shell it does not ship).
-func shellFor(login executor.Login) []string {
+func shellFor(login account.Login) []string {
 	usable := func(p string) bool {
 		if p == "" || noLogin(p) {
 			return false
@@ -51,7 +50,7 @@ func shellFor(login executor.Login) []string {
 	return nil
 }
 
-func (s *Server) credential(login executor.Login) *syscall.Credential {
+func (s *Server) credential(login account.Login) *syscall.Credential {
 	if !s.cfg.CanSetUser {
 		return nil
 	}
@@ -63,7 +62,7 @@ func (s *Server) credential(login executor.Login) *syscall.Credential {
 }
 
 // sessionEnv is the job's environment plus the login's identity.
-func (s *Server) sessionEnv(sess gssh.Session, login executor.Login, shell string) []string {
+func (s *Server) sessionEnv(sess gssh.Session, login account.Login, shell string) []string {
 	env := map[string]string{}
 	if s.cfg.Env != nil {
 		for _, kv := range s.cfg.Env() {
@@ -88,7 +87,7 @@ func (s *Server) sessionEnv(sess gssh.Session, login executor.Login, shell strin
 			env["SSH_CONNECTION"] = fmt.Sprintf("%s %d %s %d", ra.IP, ra.Port, la.IP, la.Port)
 		}
 	}
-	return executor.EnvList(env)
+	return account.EnvList(env)
 }
 
 func (s *Server) session(sess gssh.Session) {
@@ -155,7 +154,7 @@ func (s *Server) session(sess gssh.Session) {
 
 // run executes cmd for the session (in a pty if one was requested) and
 // returns its exit status.
-func (s *Server) run(sess gssh.Session, cmd *exec.Cmd, login executor.Login) (int, error) {
+func (s *Server) run(sess gssh.Session, cmd *exec.Cmd, login account.Login) (int, error) {
 	sigs := make(chan gssh.Signal, 4)
 	sess.Signals(sigs)
 	defer sess.Signals(nil)
@@ -261,7 +260,7 @@ var signals = map[gssh.Signal]syscall.Signal{
 
 // agentSocket serves the client's agent on a socket only the login user
 // can use.
-func (s *Server) agentSocket(sess gssh.Session, login executor.Login) (string, func(), error) {
+func (s *Server) agentSocket(sess gssh.Session, login account.Login) (string, func(), error) {
 	dir, err := os.MkdirTemp("", "tandem-agent-")
 	if err != nil {
 		return "", nil, err

@@ -11,9 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tandem-run/tandem/runner/account"
 	"golang.org/x/sys/unix"
-
-	"github.com/tandem-run/tandem/runner/executor"
 )
 
 // Forwarding sockets are opened with the login user's credentials, never
@@ -28,12 +27,12 @@ import (
 const SockHelperCommand = "sock-helper"
 
 // needsHelper says whether opening for login must go through the helper.
-func (s *Server) needsHelper(login executor.Login) bool {
+func (s *Server) needsHelper(login account.Login) bool {
 	return s.cfg.CanSetUser && login.UID != os.Geteuid()
 }
 
 // dialAs connects to addr as login.
-func (s *Server) dialAs(ctx context.Context, login executor.Login, network, addr string) (net.Conn, error) {
+func (s *Server) dialAs(ctx context.Context, login account.Login, network, addr string) (net.Conn, error) {
 	if !s.needsHelper(login) {
 		var d net.Dialer
 		return d.DialContext(ctx, network, addr)
@@ -47,7 +46,7 @@ func (s *Server) dialAs(ctx context.Context, login executor.Login, network, addr
 }
 
 // listenAs listens on addr as login.
-func (s *Server) listenAs(ctx context.Context, login executor.Login, network, addr string) (net.Listener, error) {
+func (s *Server) listenAs(ctx context.Context, login account.Login, network, addr string) (net.Listener, error) {
 	if !s.needsHelper(login) {
 		return net.Listen(network, addr)
 	}
@@ -59,7 +58,7 @@ func (s *Server) listenAs(ctx context.Context, login executor.Login, network, ad
 	return net.FileListener(f)
 }
 
-func (s *Server) helper(ctx context.Context, login executor.Login, op, network, addr string) (*os.File, error) {
+func (s *Server) helper(ctx context.Context, login account.Login, op, network, addr string) (*os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socketpair: %w", err)

@@ -1,4 +1,8 @@
-package executor
+// Package account reads the image's users and groups (passwd and group
+// files under a root, no libc, no NSS: static runners in any image) and
+// resolves a job user or an SSH login from them. The executor and the SSH
+// server both use it; each resolves a user once.
+package account
 
 import (
 	"bufio"
@@ -218,4 +222,14 @@ func (a Accounts) HomeOf(uid int) string {
 		}
 	}
 	return ""
+}
+
+// EnvList renders the map sorted, as NAME=value.
+func EnvList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out
 }
