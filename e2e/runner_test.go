@@ -343,7 +343,8 @@ func TestRunnerStopInteractiveShEndsAtOnce(t *testing.T) {
 	for name, image := range map[string]func(testing.TB) string{"busybox": testenv.Busybox, "debian": testenv.Debian} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			h := startRunner(t, image(t))
+			// A 30 s Ctrl-C grace: only the hang-up can end the job early.
+			h := startRunnerWith(t, image(t), "--interrupt-grace", "30s")
 			h.start(job("/bin/sh", "-i", "-c", `echo before && sleep 300 && echo after`))
 			var stoppedAt time.Time
 			c := h.pullUntilDone(time.Minute, func(c *collected) {
@@ -358,8 +359,8 @@ func TestRunnerStopInteractiveShEndsAtOnce(t *testing.T) {
 			logs := c.logs.String()
 			rest := strings.TrimSpace(logs[strings.Index(logs, "before\n")+len("before\n"):])
 			t.Logf("%s: stop to terminated in %s; after the output: %q", name, took.Round(time.Millisecond), rest)
-			if took > time.Second {
-				t.Fatalf("stop took %s", took)
+			if took > 10*time.Second {
+				t.Fatalf("stop took %s: the shell waited at its prompt for the escalation", took)
 			}
 			if f := c.final(); f.State != api.JobTerminated {
 				t.Fatalf("final %+v", f)
@@ -379,7 +380,7 @@ func TestRunnerStopInteractiveShEndsAtOnce(t *testing.T) {
 // waits for it and keeps what it printed.
 func TestRunnerStopGivesSIGINTHandlersTheirGrace(t *testing.T) {
 	t.Parallel()
-	h := startRunner(t, testenv.Busybox(t))
+	h := startRunnerWith(t, testenv.Busybox(t), "--interrupt-grace", "30s")
 	h.start(job("/bin/sh", "-i", "-c", `sh -c 'trap "echo caught; sleep 1; echo cleaned; exit 0" INT; echo ready; while :; do sleep 0.2; done'; echo next`))
 	var stoppedAt time.Time
 	c := h.pullUntilDone(time.Minute, func(c *collected) {
@@ -392,7 +393,7 @@ func TestRunnerStopGivesSIGINTHandlersTheirGrace(t *testing.T) {
 	})
 	took := time.Since(stoppedAt)
 	logs := c.logs.String()
-	if !strings.Contains(logs, "cleaned") || took < time.Second || took > 3*time.Second {
+	if !strings.Contains(logs, "cleaned") || took < time.Second || took > 20*time.Second {
 		t.Fatalf("after %s, logs %q", took, logs)
 	}
 }

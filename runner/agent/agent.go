@@ -49,7 +49,9 @@ type Config struct {
 	Linger time.Duration
 	// MaxUpload and MaxUploadTotal bound uploads (executor defaults when 0).
 	MaxUpload, MaxUploadTotal int64
-	Stdout                    io.Writer
+	// InterruptGrace is the stop's Ctrl-C grace (executor default when 0).
+	InterruptGrace time.Duration
+	Stdout         io.Writer
 }
 
 // ErrNoJob is returned when no job arrived in time or a signal came first.
@@ -134,6 +136,7 @@ func Run(ctx context.Context, cfg Config) error {
 		SSHPort:        cfg.SSHPort,
 		MaxUpload:      cfg.MaxUpload,
 		MaxUploadTotal: cfg.MaxUploadTotal,
+		InterruptGrace: cfg.InterruptGrace,
 	})
 	if err != nil {
 		return err

@@ -89,6 +89,7 @@ func App() *cli.App {
 				&cli.DurationFlag{Name: "start-timeout", Value: 5 * time.Minute, Hidden: true, Usage: "exit 1 when no job runs within this"},
 				&cli.DurationFlag{Name: "logs-wait", Value: 5 * time.Minute, Hidden: true, Usage: "after the job, wait this long at most for logs to be read"},
 				&cli.DurationFlag{Name: "linger", Value: 10 * time.Second, Hidden: true, Usage: "stay up this long after the logs were pulled, for late readers"},
+				&cli.DurationFlag{Name: "interrupt-grace", Value: 3 * time.Second, Hidden: true, Usage: "on stop, time Ctrl-C is given before SIGTERM/SIGHUP"},
 				&cli.Int64Flag{Name: "max-upload-bytes", Value: executor.DefaultMaxUpload, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_BYTES"}, Usage: "largest upload_code or upload_archive body (413 past it)"},
 				&cli.Int64Flag{Name: "max-upload-total-bytes", Value: executor.DefaultMaxUploadTotal, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_TOTAL_BYTES"}, Usage: "all uploads of a job together"},
 			},
@@ -121,6 +122,7 @@ func App() *cli.App {
 					LogsWait:       c.Duration("logs-wait"),
 					Linger:         c.Duration("linger"),
 					MaxUpload:      c.Int64("max-upload-bytes"),
+					InterruptGrace: c.Duration("interrupt-grace"),
 					MaxUploadTotal: c.Int64("max-upload-total-bytes"),
 				})
 			},
