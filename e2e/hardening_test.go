@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -398,5 +399,46 @@ func TestShimRefusesScriptAsComponent(t *testing.T) {
 	out, err := exec.Command(runner, "--version").Output()
 	if err != nil || !strings.HasPrefix(string(out), "dstack-runner version ") || strings.Contains(string(out), "9.9.9") {
 		t.Fatalf("installed runner: %q %v", out, err)
+	}
+}
+
+// TestShimThroughServersUnixSocketTunnel: the dstack server reaches the shim
+// through `ssh -L <local socket>:localhost:<port>` and speaks HTTP over the
+// socket, so its Host header is the URL-quoted socket path and the peer is
+// the host's sshd. Both pass the shim's access rules.
+func TestShimThroughServersUnixSocketTunnel(t *testing.T) {
+	t.Parallel()
+	h := startShim(t, runnerScript(t, "sleep 60"), nil)
+	sshd := testenv.StartSSHD(t)
+	host, port, _ := net.SplitHostPort(sshd.Addr)
+	_, shimPort, _ := net.SplitHostPort(strings.TrimSuffix(strings.TrimPrefix(h.client.BaseURL(), "http://"), "/"))
+	sock := filepath.Join(t.TempDir(), "shim.sock")
+	tunnel := exec.Command("ssh", "-N", "-p", port, "-i", sshd.ClientKey, "-o", "UserKnownHostsFile="+sshd.KnownHosts,
+		"-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes", "-L", sock+":localhost:"+shimPort, sshd.User+"@"+host)
+	testenv.StartDaemon(t, tunnel)
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the tunnel's socket never appeared")
+		}
+	}
+	c := http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}, Timeout: 10 * time.Second}
+	// requests-unixsocket's Host: the quoted socket path.
+	req, _ := http.NewRequest("GET", "http://x/api/tasks", nil)
+	req.Host = url.PathEscape(sock)
+	req.Host = strings.ReplaceAll(req.Host, "/", "%2F")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("through the tunnel with Host %q: %d %s", req.Host, resp.StatusCode, b)
 	}
 }

@@ -52,6 +52,12 @@ func ConnContext(ctx context.Context, _ net.Conn) context.Context {
 }
 
 func loopbackHost(h string) bool {
+	// The dstack server tunnels to local Unix sockets and talks HTTP over
+	// them (requests-unixsocket): its Host is the URL-quoted socket path,
+	// "%2Ftmp%2F...". No browser can send that.
+	if lh := strings.ToLower(h); strings.HasPrefix(lh, "%2f") || strings.HasPrefix(h, "/") {
+		return true
+	}
 	if host, _, err := net.SplitHostPort(h); err == nil {
 		h = host
 	}

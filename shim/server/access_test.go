@@ -71,6 +71,7 @@ func TestAccessRules(t *testing.T) {
 		{"host caller with token", "GET", "", "", "s3cret", "", 200},
 		{"localhost name", "GET", "localhost:1234", "", "s3cret", "", 200},
 		{"configured name", "GET", "shim.internal", "", "s3cret", "", 200},
+		{"the dstack server over its Unix-socket tunnel", "GET", "%2Ftmp%2Fdstack-ssh%2Fshim-10998.sock", "", "s3cret", "", 200},
 		{"rebinding name", "GET", "evil.example.com:10998", "", "s3cret", "", http.StatusMisdirectedRequest},
 		{"no token", "GET", "", "", "", "", http.StatusUnauthorized},
 		{"wrong token", "GET", "", "", "guess", "", http.StatusUnauthorized},
