@@ -176,7 +176,9 @@ func instanceCheck(t *testing.T, c *shimclient.Client, expected string, template
 		}
 		url := strings.NewReplacer("{version}", expected, "{arch}", "amd64").Replace(templates[comp.Name])
 		if err := c.InstallComponent(ctx, comp.Name, url); err != nil {
-			t.Fatalf("install %s: %v", comp.Name, err)
+			// The server logs a refused install request and moves on.
+			t.Logf("install %s refused: %v", comp.Name, err)
+			continue
 		}
 		installs = append(installs, string(comp.Name))
 		requested = true
@@ -296,7 +298,8 @@ func TestVersionsConverge(t *testing.T) {
 				waitInstalls(t, p.client, p.logs)
 			}
 			if len(installs) != len(tc.want) {
-				t.Fatalf("installs over six rounds: %v (want each of %v once)", installs, tc.want)
+				comps, _ := p.client.Components(context.Background())
+				t.Fatalf("installs over six rounds: %v (want each of %v once); components now %+v", installs, tc.want, comps)
 			}
 			if (restarts == 1) != tc.restart || restarts > 1 {
 				t.Fatalf("restarts: %d", restarts)

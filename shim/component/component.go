@@ -137,7 +137,12 @@ func (m *Manager) runVersion(ctx context.Context) (api.ComponentStatus, string) 
 // versionOf runs `<path> --version`, which must print exactly
 // "<name> version <v>" within 5 s.
 func (m *Manager) versionOf(ctx context.Context, path string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	return m.versionWithin(ctx, path, 5*time.Second)
+}
+
+// versionWithin is versionOf with its own time limit.
+func (m *Manager) versionWithin(ctx context.Context, path string, limit time.Duration) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, path, "--version")
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -288,7 +293,9 @@ func (m *Manager) install(ctx context.Context, url string) error {
 			if err := check(tmp); err != nil {
 				return err
 			}
-			v, err := m.versionOf(ctx, tmp)
+			// A fresh binary's first start can be slow on a loaded host;
+			// a refusal here costs a backoff, so wait longer than a probe.
+			v, err := m.versionWithin(ctx, tmp, 30*time.Second)
 			got = v
 			return err
 		}})
