@@ -144,9 +144,20 @@ func (m *Manager) versionOf(ctx context.Context, path string) (string, error) {
 func (m *Manager) versionWithin(ctx context.Context, path string, limit time.Duration) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "--version")
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	out, err := cmd.Output()
+	var out []byte
+	var err error
+	for {
+		cmd := exec.CommandContext(ctx, path, "--version")
+		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		out, err = cmd.Output()
+		// ETXTBSY: a file just written can still be open for writing in a
+		// child forked meanwhile by another goroutine (between its fork and
+		// exec; Go issue 22315). It clears in moments.
+		if !errors.Is(err, syscall.ETXTBSY) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if err != nil {
 		return "", fmt.Errorf("`%s --version` failed: %w", filepath.Base(m.Path), err)
 	}
