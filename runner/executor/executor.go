@@ -380,7 +380,6 @@ func (x *Executor) Stop() {
 // is true.
 func (x *Executor) Pull(after int64) (api.PullResponse, error) {
 	resp := api.PullResponse{JobStates: []api.JobStateEvent{}, JobLogs: []api.LogEvent{}, RunnerLogs: []api.LogEvent{}}
-	var err error
 	capped := false
 	// Under the clock lock only what must be consistent: how far this
 	// answer goes and the states up to there. Events up to that point are

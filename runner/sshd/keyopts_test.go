@@ -76,27 +76,27 @@ func TestGateEvictsOldestUnauthenticated(t *testing.T) {
 		t.Cleanup(func() { a.Close(); b.Close() })
 		return addrConn{Conn: a, remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: port}}
 	}
-	c1, ev := g.admit(mk("10.0.0.1", 1), nil)
-	_, ev2 := g.admit(mk("10.0.0.1", 2), nil)
+	c1, ev := g.admit(mk("10.0.0.1", 1))
+	_, ev2 := g.admit(mk("10.0.0.1", 2))
 	if len(ev)+len(ev2) != 0 {
 		t.Fatal("evicted early")
 	}
 	// A third from the same source evicts that source's oldest.
-	_, ev = g.admit(mk("10.0.0.1", 3), nil)
+	_, ev = g.admit(mk("10.0.0.1", 3))
 	if len(ev) != 1 || ev[0] != c1 {
 		t.Fatalf("per-source eviction: %v", ev)
 	}
 	// Another source fills the global cap, then evicts the oldest overall.
-	g.admit(mk("10.0.0.2", 1), nil)
+	g.admit(mk("10.0.0.2", 1))
 	if p, _ := g.counts(); p != 3 {
 		t.Fatalf("pending %d", p)
 	}
 	legit := mk("10.0.0.9", 1)
-	gl, ev := g.admit(legit, nil)
+	gl, ev := g.admit(legit)
 	if len(ev) != 1 {
 		t.Fatalf("global eviction: %v", ev)
 	}
-	if !g.authenticated(legit.RemoteAddr()) {
+	if _, ok := g.authenticated(legit.RemoteAddr(), nil); !ok {
 		t.Fatal("authentication refused")
 	}
 	if p, a := g.counts(); p != 2 || a != 1 || !gl.authed {

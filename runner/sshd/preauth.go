@@ -31,7 +31,7 @@ type gatedConn struct {
 	source string
 	authed bool
 	once   sync.Once
-	done   func() // the tracker's bookkeeping
+	done   func() // bookkeeping to run on close once authenticated; guarded by g.mu
 }
 
 func newGate(grace time.Duration, maxStartups, perSrc, maxConns int) *gate {
@@ -47,8 +47,8 @@ func sourceOf(a net.Addr) string {
 
 // admit registers a new connection as unauthenticated and returns it with
 // its login deadline set, plus the connections it evicted (to close).
-func (g *gate) admit(c net.Conn, done func()) (*gatedConn, []*gatedConn) {
-	gc := &gatedConn{Conn: c, g: g, source: sourceOf(c.RemoteAddr()), done: done}
+func (g *gate) admit(c net.Conn) (*gatedConn, []*gatedConn) {
+	gc := &gatedConn{Conn: c, g: g, source: sourceOf(c.RemoteAddr())}
 	_ = c.SetDeadline(g.now().Add(g.loginGrace))
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -86,14 +86,15 @@ func (g *gate) removeLocked(i int) {
 }
 
 // authenticated moves the connection from remote out of the login window:
-// no deadline, no longer evictable. False when MaxConns authenticated
-// connections are already held (the caller drops this one).
-func (g *gate) authenticated(remote net.Addr) bool {
+// no deadline, no longer evictable, and opened's result runs when it
+// closes. It returns the connection (nil if unknown) and false when MaxConns
+// authenticated connections are already held (the caller drops this one).
+func (g *gate) authenticated(remote net.Addr, opened func() (closed func())) (*gatedConn, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	gc, ok := g.byRemote[remote.String()]
 	if !ok {
-		return false
+		return nil, false
 	}
 	for i, p := range g.pending {
 		if p == gc {
@@ -102,27 +103,32 @@ func (g *gate) authenticated(remote net.Addr) bool {
 		}
 	}
 	if g.nAuthed >= g.maxConns {
-		return false
+		return gc, false
 	}
 	g.nAuthed++
 	gc.authed = true
+	if opened != nil {
+		gc.done = opened()
+	}
 	_ = gc.Conn.SetDeadline(time.Time{})
-	return true
+	return gc, true
 }
 
-func (g *gate) closed(gc *gatedConn) {
+// closed releases gc's place and returns its close bookkeeping.
+func (g *gate) closed(gc *gatedConn) (done func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if gc.authed {
 		g.nAuthed--
-		return
+		return gc.done
 	}
 	for i, p := range g.pending {
 		if p == gc {
 			g.removeLocked(i)
-			return
+			break
 		}
 	}
+	return nil
 }
 
 // counts returns the unauthenticated and authenticated connections held.
@@ -134,9 +140,8 @@ func (g *gate) counts() (pending, authed int) {
 
 func (c *gatedConn) Close() error {
 	c.once.Do(func() {
-		c.g.closed(c)
-		if c.done != nil {
-			c.done()
+		if done := c.g.closed(c); done != nil {
+			done()
 		}
 	})
 	return c.Conn.Close()

@@ -224,7 +224,7 @@ func (s *Server) Tracker() *Tracker { return s.cfg.Tracker }
 // onConn admits a new connection into the login window (see gate); the
 // oldest unauthenticated connections past the caps are dropped.
 func (s *Server) onConn(_ gssh.Context, c net.Conn) net.Conn {
-	gc, evicted := s.gate.admit(c, nil)
+	gc, evicted := s.gate.admit(c)
 	for _, e := range evicted {
 		s.cfg.Log.Info("ssh: dropping an unauthenticated connection to make room", "remote", e.RemoteAddr().String())
 		e.Close()
@@ -235,19 +235,14 @@ func (s *Server) onConn(_ gssh.Context, c net.Conn) net.Conn {
 // authenticated ends the connection's login window and starts tracking it
 // for no_connections_secs; past MaxConns it is dropped.
 func (s *Server) authenticated(md gossh.ConnMetadata) {
-	s.gate.mu.Lock()
-	gc := s.gate.byRemote[md.RemoteAddr().String()]
-	s.gate.mu.Unlock()
-	if gc == nil {
-		return
-	}
-	if !s.gate.authenticated(md.RemoteAddr()) {
+	gc, ok := s.gate.authenticated(md.RemoteAddr(), func() func() {
+		id := s.cfg.Tracker.Opened(s.cfg.Now())
+		return func() { s.cfg.Tracker.Closed(id, s.cfg.Now()) }
+	})
+	if gc != nil && !ok {
 		s.cfg.Log.Warn("ssh connection refused: too many connections", "remote", md.RemoteAddr().String(), "max", s.cfg.MaxConns)
 		gc.Close()
-		return
 	}
-	id := s.cfg.Tracker.Opened(s.cfg.Now())
-	gc.done = func() { s.cfg.Tracker.Closed(id, s.cfg.Now()) }
 }
 
 // grantsKey is the per-connection record of what each authorized key

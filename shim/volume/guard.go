@@ -69,16 +69,11 @@ func readMountinfo(path string) ([]mountEntry, error) {
 		if len(f) < 7 {
 			continue
 		}
-		maj, min, ok := strings.Cut(f[2], ":")
+		d, ok := parseDevNum(f[2])
 		if !ok {
 			continue
 		}
-		a, err1 := strconv.ParseUint(maj, 10, 32)
-		c, err2 := strconv.ParseUint(min, 10, 32)
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		e := mountEntry{dev: devNum{uint32(a), uint32(c)}, target: unescapeMount(f[4])}
+		e := mountEntry{dev: d, target: unescapeMount(f[4])}
 		for i := 6; i < len(f)-1; i++ {
 			if f[i] == "-" {
 				e.fstype = f[i+1]
@@ -143,7 +138,12 @@ func readDevFile(path string) (devNum, bool) {
 	if err != nil {
 		return devNum{}, false
 	}
-	maj, min, ok := strings.Cut(strings.TrimSpace(string(b)), ":")
+	return parseDevNum(strings.TrimSpace(string(b)))
+}
+
+// parseDevNum reads "major:minor" (mountinfo's third field, sysfs's dev).
+func parseDevNum(s string) (devNum, bool) {
+	maj, min, ok := strings.Cut(s, ":")
 	a, err1 := strconv.ParseUint(maj, 10, 32)
 	c, err2 := strconv.ParseUint(min, 10, 32)
 	if !ok || err1 != nil || err2 != nil {

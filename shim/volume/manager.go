@@ -217,11 +217,6 @@ func unmount(mp string) error {
 	return err
 }
 
-// mounted reports whether dir is a mount point.
-func mounted(dir string) bool {
-	return exec.Command("mountpoint", "-q", dir).Run() == nil
-}
-
 // waitBlockDevice waits until dev is a block device of non-zero size.
 func (m *Manager) waitBlockDevice(ctx context.Context, dev string) error {
 	wait := m.DeviceWait

@@ -245,3 +245,9 @@ func TestNitroIgnoresDeviceName(t *testing.T) {
 		t.Fatal("device_name with .. accepted")
 	}
 }
+
+// mounted asks util-linux, independently of the manager's own mountinfo
+// reading, whether dir is a mount point.
+func mounted(dir string) bool {
+	return exec.Command("mountpoint", "-q", dir).Run() == nil
+}
