@@ -11,7 +11,6 @@ import (
 	"syscall"
 
 	gssh "github.com/gliderlabs/ssh"
-	"github.com/tandem-run/tandem/runner/account"
 	gossh "golang.org/x/crypto/ssh"
 )
 
@@ -25,8 +24,8 @@ type forwards struct {
 	s   *Server
 	log *slog.Logger
 
-	mu        sync.Mutex // guards listeners
-	listeners map[string]net.Listener
+	mu     sync.Mutex        // guards closes
+	closes map[string]func() // how to end each -R listener, by connKey
 }
 
 type directTCPIPData struct {
@@ -91,10 +90,6 @@ func acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
 	pipe(ch, conn)
 }
 
-func (f *forwards) login(ctx gssh.Context) (account.Login, error) {
-	return f.s.login(ctx)
-}
-
 func (f *forwards) refuse(ctx gssh.Context, what, why string) {
 	f.log.Info("ssh forward refused", "user", ctx.User(), "remote", ctx.RemoteAddr().String(), "forward", what, "why", why)
 }
@@ -113,7 +108,7 @@ func (f *forwards) directTCP(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewCh
 		_ = nc.Reject(gossh.Prohibited, "port forwarding to "+dest+" is not permitted")
 		return
 	}
-	login, err := f.login(ctx)
+	login, err := f.s.login(ctx)
 	if err != nil {
 		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
 		return
@@ -134,7 +129,7 @@ func (f *forwards) directUnix(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewC
 		_ = nc.Reject(gossh.Prohibited, "port forwarding is not permitted")
 		return
 	}
-	login, err := f.login(ctx)
+	login, err := f.s.login(ctx)
 	if err != nil {
 		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
 		return
@@ -164,21 +159,30 @@ func connKey(ctx gssh.Context, kind, addr string) string {
 	return fmt.Sprintf("%s|%s|%s", ctx.SessionID(), kind, addr)
 }
 
-func (f *forwards) keep(key string, ln net.Listener) {
+func (f *forwards) keep(ctx gssh.Context, key string, closeIt func()) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.listeners == nil {
-		f.listeners = map[string]net.Listener{}
+	if f.closes == nil {
+		f.closes = map[string]func(){}
 	}
-	f.listeners[key] = ln
+	f.closes[key] = closeIt
+	f.mu.Unlock()
+	go func() {
+		<-ctx.Done()
+		f.end(key)
+	}()
 }
 
-func (f *forwards) drop(key string) (net.Listener, bool) {
+// end closes the -R listener under key, once: on cancel or when the
+// connection ends, whichever comes first.
+func (f *forwards) end(key string) bool {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	ln, ok := f.listeners[key]
-	delete(f.listeners, key)
-	return ln, ok
+	closeIt, ok := f.closes[key]
+	delete(f.closes, key)
+	f.mu.Unlock()
+	if ok {
+		closeIt()
+	}
+	return ok
 }
 
 // listenTCP serves ssh -R for a TCP port.
@@ -196,7 +200,7 @@ func (f *forwards) listenTCP(ctx gssh.Context, _ *gssh.Server, req *gossh.Reques
 		f.refuse(ctx, what, "not permitted by the key's options")
 		return false, nil
 	}
-	login, err := f.login(ctx)
+	login, err := f.s.login(ctx)
 	if err != nil {
 		return false, nil
 	}
@@ -211,13 +215,7 @@ func (f *forwards) listenTCP(ctx gssh.Context, _ *gssh.Server, req *gossh.Reques
 	}
 	port := uint32(ln.Addr().(*net.TCPAddr).Port)
 	key := connKey(ctx, "tcp", net.JoinHostPort(r.BindAddr, strconv.Itoa(int(r.BindPort))))
-	f.keep(key, ln)
-	go func() {
-		<-ctx.Done()
-		if ln, ok := f.drop(key); ok {
-			ln.Close()
-		}
-	}()
+	f.keep(ctx, key, func() { ln.Close() })
 	go serveForward(ln, conn, "forwarded-tcpip", func(c net.Conn) []byte {
 		oaddr, oport := "", 0
 		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
@@ -233,11 +231,7 @@ func (f *forwards) cancelTCP(ctx gssh.Context, _ *gssh.Server, req *gossh.Reques
 	if err := gossh.Unmarshal(req.Payload, &r); err != nil {
 		return false, nil
 	}
-	ln, ok := f.drop(connKey(ctx, "tcp", net.JoinHostPort(r.BindAddr, strconv.Itoa(int(r.BindPort)))))
-	if ok {
-		ln.Close()
-	}
-	return ok, nil
+	return f.end(connKey(ctx, "tcp", net.JoinHostPort(r.BindAddr, strconv.Itoa(int(r.BindPort))))), nil
 }
 
 // listenUnix serves ssh -R for a Unix socket, created by the user.
@@ -254,7 +248,7 @@ func (f *forwards) listenUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Reque
 		f.refuse(ctx, "-R "+r.SocketPath, "no-port-forwarding")
 		return false, nil
 	}
-	login, err := f.login(ctx)
+	login, err := f.s.login(ctx)
 	if err != nil {
 		return false, nil
 	}
@@ -267,21 +261,14 @@ func (f *forwards) listenUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Reque
 		ul.SetUnlinkOnClose(false) // removed below, only if still ours
 	}
 	key := connKey(ctx, "unix", r.SocketPath)
-	f.keep(key, ln)
 	owner := login.UID
 	if !f.s.needsHelper(login) {
 		owner = os.Geteuid()
 	}
-	closeIt := func() {
-		if ln, ok := f.drop(key); ok {
-			ln.Close()
-			removeSocket(r.SocketPath, owner)
-		}
-	}
-	go func() {
-		<-ctx.Done()
-		closeIt()
-	}()
+	f.keep(ctx, key, func() {
+		ln.Close()
+		removeSocket(r.SocketPath, owner)
+	})
 	go serveForward(ln, conn, "forwarded-streamlocal@openssh.com", func(net.Conn) []byte {
 		return gossh.Marshal(forwardedStreamLocal{SocketPath: r.SocketPath})
 	})
@@ -293,12 +280,9 @@ func (f *forwards) cancelUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Reque
 	if err := gossh.Unmarshal(req.Payload, &r); err != nil {
 		return false, nil
 	}
-	ln, ok := f.drop(connKey(ctx, "unix", r.SocketPath))
-	if ok {
-		ln.Close()
-		_ = os.Remove(r.SocketPath)
-	}
-	return ok, nil
+	// The same close as at the end of the connection: the socket is
+	// unlinked only while it is still the one the user created.
+	return f.end(connKey(ctx, "unix", r.SocketPath)), nil
 }
 
 // serveForward accepts on a -R listener until it closes and carries each
