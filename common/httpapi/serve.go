@@ -79,11 +79,8 @@ func bodyDeadlines(h http.Handler, lim Limits) http.Handler {
 }
 
 type deadlineBody struct {
-	rc   *http.ResponseController
-	body interface {
-		Read([]byte) (int, error)
-		Close() error
-	}
+	rc    *http.ResponseController
+	body  io.ReadCloser
 	lim   Limits
 	start time.Time
 

@@ -29,7 +29,7 @@ type Metrics interface {
 // Deps are the server's collaborators.
 type Deps struct {
 	Version       string
-	TandemVersion string // Tandem\'s own release, beside the dstack version
+	TandemVersion string // Tandem's own release, beside the dstack version
 	Executor      *executor.Executor
 	Metrics       Metrics
 	Log           *slog.Logger

@@ -37,7 +37,7 @@ type Components interface {
 // Deps are the server's collaborators.
 type Deps struct {
 	Version       string
-	TandemVersion string // Tandem\'s own release, beside the dstack version
+	TandemVersion string // Tandem's own release, beside the dstack version
 	Tasks         Tasks
 	Runner, Shim  Components
 	// InstallCtx is cancelled on shutdown, ending background installs.
