@@ -128,23 +128,19 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 			log.Debug("error after response was committed", "path", c.Path(), "err", err)
 			return
 		}
-		status, msg := http.StatusInternalServerError, ""
+		status, msg := Status(err), ""
 		var apiErr *Error
 		var echoErr *echo.HTTPError
 		switch {
 		case errors.As(err, &apiErr):
-			status, msg = apiErr.Status, apiErr.Message
+			msg = apiErr.Message
 			if msg == "" {
 				msg = http.StatusText(status)
 			}
+		case errors.As(err, &echoErr) && status == http.StatusNotFound:
+			msg = "404 page not found"
 		case errors.As(err, &echoErr):
-			status = echoErr.Code
-			switch status {
-			case http.StatusNotFound:
-				msg = "404 page not found"
-			default:
-				msg = http.StatusText(status)
-			}
+			msg = http.StatusText(status)
 		}
 		attrs := []any{"method", c.Request().Method, "path", c.Request().URL.Path, "status", status, "err", err}
 		switch {
@@ -161,6 +157,20 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 			log.Debug("write error response", "err", werr)
 		}
 	}
+}
+
+// Status is the HTTP status ErrorHandler writes for err: an API error's,
+// an echo error's (route misses), else 500.
+func Status(err error) int {
+	var apiErr *Error
+	var echoErr *echo.HTTPError
+	switch {
+	case errors.As(err, &apiErr):
+		return apiErr.Status
+	case errors.As(err, &echoErr):
+		return echoErr.Code
+	}
+	return http.StatusInternalServerError
 }
 
 // Recover turns a handler panic into a 500 instead of a dead connection or a

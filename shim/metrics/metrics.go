@@ -6,7 +6,6 @@
 package metrics
 
 import (
-	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -125,26 +124,14 @@ func (m *Metrics) Middleware() echo.MiddlewareFunc {
 				route = "unmatched"
 			}
 			code := c.Response().Status
-			var he *echo.HTTPError
-			if err != nil && errors.As(err, &he) {
-				code = he.Code
-			} else if err != nil {
-				code = statusOf(err)
+			if err != nil {
+				code = httpapi.Status(err)
 			}
 			m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
 			m.requestSeconds.WithLabelValues(route).Observe(time.Since(start).Seconds())
 			return err
 		}
 	}
-}
-
-// statusOf is the status the error handler will write for err.
-func statusOf(err error) int {
-	var ae *httpapi.Error
-	if errors.As(err, &ae) {
-		return ae.Status
-	}
-	return http.StatusInternalServerError
 }
 
 // TaskSubmitted implements task.Observer.
