@@ -21,6 +21,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/e2e/testenv"
 	"github.com/tandem-run/tandem/internal/loopdev"
+	"github.com/tandem-run/tandem/internal/sparsetar"
 )
 
 // Issue 13's repros, each against the real binaries.
@@ -215,28 +216,6 @@ func TestShimConnectionFlood(t *testing.T) {
 	t.Logf("shim open files back to %d after %s", openFDs(h.cmd.Process.Pid), time.Since(start).Round(time.Second))
 }
 
-// sparseTar is GNU tar's own sparse archive of a 512 MiB file.
-func sparseTar(t *testing.T) []byte {
-	src := t.TempDir()
-	f, err := os.Create(filepath.Join(src, "hole"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = f.Truncate(512 << 20)
-	_, _ = f.WriteAt([]byte("end"), 512<<20-3)
-	f.Close()
-	var buf bytes.Buffer
-	cmd := exec.Command("tar", "--sparse", "-C", src, "-cf", "-", "hole")
-	cmd.Stdout = &buf
-	if err := cmd.Run(); err != nil {
-		t.Fatal(err)
-	}
-	if buf.Len() > 64<<10 {
-		t.Fatalf("sparse tar is %d bytes", buf.Len())
-	}
-	return buf.Bytes()
-}
-
 // TestRunnerRefusesSparseAndOversizedUploads: a 10 KB sparse tar fails the
 // job with a message and writes no 512 MiB file; an upload over the limit
 // gets 413 and is not stored.
@@ -252,7 +231,7 @@ func TestRunnerRefusesSparseAndOversizedUploads(t *testing.T) {
 	if err := h.client.UploadCode(ctx, bytes.NewReader(make([]byte, 2<<20))); err == nil || !strings.Contains(err.Error(), "413") && !strings.Contains(err.Error(), "too large") {
 		t.Fatalf("oversized code: %v", err)
 	}
-	if err := h.client.UploadArchive(ctx, "0b5c5c3e-8f4a-4b7e-9d8e-1c2b3a4d5e6f", bytes.NewReader(sparseTar(t))); err != nil {
+	if err := h.client.UploadArchive(ctx, "0b5c5c3e-8f4a-4b7e-9d8e-1c2b3a4d5e6f", bytes.NewReader(sparsetar.Archive(t, "gnu"))); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok, err := h.client.Run(ctx); err != nil || !ok {
