@@ -170,7 +170,7 @@ func openFDs(pid int) int {
 func TestShimConnectionFlood(t *testing.T) {
 	t.Parallel()
 	h := startShim(t, runnerScript(t, "sleep 60"), nil)
-	addr := strings.TrimSuffix(strings.TrimPrefix(h.client.BaseURL(), "http://"), "/")
+	addr := h.addr()
 	before := openFDs(h.cmd.Process.Pid)
 	var conns []net.Conn
 	t.Cleanup(func() {
@@ -308,7 +308,7 @@ func TestEntrypointRefusesHostileURL(t *testing.T) {
 func TestShimServesOnlyTheHost(t *testing.T) {
 	t.Parallel()
 	h := startShim(t, runnerScript(t, "sleep 60"), nil)
-	addr := strings.TrimSuffix(strings.TrimPrefix(h.client.BaseURL(), "http://"), "/")
+	addr := h.addr()
 	_, port, _ := net.SplitHostPort(addr)
 	ctx := context.Background()
 	for _, req := range []string{
@@ -388,7 +388,7 @@ func TestShimThroughServersUnixSocketTunnel(t *testing.T) {
 	h := startShim(t, runnerScript(t, "sleep 60"), nil)
 	sshd := testenv.StartSSHD(t)
 	host, port, _ := net.SplitHostPort(sshd.Addr)
-	_, shimPort, _ := net.SplitHostPort(strings.TrimSuffix(strings.TrimPrefix(h.client.BaseURL(), "http://"), "/"))
+	_, shimPort, _ := net.SplitHostPort(h.addr())
 	sock := filepath.Join(t.TempDir(), "shim.sock")
 	tunnel := exec.Command("ssh", "-N", "-p", port, "-i", sshd.ClientKey, "-o", "UserKnownHostsFile="+sshd.KnownHosts,
 		"-o", "BatchMode=yes", "-o", "ExitOnForwardFailure=yes", "-L", sock+":localhost:"+shimPort, sshd.User+"@"+host)

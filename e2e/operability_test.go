@@ -87,7 +87,7 @@ func TestShimMetricsScrapedByPrometheus(t *testing.T) {
 	prom := requireTool(t, "prometheus")
 	promtool := requireTool(t, "promtool")
 	h := startShim(t, runnerScript(t, "sleep 600"), nil)
-	target := strings.TrimSuffix(strings.TrimPrefix(h.client.BaseURL(), "http://"), "/")
+	target := h.addr()
 
 	dir := t.TempDir()
 	cfg := fmt.Sprintf("global:\n  scrape_interval: 200ms\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: shim\n    scrape_interval: 200ms\n    scrape_timeout: 150ms\n    static_configs:\n      - targets: [%q]\n", target)

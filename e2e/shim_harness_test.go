@@ -112,6 +112,11 @@ func startShimTB(t testing.TB, runner string, env []string, args ...string) *shi
 	}
 }
 
+// addr is the shim's host:port.
+func (h *shimHarness) addr() string {
+	return strings.TrimSuffix(strings.TrimPrefix(h.client.BaseURL(), "http://"), "/")
+}
+
 func randomID(prefix string) string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)

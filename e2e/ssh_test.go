@@ -96,7 +96,7 @@ func TestSSHBusybox(t *testing.T) {
 
 	// -L to the runner's own API, -R back to a server on the host.
 	local := testenv.FreeAddr(t)
-	fwd := exec.Command("ssh", r.sshArgs("root", "-N", "-L", local+":127.0.0.1:"+portOf(t, r))...)
+	fwd := exec.Command("ssh", r.sshArgs("root", "-N", "-L", local+":127.0.0.1:"+portOf(t, r.runnerHarness))...)
 	if err := fwd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -301,9 +301,10 @@ func httpGetRetry(t *testing.T, url string) string {
 	}
 }
 
-func portOf(t *testing.T, r *sshRunner) string {
+// portOf is the runner API's port.
+func portOf(t *testing.T, h *runnerHarness) string {
 	t.Helper()
-	_, port, err := net.SplitHostPort(strings.TrimPrefix(r.client.BaseURL(), "http://"))
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(h.client.BaseURL(), "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,7 +90,7 @@ func TestSSHAuthorizedKeysOptions(t *testing.T) {
 	}
 	// permitopen: only 127.0.0.1:9 may be opened.
 	c := goClient(t, port, opener, "root")
-	if conn, err := c.Dial("tcp", "127.0.0.1:"+portOfRunnerAPI(t, h)); err == nil {
+	if conn, err := c.Dial("tcp", "127.0.0.1:"+portOf(t, h)); err == nil {
 		conn.Close()
 		t.Fatal("permitopen allowed another destination")
 	} else if !strings.Contains(err.Error(), "prohibited") && !strings.Contains(err.Error(), "not permitted") {
@@ -109,15 +109,6 @@ func TestSSHAuthorizedKeysOptions(t *testing.T) {
 	if _, err := rc.Listen("tcp", "127.0.0.1:0"); err == nil {
 		t.Fatal("restrict allowed -R")
 	}
-}
-
-func portOfRunnerAPI(t *testing.T, h *runnerHarness) string {
-	t.Helper()
-	_, p, err := net.SplitHostPort(strings.TrimPrefix(h.client.BaseURL(), "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
 
 // TestSSHForwardsAsTheUser: forwards are opened with the login user's
