@@ -104,21 +104,14 @@ func Run(ctx context.Context, cfg Config) error {
 		self = "/usr/local/bin/dstack-runner"
 	}
 	var x *executor.Executor
-	sshSrv, err := sshd.New(sshd.Config{
-		LoginGrace:            cfg.SSH.LoginGrace,
-		MaxStartups:           cfg.SSH.MaxStartups,
-		PerSource:             cfg.SSH.PerSource,
-		GatewayPorts:          cfg.SSH.GatewayPorts,
-		PermitUserEnvironment: cfg.SSH.PermitUserEnvironment,
-		HostKeyDir:            filepath.Join(cfg.TempDir, "ssh"),
-		Accounts:              accounts,
-		Env:                   func() []string { return x.SessionEnv() },
-		CanSetUser:            canSet,
-		Self:                  self,
-		Tracker:               tracker,
-		Log:                   log,
-		Ciphers:               cfg.SSHCiphers,
-	}, keys)
+	// The limits and policy switches come from the flags; the rest is
+	// this runner's.
+	sc := cfg.SSH
+	sc.HostKeyDir = filepath.Join(cfg.TempDir, "ssh")
+	sc.Accounts = accounts
+	sc.Env = func() []string { return x.SessionEnv() }
+	sc.CanSetUser, sc.Self, sc.Tracker, sc.Log, sc.Ciphers = canSet, self, tracker, log, cfg.SSHCiphers
+	sshSrv, err := sshd.New(sc, keys)
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)
 	}
