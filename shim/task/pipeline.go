@@ -345,29 +345,7 @@ func imageRef(ref string) (string, bool, error) {
 	return reference.FamiliarString(named), tagged != nil && tagged.Tag() != "latest", nil
 }
 
-func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.Logger) error {
-	began, pulled := e.now(), false
-	var err error
-	defer func() {
-		if pulled {
-			p := t.tracker.Progress()
-			var n int64
-			if p != nil {
-				n = p.DownloadedBytes
-			}
-			e.obs().ImagePulled(n, e.now().Sub(began), err)
-			if err != nil {
-				log.Warn("image pull failed", "image", t.cfg.ImageName, "err", err)
-			}
-		}
-	}()
-	err = e.pull(ctx, t, dir, log, &pulled)
-	return err
-}
-
-// pull does pullImage's work; pulled says whether a pull was attempted
-// (an image used as is is not one).
-func (e *Engine) pull(ctx context.Context, t *task, dir string, log *slog.Logger, pulled *bool) error {
+func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.Logger) (err error) {
 	ref, reuse, err := imageRef(t.cfg.ImageName)
 	if err != nil {
 		return err
@@ -417,7 +395,18 @@ func (e *Engine) pull(ctx context.Context, t *task, dir string, log *slog.Logger
 	if err != nil {
 		return fmt.Errorf("pull log: %w", err)
 	}
-	*pulled = true
+	// A pull really starts here (an image used as is is none): count it.
+	began := e.now()
+	defer func() {
+		var n int64
+		if p := t.tracker.Progress(); p != nil {
+			n = p.DownloadedBytes
+		}
+		e.obs().ImagePulled(n, e.now().Sub(began), err)
+		if err != nil {
+			log.Warn("image pull failed", "image", t.cfg.ImageName, "err", err)
+		}
+	}()
 	defer logFile.Close()
 	rc, err := e.rt.Pull(pctx, ref, auth)
 	if err != nil {
