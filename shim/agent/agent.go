@@ -39,14 +39,14 @@ type Config struct {
 	Home        string
 	BinaryPath  string
 	HTTPAddress string
+	HTTPPort    int
 	// APIAllowContainers, APIToken and APIAllowedHosts configure who may
 	// call the API (server.Access).
 	APIAllowContainers bool
+	APIToken           string
+	APIAllowedHosts    []string
 	// ReconcileInterval is the reconcile loop's period (5 s).
 	ReconcileInterval time.Duration
-	APIToken          string
-	APIAllowedHosts   []string
-	HTTPPort          int
 	LogLevel          slog.Level
 	LogFormat         logging.Format
 	RunnerDownloadURL string
