@@ -50,6 +50,7 @@ lint:
 ## test: everything CI runs: deps, lint, build, unit and e2e tests on real Docker
 test: deps lint build release
 	TANDEM_BIN=$(BIN) TANDEM_DIST=$(CURDIR)/dist/$(VERSION) go test $(GOTEST_FLAGS) ./...
+	./scripts/leftovers.sh
 	FUZZTIME=3s ./scripts/fuzz.sh
 
 ## unit: tests without the deps/lint/build steps
