@@ -14,7 +14,7 @@ GOTEST_FLAGS   ?= -count=1 -timeout 30m
 # go-nvml's header marks many calls deprecated; we do not use those.
 export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 
-.PHONY: all build release test unit e2e lint deps demo fuzz bench clean
+.PHONY: all build release test unit e2e lint deps demo fuzz bench gpu-smoke clean
 
 all: build
 
@@ -65,6 +65,13 @@ e2e: build
 bench: deps build
 	go test -run '^$$' -bench . -benchmem ./shim/gpu
 	TANDEM_BIN=$(BIN) go test -run '^$$' -bench . -benchtime 20x -count 1 ./e2e/
+
+## gpu-smoke: on a machine with an NVIDIA driver: real NVML tests, then a real
+## shim runs a CUDA job through `tandem run --gpus 1` (DOCKER_BUNDLE: a dir of
+## docker binaries when no daemon runs; see the script's header)
+gpu-smoke: build
+	go test -count 1 -v -run RealNVML ./shim/gpu
+	./scripts/gpu-smoke.sh $(DOCKER_BUNDLE)
 
 ## fuzz: every fuzz target for FUZZTIME (60s) each; `make test` runs each for 3s
 fuzz:
