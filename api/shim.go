@@ -153,6 +153,26 @@ type TaskInfoResponse struct {
 	ContainerName      string             `json:"container_name"`
 	ContainerID        string             `json:"container_id"`
 	GPUIDs             []string           `json:"gpus_ids"`
+	// Tandem holds Tandem's additions; a dstack server reads shim answers
+	// with extra fields ignored, so it never sees them.
+	Tandem *TaskDetails `json:"tandem,omitempty"`
+}
+
+// TaskDetails is what a client needs to find and show a task without
+// knowing how the shim was started: its name and image, when it was
+// submitted, and where its runner answers on the host.
+type TaskDetails struct {
+	Name        string `json:"name"`
+	ImageName   string `json:"image_name"`
+	NetworkMode string `json:"network_mode"`
+	GPU         int    `json:"gpu"` // as asked: -1 all
+	// SubmittedAt is the submit time in Unix seconds (0: unknown).
+	SubmittedAt int64 `json:"submitted_at,omitempty"`
+	// RunnerHTTPPort and RunnerSSHPort are the host ports where the task's
+	// runner answers (host network: the shim's runner ports; bridge: the
+	// published ones); 0 until known.
+	RunnerHTTPPort int `json:"runner_http_port,omitempty"`
+	RunnerSSHPort  int `json:"runner_ssh_port,omitempty"`
 }
 
 // TaskSubmitResponse is the body of a successful POST /api/tasks. dstack's shim
@@ -172,7 +192,8 @@ type TaskSubmitResponse struct {
 
 // SubmitResponse converts a task info into the submit response shape.
 func (t TaskInfoResponse) SubmitResponse() TaskSubmitResponse {
-	return TaskSubmitResponse(t)
+	return TaskSubmitResponse{ID: t.ID, Status: t.Status, TerminationReason: t.TerminationReason, TerminationMessage: t.TerminationMessage,
+		Ports: t.Ports, ImagePullProgress: t.ImagePullProgress, ContainerName: t.ContainerName, ContainerID: t.ContainerID, GPUIDs: t.GPUIDs}
 }
 
 // TaskListItem is one entry of GET /api/tasks.

@@ -120,6 +120,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Paths:          executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"},
 		Accounts:       accounts,
 		SelfUID:        uid,
+		CgroupRoot:     "/sys/fs/cgroup",
 		CanSetUser:     canSet,
 		BaseEnv:        os.Environ(),
 		Log:            log,

@@ -54,7 +54,11 @@ type Config struct {
 	Paths    Paths
 	Accounts account.Accounts
 	ProcRoot string // "/proc"
-	SelfUID  int
+	// CgroupRoot is where the container's cgroup is mounted ("/sys/fs/cgroup";
+	// "" skips OOM detection): its OOM-kill counter tells an out-of-memory
+	// SIGKILL from any other.
+	CgroupRoot string
+	SelfUID    int
 	// CanSetUser is whether the runner may switch credentials (root with
 	// CAP_SETUID/SETGID); otherwise the job runs as the runner's user.
 	CanSetUser bool

@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -281,9 +284,18 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 		}
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(user.UID), Gid: uint32(user.GID), Groups: groups}
 	}
+	oomBefore := oomKills(x.cfg.CgroupRoot)
 	if err := cmd.Start(); err != nil {
 		tty.Close()
-		return failed(fmt.Errorf("start %s: %w", cmdline[0], err))
+		// As a shell reports it: 127 for a command not found, 126 for one
+		// that cannot run.
+		code := 126
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			code = 127
+		}
+		ev := failed(fmt.Errorf("start %s: %w", cmdline[0], err))
+		ev.ExitStatus = &code
+		return ev
 	}
 	tty.Close()
 	sid := cmd.Process.Pid
@@ -373,6 +385,12 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	stripper.Close()
 
 	code := cmd.ProcessState.ExitCode()
+	var killedBy syscall.Signal
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		// A shell's convention (and docker's): 128 + the signal's number.
+		killedBy = ws.Signal()
+		code = 128 + int(killedBy)
+	}
 	switch {
 	case errors.Is(cause, errLogQuota):
 		return api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonLogQuotaExceeded,
@@ -383,8 +401,35 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 		return api.JobStateEvent{State: api.JobTerminated}
 	case code == 0:
 		return api.JobStateEvent{State: api.JobDone, ExitStatus: &code}
+	case killedBy == syscall.SIGKILL && oomKills(x.cfg.CgroupRoot) > oomBefore:
+		return api.JobStateEvent{State: api.JobFailed, ExitStatus: &code,
+			TerminationMessage: "out of memory: the kernel killed the job at the container's memory limit (OOM)"}
+	case killedBy != 0:
+		return api.JobStateEvent{State: api.JobFailed, ExitStatus: &code, TerminationMessage: "killed by signal " + unix.SignalName(killedBy)}
 	}
 	return api.JobStateEvent{State: api.JobFailed, ExitStatus: &code}
+}
+
+// oomKills reads the container cgroup's OOM-kill counter: memory.events
+// (cgroup v2) or memory/memory.oom_control (v1); -1 when neither says.
+func oomKills(root string) int64 {
+	if root == "" {
+		return -1
+	}
+	for _, f := range []string{filepath.Join(root, "memory.events"), filepath.Join(root, "memory", "memory.oom_control")} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+					return n
+				}
+			}
+		}
+	}
+	return -1
 }
 
 // stopSequence stops the job like a person at the terminal would, then

@@ -114,6 +114,7 @@ type task struct {
 
 	cfg       api.TaskConfig
 	submitted time.Time // when Submit accepted it (zero for restored tasks)
+	created   time.Time // when Submit accepted it, kept across restarts
 	pwHash    string    // hashPassword of the registry password (records keep only this)
 	status    api.TaskStatus
 	reason    api.TerminationReason
@@ -190,6 +191,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		pwHash:    hashPassword(cfg.RegistryPassword),
 		submitted: e.now(),
 		status:    api.TaskPending,
+		created:   e.now(),
 		name:      ContainerName(cfg.Name, cfg.ID),
 		tracker:   pull.NewTracker(e.now),
 		cancelPre: cancel,

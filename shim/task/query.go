@@ -63,5 +63,25 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 	if t.status != api.TaskPending && t.status != api.TaskPreparing {
 		info.ImagePullProgress = t.tracker.Progress()
 	}
+	d := &api.TaskDetails{Name: t.cfg.Name, ImageName: t.cfg.ImageName, NetworkMode: t.cfg.NetworkMode, GPU: t.cfg.GPU}
+	if d.NetworkMode == "" {
+		d.NetworkMode = "host"
+	}
+	if !t.created.IsZero() {
+		d.SubmittedAt = t.created.Unix()
+	}
+	if d.NetworkMode == "host" {
+		d.RunnerHTTPPort, d.RunnerSSHPort = e.cfg.RunnerHTTPPort, e.cfg.RunnerSSHPort
+	} else {
+		for _, p := range t.ports {
+			switch p.Container {
+			case e.cfg.RunnerHTTPPort:
+				d.RunnerHTTPPort = p.Host
+			case e.cfg.RunnerSSHPort:
+				d.RunnerSSHPort = p.Host
+			}
+		}
+	}
+	info.Tandem = d
 	return info
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/atomicfile"
@@ -37,6 +38,7 @@ type record struct {
 	Volumes       []string                  `json:"volumes,omitempty"` // may be mounted for it
 	Released      bool                      `json:"released"`          // GPUs, keys cleaned up
 	StopRequest   *api.TaskTerminateRequest `json:"stop_request,omitempty"`
+	SubmittedAt   time.Time                 `json:"submitted_at,omitzero"`
 }
 
 const recordVersion = 1

@@ -1,0 +1,91 @@
+package executor
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// runJob runs commands as a job in a fresh executor and returns its final
+// state event.
+func runJob(t *testing.T, cfg Config, commands ...string) api.JobStateEvent {
+	t.Helper()
+	cfg.TempDir = t.TempDir()
+	x, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close() })
+	wd := t.TempDir()
+	if err := x.Submit(api.SubmitBody{JobSpec: api.JobSpec{Commands: commands, WorkingDir: &wd, RepoDir: &wd}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := x.Run(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		p, err := x.Pull(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
+			return p.JobStates[n-1]
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("job %q did not end", commands)
+	return api.JobStateEvent{}
+}
+
+// TestExitStatusLikeAShell: the runner reports what a shell would: 127 for
+// a command not found, 126 for one that cannot run, 128+N for a job killed
+// by signal N, and an OOM kill (the cgroup's counter moved) says so.
+func TestExitStatusLikeAShell(t *testing.T) {
+	notExec := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cg := t.TempDir()
+	events := filepath.Join(cg, "memory.events")
+	if err := os.WriteFile(events, []byte("low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		cmd      []string
+		cgroup   string
+		want     int
+		state    api.JobState
+		msgHas   string
+		noReason bool
+	}{
+		{"exit 3", []string{"/bin/sh", "-c", "exit 3"}, "", 3, api.JobFailed, "", true},
+		{"not found", []string{"no-such-command-here"}, "", 127, api.JobFailed, "not found", false},
+		{"missing path", []string{"/no/such/file"}, "", 127, api.JobFailed, "no such file", false},
+		{"not executable", []string{notExec}, "", 126, api.JobFailed, "permission denied", false},
+		{"SIGTERM", []string{"/bin/sh", "-c", "kill -TERM $$"}, "", 143, api.JobFailed, "SIGTERM", true},
+		{"SIGKILL, no OOM", []string{"/bin/sh", "-c", "kill -KILL $$"}, cg, 137, api.JobFailed, "SIGKILL", true},
+		{"OOM", []string{"/bin/sh", "-c", "printf 'oom 1\\noom_kill 1\\n' > " + events + "; kill -KILL $$"}, cg, 137, api.JobFailed, "out of memory", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := runJob(t, Config{CgroupRoot: tc.cgroup}, tc.cmd...)
+			if ev.State != tc.state || ev.ExitStatus == nil || *ev.ExitStatus != tc.want {
+				t.Fatalf("state %s exit %v (%s: %s), want %s %d", ev.State, ev.ExitStatus, ev.TerminationReason, ev.TerminationMessage, tc.state, tc.want)
+			}
+			if !strings.Contains(strings.ToLower(ev.TerminationMessage), strings.ToLower(tc.msgHas)) {
+				t.Fatalf("message %q, want it to say %q", ev.TerminationMessage, tc.msgHas)
+			}
+			if tc.noReason && ev.TerminationReason != "" {
+				t.Fatalf("reason %q for a job that ran", ev.TerminationReason)
+			}
+		})
+	}
+	if n := oomKills(t.TempDir()); n != -1 {
+		t.Fatalf("no counter read as %d", n)
+	}
+}
