@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -13,48 +14,62 @@ import (
 	"github.com/tandem-run/tandem/api/shimclient"
 )
 
-// LogsOptions select a task's output.
-type LogsOptions struct {
-	Shim       string
-	ShimToken  string // bearer token for a shim started with --api-token
-	RunnerPort int
-	Network    string // how the task was started: host or bridge
-	Since      time.Time
-	Dial       func(ctx context.Context, network, addr string) (net.Conn, error)
+// TaskOptions reach a task's runner: through the shim that runs it (whose
+// task details say where the runner answers; ports given here override).
+type TaskOptions struct {
+	Shim      string
+	ShimToken string // bearer token for a shim started with --api-token
+	Ports     Ports  // overrides; 0: as the shim reports
+	Dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
-// Logs streams a running task's raw output from its runner to w until the
-// job's output ends.
-func Logs(ctx context.Context, task string, o LogsOptions, w io.Writer) error {
+// runnerOf resolves ref and returns the task and a client of its runner.
+func runnerOf(ctx context.Context, ref string, o TaskOptions, what string) (api.TaskInfoResponse, *runnerclient.Client, string, error) {
 	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 	if err != nil {
-		return err
+		return api.TaskInfoResponse{}, nil, "", err
 	}
-	info, err := shim.GetTask(ctx, task)
-	if errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("no task %s on the shim at %s", task, o.Shim)
-	}
+	info, err := Resolve(ctx, shim, ref)
 	if err != nil {
-		return err
+		return info, nil, "", err
 	}
 	if info.Status != api.TaskRunning {
-		return fmt.Errorf("task %s is %s; its runner serves logs only while running", task, info.Status)
+		msg := fmt.Sprintf("task %s is %s", displayName(info), info.Status)
+		if info.Status == api.TaskTerminated {
+			msg += fmt.Sprintf(" (%s); its output went with its container", info.TerminationReason)
+		}
+		return info, nil, "", fmt.Errorf("%s; %s needs a running task", msg, what)
 	}
-	ro := RunOptions{Shim: o.Shim, RunnerPort: o.RunnerPort, Network: o.Network}
-	if len(info.Ports) > 0 {
-		ro.Network = "bridge"
-	}
-	addr, err := runnerAddress(ro, info)
+	host, err := hostOf(o.Shim)
 	if err != nil {
-		return err
+		return info, nil, "", err
 	}
+	ports, err := RunnerPorts(info, o.Ports)
+	if err != nil {
+		return info, nil, "", err
+	}
+	addr := joinPort(host, ports.HTTP)
 	r, err := runnerclient.NewWithDialer(addr, o.Dial)
+	return info, r, addr, err
+}
+
+func displayName(info api.TaskInfoResponse) string {
+	if n := TaskName(info); n != "" {
+		return n
+	}
+	return short(info.ID)
+}
+
+// Logs streams a running task's raw output (from since on) to w until the
+// job's output ends.
+func Logs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.Writer) error {
+	info, r, addr, err := runnerOf(ctx, ref, o, "logs")
 	if err != nil {
 		return err
 	}
-	ls, err := r.Logs(ctx, o.Since)
+	ls, err := r.Logs(ctx, since)
 	if err != nil {
-		return fmt.Errorf("runner of task %s at %s: %w", task, addr, err)
+		return fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", displayName(info), addr, err)
 	}
 	defer ls.Close()
 	for {
@@ -71,6 +86,98 @@ func Logs(ctx context.Context, task string, o LogsOptions, w io.Writer) error {
 	}
 }
 
+// Attach follows a running task's job: its output from since on (the
+// start when zero) to out, until the job ends; the result carries the
+// job's exit. A signal on interrupt detaches, leaving the job running.
+func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, interrupt <-chan os.Signal, out, status io.Writer) (Result, error) {
+	info, r, addr, err := runnerOf(ctx, ref, o, "attach")
+	res := Result{TaskID: info.ID, Name: TaskName(info)}
+	if err != nil {
+		return res, err
+	}
+	if _, err := r.Healthcheck(ctx); err != nil {
+		return res, fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", displayName(info), addr, err)
+	}
+	wsCtx, cancelWS := context.WithCancel(ctx)
+	defer cancelWS()
+	wsDone := make(chan struct{})
+	go func() {
+		defer close(wsDone)
+		streamLogs(wsCtx, r, since, out, status)
+	}()
+	var ts int64
+	for {
+		p, err := r.Pull(ctx, ts)
+		if err != nil {
+			return res, fmt.Errorf("pull job state of %s: %w", displayName(info), err)
+		}
+		ts = p.LastUpdated
+		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
+			f := p.JobStates[n-1]
+			res.State, res.ExitStatus, res.Reason, res.Message = f.State, f.ExitStatus, f.TerminationReason, f.TerminationMessage
+			select {
+			case <-wsDone:
+			case <-time.After(10 * time.Second):
+			}
+			return res, nil
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-interrupt:
+			res.Detached, res.Interrupted = true, true
+			if status != nil {
+				fmt.Fprintf(status, "detached; the job runs on (tandem attach %s, tandem stop %s)\n", displayName(info), displayName(info))
+			}
+			return res, nil
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+}
+
+// Remove terminates (when force or already ended) and removes a task.
+func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoResponse, force bool, timeout uint) error {
+	if info.Status != api.TaskTerminated {
+		if !force {
+			return fmt.Errorf("task %s is %s: stop it first (tandem stop) or use --force", displayName(info), info.Status)
+		}
+		if _, err := shim.TerminateTask(ctx, info.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout}); err != nil && !errors.Is(err, api.ErrNotFound) {
+			return fmt.Errorf("terminate %s: %w", displayName(info), err)
+		}
+	}
+	if err := shim.RemoveTask(ctx, info.ID); err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("remove %s: %w", displayName(info), err)
+	}
+	return nil
+}
+
+// JobStatus asks a running task's runner how its job stands (the last job
+// state), within a short bound; ok is false when the runner does not say.
+func JobStatus(ctx context.Context, info api.TaskInfoResponse, o TaskOptions) (api.JobStateEvent, bool) {
+	if info.Status != api.TaskRunning {
+		return api.JobStateEvent{}, false
+	}
+	host, err := hostOf(o.Shim)
+	if err != nil {
+		return api.JobStateEvent{}, false
+	}
+	ports, err := RunnerPorts(info, o.Ports)
+	if err != nil {
+		return api.JobStateEvent{}, false
+	}
+	r, err := runnerclient.NewWithDialer(joinPort(host, ports.HTTP), o.Dial)
+	if err != nil {
+		return api.JobStateEvent{}, false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	p, err := r.Peek(ctx, 0)
+	if err != nil || len(p.JobStates) == 0 {
+		return api.JobStateEvent{}, false
+	}
+	return p.JobStates[len(p.JobStates)-1], true
+}
+
 // newShimClient is the shim client every command uses.
 func newShimClient(addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error), token string) (*shimclient.Client, error) {
 	c, err := shimclient.NewWithDialer(addr, dial)
@@ -79,4 +186,9 @@ func newShimClient(addr string, dial func(ctx context.Context, network, addr str
 	}
 	c.SetToken(token)
 	return c, nil
+}
+
+// NewShimClient returns a client of the shim at addr.
+func NewShimClient(addr, token string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) (*shimclient.Client, error) {
+	return newShimClient(addr, dial, token)
 }

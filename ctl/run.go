@@ -14,8 +14,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -25,32 +25,42 @@ import (
 
 // RunOptions describe one run.
 type RunOptions struct {
-	Shim        string // shim address, host:port
-	ShimToken   string // bearer token for a shim started with --api-token
-	RunnerPort  int    // runner HTTP port on the host (host network mode)
-	Name        string
-	Image       string
-	GPUs        int // -1 all, 0 none
-	CPU         float64
-	Memory      int64
-	ShmSize     int64
-	Env         map[string]string
-	WorkDir     string
-	CodeDir     string
-	Mounts      []api.InstanceMountPoint
-	Network     string // host or bridge
-	MaxDuration time.Duration
+	Shim       string // shim address, host:port
+	ShimToken  string // bearer token for a shim started with --api-token
+	RunnerPort int    // the runner's HTTP port on the host; 0: as the shim reports
+	Name       string
+	Image      string
+	// RegistryUsername and RegistryPassword authenticate the image pull.
+	RegistryUsername, RegistryPassword string
+	GPUs                               int // -1 all, 0 none
+	CPU                                float64
+	Memory                             int64
+	ShmSize                            int64
+	Env                                map[string]string
+	WorkDir                            string
+	CodeDir                            string
+	Mounts                             []api.InstanceMountPoint
+	Network                            string // host or bridge
+	MaxDuration                        time.Duration
 	// SSHKeys are public keys authorized in the job container (tandem ssh).
 	SSHKeys  []string
 	Commands []string
-	// Interrupt delivers Ctrl-C presses: the first stops the job gracefully,
-	// the second tears the task down at once.
+	// Detach returns once the job runs, leaving the task (tandem attach,
+	// logs, rm).
+	Detach bool
 	// Dial, when set, opens agent connections (e.g. a Tunnel's Dial); Shim
 	// and runner addresses are then as seen from the far end.
-	Dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Interrupt delivers Ctrl-C presses (and SIGTERM). Before the job runs
+	// the first one cancels the run; while it runs the first stops the job
+	// gracefully and the second tears the task down at once. Either way the
+	// task is terminated and removed.
 	Interrupt <-chan os.Signal
-	Out       io.Writer // job output
-	Status    io.Writer // progress and status lines
+	// Started, when set, is called once the job runs (e.g. to write the
+	// task's SSH config entry).
+	Started func(info api.TaskInfoResponse)
+	Out     io.Writer // job output
+	Status  io.Writer // progress and status lines
 	// StatusTTY redraws progress in place (Status is a terminal).
 	StatusTTY bool
 }
@@ -58,23 +68,42 @@ type RunOptions struct {
 // Result is how a run ended.
 type Result struct {
 	TaskID     string
+	Name       string
 	State      api.JobState
 	ExitStatus *int
 	Reason     api.TerminationReason
 	Message    string
+	// Interrupted: the user's signal ended the run.
+	Interrupted bool
+	// Detached: the job runs on; nothing was cleaned up.
+	Detached bool
 }
 
-// ExitCode maps the result to a process exit code.
+// Exit codes of tandem itself, docker run's where docker has one.
+const (
+	ExitFailure     = 125 // tandem could not run the job: shim, pull, flags
+	ExitInterrupted = 130 // the user's Ctrl-C (or SIGTERM) ended the run
+	ExitMaxDuration = 124 // --max-duration ended the job (as timeout(1))
+	ExitStopped     = 143 // someone else stopped the task (tandem stop, the server)
+)
+
+// ExitCode maps the result to a process exit code: the job's status when
+// it ran (128+N when killed by signal N, as the runner reports), else one
+// of the Exit* codes.
 func (r Result) ExitCode() int {
 	switch {
 	case r.ExitStatus != nil:
 		return *r.ExitStatus
 	case r.State == api.JobDone:
 		return 0
+	case r.Interrupted:
+		return ExitInterrupted
+	case r.Reason == api.ReasonMaxDurationExceeded:
+		return ExitMaxDuration
 	case r.State == api.JobTerminated:
-		return 130
+		return ExitStopped
 	}
-	return 1
+	return ExitFailure
 }
 
 func newID() string {
@@ -91,7 +120,11 @@ func (o RunOptions) status(format string, args ...any) {
 	}
 }
 
-// Run drives one run to its end and always removes the task.
+// ErrInterrupted means the user's signal cancelled the run before the job
+// started.
+var ErrInterrupted = errors.New("interrupted")
+
+// Run drives one run to its end and removes the task (unless detached).
 func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if len(o.Commands) == 0 {
 		return Result{}, errors.New("no command given: tandem run [flags] -- COMMAND")
@@ -103,9 +136,38 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	// Signals: before the job runs the first one cancels everything; once it
+	// runs they go to follow (stop, then kill).
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	jobSigs := make(chan os.Signal, 4)
+	var sigMu sync.Mutex
+	jobRunning := false
+	sigDone := make(chan struct{})
+	defer close(sigDone)
+	go func() {
+		for {
+			select {
+			case <-sigDone:
+				return
+			case sig, ok := <-o.Interrupt:
+				if !ok {
+					return
+				}
+				sigMu.Lock()
+				running := jobRunning
+				sigMu.Unlock()
+				if running {
+					jobSigs <- sig
+				} else {
+					cancel(ErrInterrupted)
+				}
+			}
+		}
+	}()
 	hc, err := shim.Healthcheck(ctx)
 	if err != nil {
-		return Result{}, fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", o.Shim, err)
+		return Result{Interrupted: interrupted(ctx)}, fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", o.Shim, err)
 	}
 	if hc.Service != api.ServiceShim {
 		return Result{}, fmt.Errorf("%s answers as %q, not dstack-shim", o.Shim, hc.Service)
@@ -116,60 +178,101 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if name == "" {
 		name = "tandem-" + id[:8]
 	}
-	res := Result{TaskID: id}
-	cfg := api.TaskConfig{ID: id, Name: name, ImageName: o.Image, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
+	res := Result{TaskID: id, Name: name}
+	cfg := api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
 		ShmSize: o.ShmSize, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
 	if err := shim.SubmitTask(ctx, cfg); err != nil {
+		res.Interrupted = interrupted(ctx)
 		return res, fmt.Errorf("the shim rejected the task: %w", err)
 	}
-	// Whatever happens from here on, take the task down.
+	// Whatever happens from here on, take the task down, unless detached.
+	// A user's interrupt before the job ran, or a second one, kills at once.
+	killNow := false
 	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if _, err := shim.TerminateTask(cctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: 5}); err != nil && !errors.Is(err, api.ErrNotFound) {
+		if res.Detached {
+			return
+		}
+		timeout := uint(5)
+		if killNow || res.Interrupted {
+			timeout = 0
+		}
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer ccancel()
+		if _, err := shim.TerminateTask(cctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout}); err != nil && !errors.Is(err, api.ErrNotFound) {
 			o.status("terminate task %s: %v", id, err)
 		}
 		if err := shim.RemoveTask(cctx, id); err != nil && !errors.Is(err, api.ErrNotFound) {
 			o.status("remove task %s: %v", id, err)
 		}
 	}()
+	fail := func(err error) (Result, error) {
+		if interrupted(ctx) {
+			res.Interrupted, res.State = true, api.JobTerminated
+			o.status("interrupted: removing task %s", short(id))
+			return res, ErrInterrupted
+		}
+		return res, err
+	}
 	info, err := waitTask(ctx, shim, id, o)
 	if err != nil {
-		return res, err
+		return fail(err)
 	}
 	if info.Status == api.TaskTerminated {
 		res.State, res.Reason, res.Message = api.JobFailed, info.TerminationReason, info.TerminationMessage
 		return res, fmt.Errorf("task ended before the job started: %s: %s", info.TerminationReason, info.TerminationMessage)
 	}
-	runnerAddr, err := runnerAddress(o, info)
+	host, err := hostOf(o.Shim)
 	if err != nil {
 		return res, err
 	}
+	ports, err := RunnerPorts(info, Ports{HTTP: o.RunnerPort})
+	if err != nil {
+		return res, err
+	}
+	runnerAddr := joinPort(host, ports.HTTP)
 	runner, err := runnerclient.NewWithDialer(runnerAddr, o.Dial)
 	if err != nil {
 		return res, err
 	}
 	if err := waitRunner(ctx, runner); err != nil {
-		return res, fmt.Errorf("runner at %s did not answer: %w", runnerAddr, err)
+		if interrupted(ctx) {
+			return fail(err)
+		}
+		return res, fmt.Errorf("runner at %s did not answer: %w (if the shim runs it elsewhere, give --runner-port)", runnerAddr, err)
 	}
 	if err := submitJob(ctx, runner, o, id, name); err != nil {
-		return res, err
+		return fail(err)
 	}
-	res, err = follow(ctx, runner, o, res)
+	sigMu.Lock()
+	jobRunning = true
+	sigMu.Unlock()
+	if interrupted(ctx) { // a signal between the job's start and the switch
+		return fail(ErrInterrupted)
+	}
+	if o.Started != nil {
+		o.Started(info)
+	}
+	if o.Detach {
+		res.Detached, res.State = true, api.JobRunning
+		return res, nil
+	}
+	res, killNow, err = follow(ctx, runner, jobSigs, o, res)
 	if err != nil {
 		// The runner is gone: the shim knows why.
 		info, gerr := shim.GetTask(ctx, id)
 		switch {
 		case errors.Is(gerr, api.ErrNotFound):
 			res.State = api.JobTerminated
-			return res, fmt.Errorf("task %s was terminated and removed by someone else (tandem stop or the server)", id[:8])
+			return res, fmt.Errorf("task %s was terminated and removed by someone else (tandem stop or the server)", short(id))
 		case gerr == nil && info.Status == api.TaskTerminated:
 			res.State, res.Reason, res.Message = api.JobTerminated, info.TerminationReason, info.TerminationMessage
-			return res, fmt.Errorf("task %s was terminated: %s %s", id[:8], info.TerminationReason, strings.TrimSpace(info.TerminationMessage))
+			return res, fmt.Errorf("task %s was terminated: %s %s", short(id), info.TerminationReason, strings.TrimSpace(info.TerminationMessage))
 		}
 	}
 	return res, err
 }
+
+func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
 
 func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
 	var last api.TaskStatus
@@ -229,26 +332,6 @@ func progressBar(done, total int64, final bool) string {
 	return fmt.Sprintf("[%s%s] %d/%d%s MiB", strings.Repeat("#", n), strings.Repeat("-", width-n), done>>20, total>>20, suffix)
 }
 
-func runnerAddress(o RunOptions, info api.TaskInfoResponse) (string, error) {
-	host, _, err := net.SplitHostPort(o.Shim)
-	if err != nil {
-		return "", fmt.Errorf("shim address %q: %w", o.Shim, err)
-	}
-	port := o.RunnerPort
-	if o.Network != "host" {
-		port = 0
-		for _, p := range info.Ports {
-			if p.Container == o.RunnerPort {
-				port = p.Host
-			}
-		}
-		if port == 0 {
-			return "", fmt.Errorf("the shim reported no published runner port (%d) for the task", o.RunnerPort)
-		}
-	}
-	return net.JoinHostPort(host, strconv.Itoa(port)), nil
-}
-
 func waitRunner(ctx context.Context, r *runnerclient.Client) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -284,6 +367,9 @@ func submitJob(ctx context.Context, r *runnerclient.Client, o RunOptions, id, na
 	body.JobSpec.WorkingDir = &wd
 	body.JobSpec.RepoDir = &wd
 	if err := r.Submit(ctx, body); err != nil {
+		if o.Network == "host" && strings.Contains(err.Error(), "409") {
+			return fmt.Errorf("submit job: %w: the runner at this port already has a job: another host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task", err)
+		}
 		return fmt.Errorf("submit job: %w", err)
 	}
 	if o.CodeDir != "" {
@@ -355,59 +441,70 @@ func tarDir(dir string, w io.Writer) error {
 }
 
 // follow streams raw output over /logs_ws and pulls job states until the
-// job ends; Ctrl-C stops it (twice: right away).
-func follow(ctx context.Context, r *runnerclient.Client, o RunOptions, res Result) (Result, error) {
+// job ends; the first signal stops it, the second returns at once (kill).
+func follow(ctx context.Context, r *runnerclient.Client, sigs <-chan os.Signal, o RunOptions, res Result) (Result, bool, error) {
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
 	defer cancelWS()
 	go func() {
 		defer close(wsDone)
-		ls, err := r.Logs(wsCtx, time.Time{})
-		if err != nil {
-			o.status("log stream: %v", err)
-			return
-		}
-		defer ls.Close()
-		for {
-			b, err := ls.Next()
-			if err != nil {
-				return
-			}
-			_, _ = o.Out.Write(b)
-		}
+		streamLogs(wsCtx, r, time.Time{}, o.Out, o.Status)
 	}()
 	interrupts := 0
 	var ts int64
 	for {
 		p, err := r.Pull(ctx, ts)
 		if err != nil {
-			return res, fmt.Errorf("pull job state: %w", err)
+			return res, false, fmt.Errorf("pull job state: %w", err)
 		}
 		ts = p.LastUpdated
 		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
 			f := p.JobStates[n-1]
 			res.State, res.ExitStatus, res.Reason, res.Message = f.State, f.ExitStatus, f.TerminationReason, f.TerminationMessage
+			if interrupts > 0 && f.State == api.JobTerminated {
+				res.Interrupted = true
+			}
 			select {
 			case <-wsDone: // every byte of output shown
 			case <-time.After(10 * time.Second):
 			}
-			return res, nil
+			return res, false, nil
 		}
 		select {
 		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-o.Interrupt:
+			return res, false, ctx.Err()
+		case <-sigs:
 			interrupts++
 			if interrupts == 1 {
 				o.status("stopping the job (Ctrl-C again to kill it)")
 				_ = r.Stop(ctx)
 			} else {
 				o.status("killing the job")
-				res.State = api.JobTerminated
-				return res, nil
+				res.State, res.Interrupted = api.JobTerminated, true
+				return res, true, nil
 			}
 		case <-time.After(500 * time.Millisecond):
 		}
+	}
+}
+
+// streamLogs copies the job's raw output from since on to out until it
+// ends or ctx does.
+func streamLogs(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer) {
+	ls, err := r.Logs(ctx, since)
+	if err != nil {
+		if status != nil && ctx.Err() == nil {
+			fmt.Fprintf(status, "log stream: %v\n", err)
+		}
+		return
+	}
+	defer ls.Close()
+	for {
+		b, err := ls.Next()
+		if err != nil {
+			return
+		}
+		_, _ = out.Write(b)
 	}
 }
 
@@ -416,6 +513,8 @@ func Describe(r Result) string {
 	switch {
 	case r.State == api.JobDone:
 		return "job done"
+	case r.ExitStatus != nil && strings.TrimSpace(r.Message) != "":
+		return fmt.Sprintf("job failed: exit status %d: %s", *r.ExitStatus, strings.TrimSpace(r.Message))
 	case r.ExitStatus != nil:
 		return fmt.Sprintf("job failed: exit status %d", *r.ExitStatus)
 	case r.Reason != "":

@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,9 +12,10 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-// DefaultPublicKey returns the user's public key line (~/.ssh/id_ed25519.pub
-// or id_rsa.pub), or "" when there is none.
-func DefaultPublicKey(identity string) string {
+// DefaultPublicKey returns the user's public key line and its file
+// (identity+".pub", else ~/.ssh/id_ed25519.pub or id_rsa.pub); "" when
+// there is none.
+func DefaultPublicKey(identity string) (line, file string) {
 	var files []string
 	if identity != "" {
 		files = []string{identity + ".pub"}
@@ -24,65 +24,144 @@ func DefaultPublicKey(identity string) string {
 	}
 	for _, f := range files {
 		if b, err := os.ReadFile(f); err == nil {
-			return strings.TrimSpace(string(b))
+			return strings.TrimSpace(string(b)), f
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // SSHOptions locate a task's SSH server.
 type SSHOptions struct {
 	Shim          string
 	ShimToken     string // bearer token for a shim started with --api-token
-	RunnerSSHPort int    // the shim's --runner-ssh-port (host network)
+	RunnerSSHPort int    // override; 0: as the shim reports
 	Jump          string // user@host[:port] when the host is reached over SSH
 	Identity      string
+	KnownHosts    string // for the jump host ("" = OpenSSH's default)
 	User          string // login in the container (default root)
 	Dial          func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
-// SSHCommand returns the OpenSSH client argv that opens a shell (or runs
-// command) in the task's container through the runner's SSH server.
-func SSHCommand(ctx context.Context, task string, o SSHOptions, command []string) ([]string, error) {
-	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
-	if err != nil {
-		return nil, err
+// SSHEndpoint is where and how OpenSSH reaches a task's SSH server.
+type SSHEndpoint struct {
+	Host, User string
+	Port       int
+	Identity   string // private key file; "" = ssh's defaults
+	Jump       string // user@host[:port]; "" = direct
+	KnownHosts string // the jump host's known_hosts; "" = ssh's default
+}
+
+// Options are the endpoint as OpenSSH -o options (ssh_config keywords),
+// shared by the argv of tandem ssh and tandem's ssh config entries.
+func (e SSHEndpoint) Options() [][2]string {
+	opts := [][2]string{{"HostName", e.Host}, {"Port", strconv.Itoa(e.Port)}, {"User", e.User},
+		// The container's host key is created per task: pinning it buys
+		// nothing, and the path to it is already authenticated (local, or
+		// through the checked jump host).
+		{"StrictHostKeyChecking", "no"}, {"UserKnownHostsFile", "/dev/null"}, {"LogLevel", "ERROR"}}
+	if e.Identity != "" {
+		opts = append(opts, [2]string{"IdentityFile", e.Identity}, [2]string{"IdentitiesOnly", "yes"})
 	}
-	info, err := shim.GetTask(ctx, task)
-	if errors.Is(err, api.ErrNotFound) {
-		return nil, fmt.Errorf("no task %s on the shim at %s", task, o.Shim)
-	}
-	if err != nil {
-		return nil, err
-	}
-	if info.Status != api.TaskRunning {
-		return nil, fmt.Errorf("task %s is %s; ssh needs a running task", task, info.Status)
-	}
-	host, _, err := net.SplitHostPort(o.Shim)
-	if err != nil {
-		return nil, fmt.Errorf("shim address %q: %w", o.Shim, err)
-	}
-	port := o.RunnerSSHPort
-	for _, p := range info.Ports { // bridge mode: the published port
-		if p.Container == o.RunnerSSHPort {
-			port = p.Host
+	if e.Jump != "" {
+		if e.KnownHosts == "" && e.Identity == "" {
+			opts = append(opts, [2]string{"ProxyJump", e.Jump})
+		} else {
+			// -J passes no options to the hop: a ProxyCommand carries the
+			// jump host's known_hosts file and key.
+			login, hostport := e.Jump, ""
+			if i := strings.LastIndex(e.Jump, "@"); i >= 0 {
+				login, hostport = e.Jump[:i+1], e.Jump[i+1:]
+			} else {
+				login, hostport = "", e.Jump
+			}
+			port := ""
+			if h, p, err := net.SplitHostPort(hostport); err == nil {
+				hostport, port = h, p
+			}
+			pc := []string{"ssh"}
+			if e.KnownHosts != "" {
+				pc = append(pc, "-o", "UserKnownHostsFile="+e.KnownHosts)
+			}
+			if e.Identity != "" {
+				pc = append(pc, "-i", e.Identity, "-o", "IdentitiesOnly=yes")
+			}
+			if port != "" {
+				pc = append(pc, "-p", port)
+			}
+			pc = append(pc, "-W", "%h:%p", login+hostport)
+			quoted := make([]string, len(pc))
+			for i, a := range pc {
+				quoted[i] = shellQuote(a)
+			}
+			opts = append(opts, [2]string{"ProxyCommand", strings.Join(quoted, " ")})
 		}
+	}
+	return opts
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:%@+,", r))
+	}) < 0 {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// Endpoint returns the task's SSH endpoint.
+func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
+	host, err := hostOf(o.Shim)
+	if err != nil {
+		return SSHEndpoint{}, err
+	}
+	ports, err := RunnerPorts(info, Ports{SSH: o.RunnerSSHPort, HTTP: -1})
+	if err != nil {
+		return SSHEndpoint{}, err
 	}
 	user := o.User
 	if user == "" {
 		user = "root"
 	}
-	argv := []string{"ssh", "-p", strconv.Itoa(port),
-		// The container's host key is created per task: pinning it buys
-		// nothing, and the path to it is already authenticated (local, or
-		// through the checked jump host).
-		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"}
-	if o.Identity != "" {
-		argv = append(argv, "-i", o.Identity, "-o", "IdentitiesOnly=yes")
+	return SSHEndpoint{Host: host, Port: ports.SSH, User: user, Identity: o.Identity, Jump: o.Jump, KnownHosts: o.KnownHosts}, nil
+}
+
+// SSHCommand returns the OpenSSH client argv that opens a shell (or runs
+// command) in the task's container through the runner's SSH server.
+func SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string) ([]string, error) {
+	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
+	if err != nil {
+		return nil, err
 	}
-	if o.Jump != "" {
-		argv = append(argv, "-J", o.Jump)
+	info, err := Resolve(ctx, shim, ref)
+	if err != nil {
+		return nil, err
 	}
-	argv = append(argv, user+"@"+host)
+	if info.Status != api.TaskRunning {
+		return nil, fmt.Errorf("task %s is %s; ssh needs a running task", displayName(info), info.Status)
+	}
+	ep, err := Endpoint(info, o)
+	if err != nil {
+		return nil, err
+	}
+	argv := []string{"ssh"}
+	for _, kv := range ep.Options() {
+		argv = append(argv, "-o", kv[0]+"="+kv[1])
+	}
+	argv = append(argv, ep.User+"@"+ep.Host)
 	return append(argv, command...), nil
+}
+
+// SSHConfigEntry renders one Host block for a task, marked with the task
+// and shim it belongs to so that tandem can replace or drop it later.
+func SSHConfigEntry(alias, taskID, shim string, ep SSHEndpoint) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# tandem task %s shim %s\nHost %s\n", taskID, shim, alias)
+	for _, kv := range ep.Options() {
+		v := kv[1]
+		if strings.ContainsAny(v, " \t") && kv[0] != "ProxyCommand" {
+			v = `"` + v + `"`
+		}
+		fmt.Fprintf(&b, "  %s %s\n", kv[0], v)
+	}
+	return b.String()
 }

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/ctl"
 	"github.com/tandem-run/tandem/e2e/testenv"
 )
@@ -34,6 +35,16 @@ func realStackSSH(t *testing.T) (h *shimHarness, shimAddr, runnerPort, sshPort s
 	_, runnerPort, _ = net.SplitHostPort(testenv.FreeAddr(t))
 	_, sshPort, _ = net.SplitHostPort(testenv.FreeAddr(t))
 	h = startShim(t, bins.Runner, nil, "--runner-http-port", runnerPort, "--runner-ssh-port", sshPort)
+	// Before the shim goes: no task of a failed test outlives it.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		items, _ := h.client.ListTasks(ctx)
+		for _, it := range items {
+			_, _ = h.client.TerminateTask(ctx, it.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser})
+			_ = h.client.RemoveTask(ctx, it.ID)
+		}
+	})
 	return h, strings.TrimPrefix(h.client.BaseURL(), "http://"), runnerPort, sshPort
 }
 
@@ -96,15 +107,15 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	}
 	// Bad input: unknown image, unreachable shim, no command.
 	cmd, _, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", "no-such-image:v1", "--", "true")
-	if err := cmd.Run(); exitCodeOf(err) == 0 || !strings.Contains(errb.String(), "pullImage error") {
+	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "pullImage error") {
 		t.Fatalf("unknown image: %v %s", err, errb)
 	}
 	cmd, _, errb = tandem(t, "run", "--shim", "127.0.0.1:1", "--", "true")
-	if err := cmd.Run(); exitCodeOf(err) != 1 || !strings.Contains(errb.String(), "not reachable") {
+	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "not reachable") {
 		t.Fatalf("unreachable shim: %v %s", err, errb)
 	}
 	cmd, _, errb = tandem(t, "run", "--shim", shim)
-	if err := cmd.Run(); exitCodeOf(err) != 2 {
+	if err := cmd.Run(); exitCodeOf(err) != 125 {
 		t.Fatalf("no command: %v %s", err, errb)
 	}
 	if left := taskContainers(t); left != "" {
@@ -164,13 +175,13 @@ func TestTandemOverSSH(t *testing.T) {
 	host, port, _ := net.SplitHostPort(sshd.Addr)
 	_ = os.WriteFile(bad, []byte("["+host+"]:"+port+" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"), 0o644)
 	cmd, _, errb = tandem(t, "ps", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", bad, "--shim", shim)
-	if err := cmd.Run(); exitCodeOf(err) != 1 || !strings.Contains(errb.String(), "HOST KEY MISMATCH") {
+	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "HOST KEY MISMATCH") {
 		t.Fatalf("wrong host key: %v %s", err, errb)
 	}
 	wrongKey := filepath.Join(t.TempDir(), "k")
 	_ = exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", wrongKey).Run()
 	cmd, _, errb = tandem(t, "ps", "--ssh", sshd.User+"@"+sshd.Addr, "-i", wrongKey, "--known-hosts", sshd.KnownHosts, "--shim", shim)
-	if err := cmd.Run(); exitCodeOf(err) != 1 || !strings.Contains(errb.String(), "unable to authenticate") {
+	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "unable to authenticate") {
 		t.Fatalf("wrong key: %v %s", err, errb)
 	}
 }
@@ -193,8 +204,8 @@ func TestTandemPsLogsStop(t *testing.T) {
 		ps, psOut, _ := tandem(t, "ps", "--shim", shim)
 		_ = ps.Run()
 		for _, l := range strings.Split(psOut.String(), "\n") {
-			if f := strings.Fields(l); len(f) >= 2 && f[1] == "running" {
-				task = f[0]
+			if f := strings.Fields(l); len(f) >= 5 && f[3] == "job" && f[4] == "running" {
+				task = f[1] // the short id: every command takes a unique prefix
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -212,7 +223,7 @@ func TestTandemPsLogsStop(t *testing.T) {
 	}
 	time.Sleep(500 * time.Millisecond)
 	stop, stopOut, stopErr := tandem(t, "stop", "--shim", shim, "--timeout", "2", task)
-	if err := stop.Run(); err != nil || !strings.Contains(stopOut.String(), "stopped "+task) {
+	if err := stop.Run(); err != nil || !strings.Contains(stopOut.String(), "stopped\t") || !strings.Contains(stopOut.String(), "\t"+task) {
 		t.Fatalf("stop: %v %s %s", err, stopOut, stopErr)
 	}
 	_ = logs.Wait()
@@ -231,7 +242,7 @@ func TestTandemPsLogsStop(t *testing.T) {
 		t.Fatalf("containers left: %s", left)
 	}
 	nolog, _, nologErr := tandem(t, "logs", "--shim", shim, "no-such-task")
-	if err := nolog.Run(); exitCodeOf(err) != 1 || !strings.Contains(nologErr.String(), "no task no-such-task") {
+	if err := nolog.Run(); exitCodeOf(err) != 125 || !strings.Contains(nologErr.String(), `no such task: "no-such-task"`) {
 		t.Fatalf("unknown task: %v %s", err, nologErr)
 	}
 }
@@ -264,9 +275,16 @@ func TestTandemSSHIntoTask(t *testing.T) {
 		t.Fatalf("tandem ssh: %v %q %q", err, sshOut, sshErr)
 	}
 	// Over --ssh the host becomes OpenSSH's jump host for the container.
-	argv, err := ctl.SSHCommand(context.Background(), task, ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222", Identity: key}, []string{"true"})
-	if err != nil || !slices.Contains(argv, "-J") || !slices.Contains(argv, "ubuntu@gpu-host:2222") || argv[len(argv)-1] != "true" {
+	// -J passes no options to the hop, so a key or known_hosts file for it
+	// goes through a ProxyCommand.
+	argv, err := ctl.SSHCommand(context.Background(), task, ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222"}, []string{"true"})
+	if err != nil || !slices.Contains(argv, "ProxyJump=ubuntu@gpu-host:2222") || argv[len(argv)-1] != "true" {
 		t.Fatalf("jump argv: %q %v", argv, err)
+	}
+	argv, err = ctl.SSHCommand(context.Background(), task[:6], ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222", Identity: key, KnownHosts: "/k h"}, []string{"true"})
+	want := "ProxyCommand=ssh -o 'UserKnownHostsFile=/k h' -i " + key + " -o IdentitiesOnly=yes -p 2222 -W %h:%p ubuntu@gpu-host"
+	if err != nil || !slices.Contains(argv, want) {
+		t.Fatalf("jump argv with key and known_hosts: %q %v, want %q", argv, err, want)
 	}
 	if ssh2, o2, e2 := tandem(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "exit", "5"); exitCodeOf(ssh2.Run()) != 5 {
 		t.Fatalf("exit status through tandem ssh: %q %q", o2, e2)

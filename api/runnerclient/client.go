@@ -116,6 +116,15 @@ func (c *Client) Pull(ctx context.Context, timestamp int64) (api.PullResponse, e
 	return out, err
 }
 
+// Peek is Pull without counting as the logs' collection (a Tandem
+// runner finishes only after a real pull; dstack's ignores the flag).
+func (c *Client) Peek(ctx context.Context, timestamp int64) (api.PullResponse, error) {
+	var out api.PullResponse
+	path := "/api/pull?peek=1&timestamp=" + strconv.FormatInt(timestamp, 10)
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: path}, &out)
+	return out, err
+}
+
 // Stop asks the runner to stop the job gracefully.
 func (c *Client) Stop(ctx context.Context) error {
 	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/stop"}, nil)

@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tandem-run/tandem/cloudinit"
+	"github.com/tandem-run/tandem/ctl"
 )
 
 func cloudinitCmd() *cli.Command {
@@ -38,7 +39,7 @@ func cloudinitCmd() *cli.Command {
 			for _, kv := range c.StringSlice("env") {
 				k, val, ok := strings.Cut(kv, "=")
 				if !ok {
-					return exitError{2, fmt.Sprintf("--env %q: want KEY=VALUE", kv)}
+					return exitError{ctl.ExitFailure, fmt.Sprintf("--env %q: want KEY=VALUE", kv)}
 				}
 				v.Env[k] = val
 			}
@@ -48,7 +49,7 @@ func cloudinitCmd() *cli.Command {
 			}
 			out, err := render()
 			if err != nil {
-				return exitError{2, err.Error()}
+				return exitError{ctl.ExitFailure, err.Error()}
 			}
 			_, err = fmt.Fprint(c.App.Writer, out)
 			return err
@@ -75,7 +76,7 @@ func entrypointCmd() *cli.Command {
 			if c.Bool("json") {
 				argv, err := e.Command()
 				if err != nil {
-					return exitError{2, err.Error()}
+					return exitError{ctl.ExitFailure, err.Error()}
 				}
 				enc := json.NewEncoder(c.App.Writer)
 				enc.SetEscapeHTML(false)
@@ -83,7 +84,7 @@ func entrypointCmd() *cli.Command {
 			}
 			s, err := e.Render()
 			if err != nil {
-				return exitError{2, err.Error()}
+				return exitError{ctl.ExitFailure, err.Error()}
 			}
 			_, err = fmt.Fprint(c.App.Writer, s)
 			return err

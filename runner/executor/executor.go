@@ -382,7 +382,13 @@ func (x *Executor) Stop() {
 // Pull returns the events after ts, at most PullCap bytes of logs; when the
 // cap cut the answer, last_updated is the last included event and has_more
 // is true.
-func (x *Executor) Pull(after int64) (api.PullResponse, error) {
+func (x *Executor) Pull(after int64) (api.PullResponse, error) { return x.pull(after, true) }
+
+// Peek is Pull for onlookers (tandem ps): reading the end does not count as
+// the logs being collected, so the runner does not finish on account of it.
+func (x *Executor) Peek(after int64) (api.PullResponse, error) { return x.pull(after, false) }
+
+func (x *Executor) pull(after int64, consume bool) (api.PullResponse, error) {
 	resp := api.PullResponse{JobStates: []api.JobStateEvent{}, JobLogs: []api.LogEvent{}, RunnerLogs: []api.LogEvent{}}
 	capped := false
 	// Under the clock lock only what must be consistent: how far this
@@ -419,7 +425,7 @@ func (x *Executor) Pull(after int64) (api.PullResponse, error) {
 	}
 	state := x.State()
 	resp.HasMore = capped || state != WaitLogsFinished
-	if state == WaitLogsFinished && !capped {
+	if consume && state == WaitLogsFinished && !capped {
 		x.pullOnce.Do(func() { close(x.pullDone) })
 	}
 	return resp, nil

@@ -401,7 +401,9 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 		return api.JobStateEvent{State: api.JobTerminated}
 	case code == 0:
 		return api.JobStateEvent{State: api.JobDone, ExitStatus: &code}
-	case killedBy == syscall.SIGKILL && oomKills(x.cfg.CgroupRoot) > oomBefore:
+	case (killedBy == syscall.SIGKILL || code == 128+int(syscall.SIGKILL)) && oomKills(x.cfg.CgroupRoot) > oomBefore:
+		// Killed by the kernel at the memory limit: the main process, or a
+		// child whose status a shell passed on (137).
 		return api.JobStateEvent{State: api.JobFailed, ExitStatus: &code,
 			TerminationMessage: "out of memory: the kernel killed the job at the container's memory limit (OOM)"}
 	case killedBy != 0:

@@ -175,7 +175,11 @@ func (s *srv) pull(c echo.Context) error {
 		}
 		ts = v
 	}
-	resp, err := s.d.Executor.Pull(ts)
+	pull := s.d.Executor.Pull
+	if c.QueryParam("peek") == "1" { // Tandem's onlookers; dstack never sends it
+		pull = s.d.Executor.Peek
+	}
+	resp, err := pull(ts)
 	if err != nil {
 		return toHTTP(err)
 	}

@@ -1,0 +1,217 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/ctl"
+)
+
+var runnerPortFlag = &cli.IntFlag{Name: "runner-port", Usage: "the runner's HTTP port on the host (default: as the shim reports)"}
+
+func runCmd() *cli.Command {
+	return &cli.Command{
+		Name:      "run",
+		Usage:     "run a command as a job on the shim's machine",
+		ArgsUsage: "-- COMMAND [ARGS...]",
+		Description: `Exit status: the job's (128+N when a signal N killed it, 137 with "out of memory"
+when the container's memory limit did), 125 when tandem could not run it (shim
+unreachable, image pull failed, bad flags), 126/127 when the command cannot run
+or is not found, 124 when --max-duration ended it, 130 when Ctrl-C (or SIGTERM)
+ended the run, 143 when someone else stopped the task.`,
+		Flags: append(connFlags(),
+			runnerPortFlag,
+			&cli.StringFlag{Name: "image", Value: "ubuntu:22.04", Usage: "container image"},
+			&cli.StringFlag{Name: "registry-username", EnvVars: []string{"TANDEM_REGISTRY_USERNAME"}, Usage: "registry login for the image"},
+			&cli.StringFlag{Name: "registry-password", EnvVars: []string{"TANDEM_REGISTRY_PASSWORD"}, Usage: "registry password or token (prefer the env var: argv is visible to other users)"},
+			&cli.StringFlag{Name: "name", Usage: "task name (default: tandem-<id>)"},
+			&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "print the task's name and id once the job runs, and exit (tandem attach, logs, rm)"},
+			&cli.StringFlag{Name: "gpus", Value: "0", Usage: "GPUs: a count, or all"},
+			&cli.Float64Flag{Name: "cpu", Usage: "CPU limit in cores (0: none)"},
+			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 8GiB"},
+			&cli.StringFlag{Name: "shm-size", Usage: "/dev/shm size, e.g. 1GiB"},
+			// Two flags rather than an alias: urfave refuses both forms of
+			// one flag in a command line, and people mix them.
+			&cli.StringSliceFlag{Name: "env", Usage: "KEY=VALUE (repeatable; -e too)"},
+			&cli.StringSliceFlag{Name: "e", Usage: "KEY=VALUE (repeatable; same as --env)"},
+			&cli.StringFlag{Name: "workdir", Value: "/workflow", Usage: "working dir in the container"},
+			&cli.StringFlag{Name: "code", Usage: "local directory uploaded into the working dir"},
+			&cli.StringSliceFlag{Name: "mount", Usage: "HOSTPATH:PATH (repeatable)"},
+			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
+			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long (exit status 124)"},
+			&cli.StringSliceFlag{Name: "authorized-key", Usage: "public key allowed into the container for tandem ssh (default: yours)"},
+			&cli.BoolFlag{Name: "no-ssh-config", Usage: "do not add the task to tandem's SSH config (tandem ssh-config)"},
+			outputFlag,
+		),
+		Action: runAction,
+	}
+}
+
+func runAction(c *cli.Context) error {
+	cmd := c.Args().Slice()
+	if len(cmd) == 0 {
+		return exitError{ctl.ExitFailure, "no command: tandem run [flags] -- COMMAND"}
+	}
+	jsonOut := c.String("output") == "json"
+	o := ctl.RunOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
+		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
+		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
+		Out: c.App.Writer, Status: c.App.ErrWriter, StatusTTY: isTerminal(os.Stderr), Env: map[string]string{}}
+	if jsonOut {
+		// Only JSON on stdout: the job's output goes to stderr.
+		o.Out, o.Status, o.StatusTTY = c.App.ErrWriter, nil, false
+	}
+	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
+	var err error
+	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
+		return bad(err.Error())
+	}
+	if o.Memory, err = parseSize(c.String("memory")); err != nil {
+		return bad("--memory: " + err.Error())
+	}
+	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
+		return bad("--shm-size: " + err.Error())
+	}
+	for _, kv := range append(c.StringSlice("env"), c.StringSlice("e")...) {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return bad(fmt.Sprintf("--env %q: want KEY=VALUE", kv))
+		}
+		o.Env[k] = v
+	}
+	for _, m := range c.StringSlice("mount") {
+		host, path, ok := strings.Cut(m, ":")
+		if !ok || !filepath.IsAbs(host) || !filepath.IsAbs(path) {
+			return bad(fmt.Sprintf("--mount %q: want /host/path:/container/path", m))
+		}
+		o.Mounts = append(o.Mounts, api.InstanceMountPoint{InstancePath: host, Path: path})
+	}
+	if o.CodeDir != "" {
+		if fi, err := os.Stat(o.CodeDir); err != nil || !fi.IsDir() {
+			return bad(fmt.Sprintf("--code %s: not a directory", o.CodeDir))
+		}
+	}
+	if o.Network != "host" && o.Network != "bridge" {
+		return bad("--network must be host or bridge")
+	}
+	o.SSHKeys = c.StringSlice("authorized-key")
+	identity := c.String("identity")
+	if len(o.SSHKeys) == 0 {
+		if k, _ := ctl.DefaultPublicKey(identity); k != "" {
+			o.SSHKeys = []string{k}
+		} else {
+			fmt.Fprintln(c.App.ErrWriter, "tandem: warning: no SSH public key found (~/.ssh/id_ed25519.pub or id_rsa.pub), so tandem ssh into this task will not work;"+
+				" create one with `ssh-keygen -t ed25519` or pass --authorized-key")
+		}
+	}
+	dial, closeDial, err := dialer(c)
+	if err != nil {
+		return err
+	}
+	defer closeDial()
+	o.Dial = dial
+	if !c.Bool("no-ssh-config") {
+		o.Started = func(info api.TaskInfoResponse) {
+			if err := updateSSHConfig(c, info); err != nil {
+				fmt.Fprintln(c.App.ErrWriter, "tandem: warning: ssh config:", err)
+			}
+		}
+	}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	o.Interrupt = sigs
+	res, err := ctl.Run(context.Background(), o)
+	code := res.ExitCode()
+	switch {
+	case errors.Is(err, ctl.ErrInterrupted):
+		code = ctl.ExitInterrupted
+	case err != nil:
+		code = ctl.ExitFailure
+	}
+	if !o.Detach && !c.Bool("no-ssh-config") && res.TaskID != "" {
+		_ = forgetSSHConfig(c, res.TaskID)
+	}
+	if jsonOut {
+		out := map[string]any{"task_id": res.TaskID, "name": res.Name, "state": res.State, "exit_status": res.ExitStatus,
+			"termination_reason": res.Reason, "termination_message": res.Message, "exit_code": code, "detached": res.Detached}
+		if err != nil {
+			out["error"] = err.Error()
+		}
+		if werr := writeJSON(c, out); werr != nil {
+			return werr
+		}
+		if code != 0 {
+			return exitError{code, ""}
+		}
+		return nil
+	}
+	switch {
+	case err != nil && errors.Is(err, ctl.ErrInterrupted):
+		return exitError{code, "interrupted: the task was terminated and removed"}
+	case err != nil:
+		return exitError{code, err.Error()}
+	case res.Detached:
+		fmt.Fprintf(c.App.Writer, "%s\t%s\n", res.Name, res.TaskID)
+		return nil
+	case code != 0:
+		return exitError{code, ctl.Describe(res)}
+	}
+	fmt.Fprintln(c.App.ErrWriter, ctl.Describe(res))
+	return nil
+}
+
+func attachCmd() *cli.Command {
+	return &cli.Command{
+		Name:      "attach",
+		Usage:     "follow a running task's job: its output from the start, then its exit status",
+		ArgsUsage: "TASK (name, id or id prefix)",
+		Flags: append(connFlags(), runnerPortFlag,
+			&cli.DurationFlag{Name: "since", Usage: "only output newer than this, e.g. 5m (default: from the start)"}),
+		BashComplete: completeTasks,
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return exitError{ctl.ExitFailure, "usage: tandem attach TASK"}
+			}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			defer closeDial()
+			var since time.Time
+			if d := c.Duration("since"); d > 0 {
+				since = time.Now().Add(-d)
+			}
+			sigs := make(chan os.Signal, 1)
+			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+			defer signal.Stop(sigs)
+			res, err := ctl.Attach(c.Context, c.Args().First(), taskOptions(c, dial), since, sigs, c.App.Writer, c.App.ErrWriter)
+			if err != nil {
+				return exitError{ctl.ExitFailure, err.Error()}
+			}
+			if res.Detached {
+				return exitError{ctl.ExitInterrupted, ""}
+			}
+			if code := res.ExitCode(); code != 0 {
+				return exitError{code, ctl.Describe(res)}
+			}
+			fmt.Fprintln(c.App.ErrWriter, ctl.Describe(res))
+			return nil
+		}}
+}
+
+func taskOptions(c *cli.Context, dial func(context.Context, string, string) (net.Conn, error)) ctl.TaskOptions {
+	return ctl.TaskOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"), Dial: dial,
+		Ports: ctl.Ports{HTTP: c.Int("runner-port"), SSH: c.Int("runner-ssh-port")}}
+}

@@ -1,0 +1,297 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/ctl"
+)
+
+var runnerSSHPortFlag = &cli.IntFlag{Name: "runner-ssh-port", Usage: "the runner's SSH port on the host (default: as the shim reports)"}
+
+// psRow is one task as ps shows it.
+type psRow struct {
+	Name       string         `json:"name"`
+	ID         string         `json:"id"`
+	Image      string         `json:"image"`
+	Status     api.TaskStatus `json:"status"`
+	Job        api.JobState   `json:"job_state,omitempty"`
+	ExitStatus *int           `json:"exit_status,omitempty"`
+	Submitted  int64          `json:"submitted_at,omitempty"`
+	GPUs       []string       `json:"gpus"`
+	Reason     string         `json:"termination_reason,omitempty"`
+	Message    string         `json:"termination_message,omitempty"`
+}
+
+func psCmd() *cli.Command {
+	return &cli.Command{Name: "ps", Usage: "list the shim's tasks (running ones; -a for all)",
+		Flags: append(connFlags(), runnerPortFlag, outputFlag,
+			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "finished tasks too"}),
+		Action: func(c *cli.Context) error {
+			s, done, err := shim(c)
+			if err != nil {
+				return err
+			}
+			defer done()
+			infos, err := ctl.Tasks(c.Context, s)
+			if err != nil {
+				return exitError{ctl.ExitFailure, err.Error()}
+			}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			defer closeDial()
+			rows := []psRow{}
+			for _, info := range infos {
+				if info.Status == api.TaskTerminated && !c.Bool("all") {
+					continue
+				}
+				r := psRow{Name: ctl.TaskName(info), ID: info.ID, Status: info.Status, GPUs: info.GPUIDs,
+					Reason: string(info.TerminationReason), Message: info.TerminationMessage}
+				if r.GPUs == nil {
+					r.GPUs = []string{}
+				}
+				if d := info.Tandem; d != nil {
+					r.Image, r.Submitted = d.ImageName, d.SubmittedAt
+				}
+				if ev, ok := ctl.JobStatus(c.Context, info, taskOptions(c, dial)); ok {
+					r.Job, r.ExitStatus = ev.State, ev.ExitStatus
+				}
+				rows = append(rows, r)
+			}
+			slices.SortStableFunc(rows, func(a, b psRow) int { return int(b.Submitted - a.Submitted) })
+			if c.String("output") == "json" {
+				return writeJSON(c, rows)
+			}
+			w := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "NAME\tID\tIMAGE\tSTATUS\tAGE\tGPUS\tEXIT")
+			for _, r := range rows {
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", dash(r.Name), short(r.ID), dash(r.Image), statusText(r), age(r.Submitted), len(r.GPUs), exitText(r))
+			}
+			return w.Flush()
+		}}
+}
+
+func statusText(r psRow) string {
+	switch {
+	case r.Job != "": // the runner's word on the job beats the container's
+		return "job " + string(r.Job)
+	case r.Status == api.TaskTerminated && r.Reason != "":
+		return "terminated (" + r.Reason + ")"
+	}
+	return string(r.Status)
+}
+
+func exitText(r psRow) string {
+	if r.ExitStatus != nil {
+		return fmt.Sprint(*r.ExitStatus)
+	}
+	return "-"
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func short(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}
+
+// age renders how long ago a Unix time was, as docker does: 5s, 3m, 2h, 4d.
+func age(unix int64) string {
+	if unix == 0 {
+		return "-"
+	}
+	d := time.Since(time.Unix(unix, 0))
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm", int(d.Minutes()))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh", int(d.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func logsCmd() *cli.Command {
+	return &cli.Command{Name: "logs", Usage: "stream a running task's output", ArgsUsage: "TASK (name, id or id prefix)",
+		Flags: append(connFlags(), runnerPortFlag,
+			&cli.DurationFlag{Name: "since", Usage: "only output newer than this, e.g. 5m"}),
+		BashComplete: completeTasks,
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return exitError{ctl.ExitFailure, "usage: tandem logs TASK"}
+			}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			defer closeDial()
+			var since time.Time
+			if d := c.Duration("since"); d > 0 {
+				since = time.Now().Add(-d)
+			}
+			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), since, c.App.Writer); err != nil {
+				return exitError{ctl.ExitFailure, err.Error()}
+			}
+			return nil
+		}}
+}
+
+func sshCmd() *cli.Command {
+	return &cli.Command{Name: "ssh", Usage: "open a shell (or run a command) in a task's container", ArgsUsage: "TASK [-- COMMAND...]",
+		Flags: append(connFlags(), runnerSSHPortFlag,
+			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"}),
+		BashComplete: completeTasks,
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 {
+				return exitError{ctl.ExitFailure, "usage: tandem ssh TASK [-- COMMAND...]"}
+			}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			argv, err := ctl.SSHCommand(c.Context, c.Args().First(), ctl.SSHOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"),
+				RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts"),
+				User: c.String("user"), Dial: dial}, c.Args().Slice()[1:])
+			closeDial()
+			if err != nil {
+				return exitError{ctl.ExitFailure, err.Error()}
+			}
+			bin, err := exec.LookPath("ssh")
+			if err != nil {
+				return exitError{ctl.ExitFailure, "the OpenSSH client (ssh) is not installed"}
+			}
+			cmd := exec.Command(bin, argv[1:]...)
+			cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
+			if err := cmd.Run(); err != nil {
+				var ee *exec.ExitError
+				if errors.As(err, &ee) {
+					return exitError{ee.ExitCode(), ""}
+				}
+				return exitError{ctl.ExitFailure, err.Error()}
+			}
+			return nil
+		}}
+}
+
+// removeTasks resolves each ref and removes it; errors are reported per
+// task, and any makes the command fail.
+func removeTasks(c *cli.Context, refs []string, force bool, timeout uint, verb string) error {
+	s, done, err := shim(c)
+	if err != nil {
+		return err
+	}
+	defer done()
+	var failed []string
+	for _, ref := range refs {
+		info, err := ctl.Resolve(c.Context, s, ref)
+		if err == nil {
+			err = ctl.Remove(c.Context, s, info, force, timeout)
+		}
+		if err != nil {
+			fmt.Fprintln(c.App.ErrWriter, "tandem:", err)
+			failed = append(failed, ref)
+			continue
+		}
+		_ = forgetSSHConfig(c, info.ID)
+		fmt.Fprintf(c.App.Writer, "%s\t%s\t%s\n", verb, dash(ctl.TaskName(info)), info.ID)
+	}
+	if len(failed) > 0 {
+		return exitError{ctl.ExitFailure, ""}
+	}
+	return nil
+}
+
+func stopCmd() *cli.Command {
+	return &cli.Command{Name: "stop", Usage: "terminate and remove tasks", ArgsUsage: "TASK... (name, id or id prefix)", Flags: append(connFlags(),
+		&cli.UintFlag{Name: "timeout", Value: 10, Usage: "seconds of graceful stop"}),
+		BashComplete: completeTasks,
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 {
+				return exitError{ctl.ExitFailure, "usage: tandem stop TASK..."}
+			}
+			return removeTasks(c, c.Args().Slice(), true, c.Uint("timeout"), "stopped")
+		}}
+}
+
+func rmCmd() *cli.Command {
+	return &cli.Command{Name: "rm", Usage: "remove finished tasks (--force: running ones too)", ArgsUsage: "TASK... (name, id or id prefix)",
+		Flags: append(connFlags(),
+			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "terminate running tasks first (at once)"}),
+		BashComplete: completeTasks,
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 1 {
+				return exitError{ctl.ExitFailure, "usage: tandem rm TASK..."}
+			}
+			return removeTasks(c, c.Args().Slice(), c.Bool("force"), 0, "removed")
+		}}
+}
+
+func pruneCmd() *cli.Command {
+	return &cli.Command{Name: "prune", Usage: "remove every finished (terminated) task", Flags: connFlags(),
+		Action: func(c *cli.Context) error {
+			s, done, err := shim(c)
+			if err != nil {
+				return err
+			}
+			defer done()
+			infos, err := ctl.Tasks(c.Context, s)
+			if err != nil {
+				return exitError{ctl.ExitFailure, err.Error()}
+			}
+			var refs []string
+			for _, info := range infos {
+				if info.Status == api.TaskTerminated {
+					refs = append(refs, info.ID)
+				}
+			}
+			if len(refs) == 0 {
+				fmt.Fprintln(c.App.ErrWriter, "no finished tasks")
+				return nil
+			}
+			return removeTasks(c, refs, false, 0, "removed")
+		}}
+}
+
+// taskRefs lists names (or short ids) of the shim's tasks, for completion.
+func taskRefs(c *cli.Context) []string {
+	s, done, err := shim(c)
+	if err != nil {
+		return nil
+	}
+	defer done()
+	infos, err := ctl.Tasks(c.Context, s)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, info := range infos {
+		out = append(out, strings.TrimSpace(cmpOr(ctl.TaskName(info), short(info.ID))))
+	}
+	return out
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}

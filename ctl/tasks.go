@@ -1,0 +1,176 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/shimclient"
+)
+
+// Tasks returns every task of the shim with its details, in the shim's
+// order. A task removed between the list and its read is left out.
+func Tasks(ctx context.Context, shim *shimclient.Client) ([]api.TaskInfoResponse, error) {
+	items, err := shim.ListTasks(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list tasks: %w", err)
+	}
+	out := make([]api.TaskInfoResponse, len(items))
+	ok := make([]bool, len(items))
+	errs := make([]error, len(items))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	for i, it := range items {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			info, err := shim.GetTask(ctx, it.ID)
+			switch {
+			case errors.Is(err, api.ErrNotFound):
+			case err != nil:
+				errs[i] = err
+			default:
+				out[i], ok[i] = info, true
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("read tasks: %w", err)
+	}
+	var res []api.TaskInfoResponse
+	for i := range out {
+		if ok[i] {
+			res = append(res, out[i])
+		}
+	}
+	return res, nil
+}
+
+// TaskName is the task's name as the shim knows it ("" for a shim that
+// does not say).
+func TaskName(t api.TaskInfoResponse) string {
+	if t.Tandem != nil {
+		return t.Tandem.Name
+	}
+	return ""
+}
+
+// ErrNoTask means a reference matched no task.
+var ErrNoTask = errors.New("no such task")
+
+// Match picks the task ref names among tasks, as docker does: an exact id,
+// then an exact name, then a unique id prefix. An ambiguous prefix is an
+// error naming the candidates.
+func Match(tasks []api.TaskInfoResponse, ref string) (api.TaskInfoResponse, error) {
+	if ref == "" {
+		return api.TaskInfoResponse{}, errors.New("empty task reference")
+	}
+	for _, t := range tasks {
+		if t.ID == ref {
+			return t, nil
+		}
+	}
+	for _, t := range tasks {
+		if n := TaskName(t); n != "" && n == ref {
+			return t, nil
+		}
+	}
+	var hits []api.TaskInfoResponse
+	for _, t := range tasks {
+		if strings.HasPrefix(t.ID, ref) {
+			hits = append(hits, t)
+		}
+	}
+	switch len(hits) {
+	case 0:
+		return api.TaskInfoResponse{}, fmt.Errorf("%w: %q (tandem ps -a lists them)", ErrNoTask, ref)
+	case 1:
+		return hits[0], nil
+	}
+	var ids []string
+	for _, t := range hits {
+		ids = append(ids, t.ID)
+	}
+	slices.Sort(ids)
+	return api.TaskInfoResponse{}, fmt.Errorf("%q matches %d tasks (%s): give more of the id", ref, len(hits), strings.Join(ids, ", "))
+}
+
+// Resolve finds the task ref names on the shim (see Match).
+func Resolve(ctx context.Context, shim *shimclient.Client, ref string) (api.TaskInfoResponse, error) {
+	if info, err := shim.GetTask(ctx, ref); err == nil { // a full id: one call
+		return info, nil
+	}
+	tasks, err := Tasks(ctx, shim)
+	if err != nil {
+		return api.TaskInfoResponse{}, err
+	}
+	return Match(tasks, ref)
+}
+
+// Ports are where a task's runner answers on the host.
+type Ports struct{ HTTP, SSH int }
+
+// RunnerPorts finds where the task's runner answers: override (the user's
+// flags) first, then what the shim reports, then the dstack defaults in
+// host mode. The error says which flag fixes it.
+func RunnerPorts(info api.TaskInfoResponse, override Ports) (Ports, error) {
+	p := override
+	if d := info.Tandem; d != nil {
+		if p.HTTP == 0 {
+			p.HTTP = d.RunnerHTTPPort
+		}
+		if p.SSH == 0 {
+			p.SSH = d.RunnerSSHPort
+		}
+	}
+	if info.Tandem == nil { // a shim without details: dstack's defaults, or the published ones
+		http, ssh := 10999, 10022
+		for _, m := range info.Ports {
+			switch m.Container {
+			case 10999:
+				http = m.Host
+			case 10022:
+				ssh = m.Host
+			}
+		}
+		if p.HTTP == 0 {
+			p.HTTP = http
+		}
+		if p.SSH == 0 {
+			p.SSH = ssh
+		}
+	}
+	if p.HTTP == 0 || p.SSH == 0 {
+		return p, fmt.Errorf("the shim reports no runner ports for task %s yet (status %s); give them with --runner-port / --runner-ssh-port", short(info.ID), info.Status)
+	}
+	return p, nil
+}
+
+// hostOf is the host part of the shim's address: the runner is on the same
+// machine.
+func hostOf(shim string) (string, error) {
+	host, _, err := net.SplitHostPort(shim)
+	if err != nil {
+		return "", fmt.Errorf("shim address %q: %w", shim, err)
+	}
+	return host, nil
+}
+
+func joinPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// short is the 8-character id prefix people see.
+func short(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
+}

@@ -1,0 +1,243 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+// tandemIn runs tandem with HOME and tandem's ssh config in dir (so tests
+// never touch the real ones) plus env.
+func tandemIn(t *testing.T, dir string, env []string, args ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
+	t.Helper()
+	cmd, out, errb := tandem(t, args...)
+	cmd.Env = append(os.Environ(), append([]string{"HOME=" + dir, "TANDEM_SSH_CONFIG=" + filepath.Join(dir, "tandem_ssh_config")}, env...)...)
+	return cmd, out, errb
+}
+
+// TestTandemDetachAttachRmPrune: a detached run prints its name and id and
+// exits while the job runs; ps shows it (name, image, job state) without
+// consuming its end; attach by name replays the output from the start and
+// exits with the job's status; rm refuses a running task without --force;
+// prune removes finished tasks only. No runner port is given anywhere: the
+// shim's task details say where the runner answers.
+func TestTandemDetachAttachRmPrune(t *testing.T) {
+	h, shim, _ := realStack(t)
+	dir := t.TempDir()
+	start := time.Now()
+	run, out, errb := tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", h.image, "--name", "train-1", "--",
+		"/bin/sh", "-c", "echo start-of-job; sleep 3; echo end-of-job; exit 4")
+	if err := run.Run(); err != nil {
+		t.Fatalf("run -d: %v %s %s", err, out, errb)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("run -d waited for the job: %s", took)
+	}
+	f := strings.Fields(out.String())
+	if len(f) != 2 || f[0] != "train-1" || len(f[1]) != 36 {
+		t.Fatalf("run -d printed %q, want NAME ID", out)
+	}
+	id := f[1]
+
+	ps, psOut, psErr := tandemIn(t, dir, nil, "ps", "--shim", shim)
+	if err := ps.Run(); err != nil {
+		t.Fatalf("ps: %v %s", err, psErr)
+	}
+	lines := strings.Split(strings.TrimSpace(psOut.String()), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "NAME") {
+		t.Fatalf("ps:\n%s", psOut)
+	}
+	row := strings.Fields(lines[1])
+	if row[0] != "train-1" || row[1] != id[:8] || row[2] != h.image || row[3] != "job" || row[4] != "running" {
+		t.Fatalf("ps row %q", row)
+	}
+	ps, psOut, _ = tandemIn(t, dir, nil, "ps", "--shim", shim, "-o", "json")
+	var rows []map[string]any
+	if err := ps.Run(); err != nil || json.Unmarshal(psOut.Bytes(), &rows) != nil || len(rows) != 1 || rows[0]["name"] != "train-1" || rows[0]["id"] != id {
+		t.Fatalf("ps -o json: %v %s", err, psOut)
+	}
+
+	// Wait for the job's end through ps (a peek), then attach: the output
+	// from the start and the status are still there.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ps, psOut, _ = tandemIn(t, dir, nil, "ps", "--shim", shim)
+		_ = ps.Run()
+		if strings.Contains(psOut.String(), "job failed") {
+			if !strings.Contains(psOut.String(), " 4\n") {
+				t.Fatalf("ps of a failed job shows no exit status:\n%s", psOut)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job never ended in ps:\n%s", psOut)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	att, attOut, attErr := tandemIn(t, dir, nil, "attach", "--shim", shim, "train-1")
+	err := att.Run()
+	if exitCodeOf(err) != 4 || !strings.Contains(attOut.String(), "start-of-job") || !strings.Contains(attOut.String(), "end-of-job") ||
+		!strings.Contains(attErr.String(), "exit status 4") {
+		t.Fatalf("attach: exit %d\n%s\n%s", exitCodeOf(err), attOut, attErr)
+	}
+
+	// A second host-network task cannot have the runner's ports while the
+	// first one's runner lingers: the error says what to do.
+	run, _, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", h.image, "--", "true")
+	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "--network bridge") {
+		t.Fatalf("second host-network task: %v %s", err, errb)
+	}
+	// rm: a running task needs --force; a unique id prefix works. In bridge
+	// mode the runner's ports are the published ones, found through the shim.
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--network", "bridge", "--shim", shim, "--image", h.image, "--name", "sleeper", "--", "sleep", "300")
+	if err := run.Run(); err != nil {
+		t.Fatalf("run -d: %v %s", err, errb)
+	}
+	sleeper := strings.Fields(out.String())[1]
+	rm, _, rmErr := tandemIn(t, dir, nil, "rm", "--shim", shim, "sleeper")
+	if err := rm.Run(); exitCodeOf(err) != 125 || !strings.Contains(rmErr.String(), "stop it first") {
+		t.Fatalf("rm of a running task: %v %s", err, rmErr)
+	}
+	rm, rmOut, rmErr := tandemIn(t, dir, nil, "rm", "-f", "--shim", shim, sleeper[:6])
+	if err := rm.Run(); err != nil || !strings.Contains(rmOut.String(), "removed\tsleeper\t"+sleeper) {
+		t.Fatalf("rm -f by prefix: %v %s %s", err, rmOut, rmErr)
+	}
+
+	// prune: only finished tasks go.
+	failed := h.submit(api.TaskConfig{Name: "broken", ImageName: "no-such-image:v1"})
+	h.wait(failed.ID, time.Minute, terminated)
+	ps, psOut, _ = tandemIn(t, dir, nil, "ps", "--shim", shim)
+	_ = ps.Run()
+	if strings.Contains(psOut.String(), "broken") {
+		t.Fatalf("ps without -a lists a finished task:\n%s", psOut)
+	}
+	ps, psOut, _ = tandemIn(t, dir, nil, "ps", "-a", "--shim", shim)
+	_ = ps.Run()
+	if !strings.Contains(psOut.String(), "broken") || !strings.Contains(psOut.String(), "terminated (creating_container_error)") {
+		t.Fatalf("ps -a:\n%s", psOut)
+	}
+	prune, pruneOut, pruneErr := tandemIn(t, dir, nil, "prune", "--shim", shim)
+	if err := prune.Run(); err != nil || !strings.Contains(pruneOut.String(), "removed\tbroken\t"+failed.ID) || strings.Contains(pruneOut.String(), id) && !strings.Contains(pruneOut.String(), "train-1") {
+		t.Fatalf("prune: %v %s %s", err, pruneOut, pruneErr)
+	}
+	if _, err := h.client.GetTask(t.Context(), failed.ID); err == nil {
+		t.Fatal("prune left the finished task")
+	}
+	_ = exec.Command(testenv.Binaries(t).Tandem, "rm", "-f", "--shim", shim, id).Run()
+	if left := taskContainers(t); left != "" {
+		t.Fatalf("containers left: %s", left)
+	}
+}
+
+// TestTandemExitCodes: like docker run: the job's status, 128+N for a
+// signal, 137 and "out of memory" for an OOM kill, 127/126 for a command
+// that is not found or cannot run, 124 for --max-duration, 125 for
+// tandem's own failures; -o json keeps stdout pure JSON.
+func TestTandemExitCodes(t *testing.T) {
+	h, shim, _ := realStack(t)
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"status", []string{"--", "/bin/sh", "-c", "exit 9"}, 9, "exit status 9"},
+		{"SIGTERM", []string{"--", "/bin/sh", "-c", "kill -TERM $$"}, 143, "signal SIGTERM"},
+		{"OOM", []string{"--memory", "96MiB", "--", "/bin/sh", "-c", "head -c 2000m /dev/zero | tail"}, 137, "out of memory"},
+		{"not found", []string{"--", "no-such-command"}, 127, "not found"},
+		{"not executable", []string{"--", "/etc/passwd"}, 126, "permission denied"},
+		{"max duration", []string{"--max-duration", "1s", "--", "sleep", "30"}, 124, "max_duration_exceeded"},
+		{"bad flag", []string{"--gpus", "lots", "--", "true"}, 125, "--gpus"},
+		{"unknown flag", []string{"--no-such-flag", "--", "true"}, 125, "no-such-flag"},
+		{"mixed env forms", []string{"--env", "A=1", "-e", "B=2", "--", "/bin/sh", "-c", `[ "$A$B" = 12 ]`}, 0, "job done"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"run", "--shim", shim, "--image", h.image}, tc.args...)
+			cmd, out, errb := tandemIn(t, dir, nil, args...)
+			err := cmd.Run()
+			if exitCodeOf(err) != tc.code || !strings.Contains(errb.String(), tc.stderr) {
+				t.Fatalf("exit %d, want %d with %q:\n%s\n%s", exitCodeOf(err), tc.code, tc.stderr, out, errb)
+			}
+		})
+	}
+	// An unknown command is tandem's own failure too.
+	cmd, _, errb := tandemIn(t, dir, nil, "frobnicate")
+	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), `unknown command "frobnicate"`) {
+		t.Fatalf("unknown command: %v %s", err, errb)
+	}
+	// -o json: stdout is one JSON document (python's json.tool reads it);
+	// the job's output goes to stderr.
+	cmd, out, errb := tandemIn(t, dir, nil, "run", "-o", "json", "--shim", shim, "--image", h.image, "--", "/bin/sh", "-c", "echo job-output-line; exit 3")
+	err := cmd.Run()
+	check := exec.Command("python3", "-m", "json.tool")
+	check.Stdin = bytes.NewReader(out.Bytes())
+	if js, jerr := check.CombinedOutput(); exitCodeOf(err) != 3 || jerr != nil || !strings.Contains(string(js), `"exit_code": 3`) ||
+		strings.Contains(out.String(), "job-output-line") || !strings.Contains(errb.String(), "job-output-line") {
+		t.Fatalf("-o json: exit %d, json.tool %v %s\nstdout %q\nstderr %q", exitCodeOf(err), jerr, js, out, errb)
+	}
+	// No key: the run works and says how to fix ssh.
+	cmd, _, errb = tandemIn(t, dir, nil, "run", "--shim", shim, "--image", h.image, "--", "true")
+	if err := cmd.Run(); err != nil || !strings.Contains(errb.String(), "no SSH public key found") || !strings.Contains(errb.String(), "ssh-keygen") {
+		t.Fatalf("missing key warning: %v %s", err, errb)
+	}
+	if left := taskContainers(t); left != "" {
+		t.Fatalf("containers left: %s", left)
+	}
+}
+
+// TestTandemCtrlCDuringStalledPull: one Ctrl-C while the registry holds the
+// image's blobs ends tandem with 130 and leaves no task, fast.
+func TestTandemCtrlCDuringStalledPull(t *testing.T) {
+	reg := testenv.StartRegistry(t)
+	reg.Push(t, uniqueImage(t, 256<<10), "tandem/held:v1")
+	gateAddr, _ := blobGate(t, reg.Addr)
+	h, shim, _ := realStack(t)
+	dir := t.TempDir()
+	cmd, out, errb := tandemIn(t, dir, []string{"TANDEM_REGISTRY_PASSWORD=" + reg.Password}, "run", "--shim", shim,
+		"--image", gateAddr+"/tandem/held:v1", "--registry-username", reg.Username, "--", "true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		items, _ := h.client.ListTasks(t.Context())
+		if len(items) == 1 && items[0].Status == api.TaskPulling {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no pulling task: %+v\n%s\n%s", items, out, errb)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	sent := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-done:
+		took := time.Since(sent)
+		if exitCodeOf(err) != 130 || !strings.Contains(errb.String(), "interrupted") {
+			t.Fatalf("exit %d after Ctrl-C during the pull:\n%s\n%s", exitCodeOf(err), out, errb)
+		}
+		t.Logf("Ctrl-C during a stalled pull: tandem exited 130 after %s", took.Round(time.Millisecond))
+		if took > 2*time.Second {
+			t.Fatalf("tandem took %s to exit after Ctrl-C", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("tandem ignored Ctrl-C during the pull:\n%s", errb)
+	}
+	if items, err := h.client.ListTasks(t.Context()); err != nil || len(items) != 0 {
+		t.Fatalf("tasks left after Ctrl-C: %+v %v", items, err)
+	}
+}
