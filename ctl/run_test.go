@@ -8,6 +8,7 @@ import (
 
 func TestResultExitCodeAndDescribe(t *testing.T) {
 	seven := 7
+	oom := 137
 	tests := []struct {
 		r    Result
 		code int
@@ -15,9 +16,13 @@ func TestResultExitCodeAndDescribe(t *testing.T) {
 	}{
 		{Result{State: api.JobDone}, 0, "job done"},
 		{Result{State: api.JobFailed, ExitStatus: &seven}, 7, "job failed: exit status 7"},
-		{Result{State: api.JobTerminated, Reason: api.ReasonMaxDurationExceeded, Message: "Max duration exceeded"}, 130,
+		{Result{State: api.JobFailed, ExitStatus: &oom, Message: "out of memory: the kernel killed the job"}, 137,
+			"job failed: exit status 137: out of memory: the kernel killed the job"},
+		{Result{State: api.JobTerminated, Reason: api.ReasonMaxDurationExceeded, Message: "Max duration exceeded"}, ExitMaxDuration,
 			"job terminated: max_duration_exceeded: Max duration exceeded"},
-		{Result{State: api.JobFailed, Reason: api.ReasonExecutorError}, 1, "job failed: executor_error"},
+		{Result{State: api.JobTerminated, Interrupted: true}, ExitInterrupted, "job terminated"},
+		{Result{State: api.JobTerminated, Reason: api.ReasonTerminatedByUser}, ExitStopped, "job terminated: terminated_by_user"},
+		{Result{State: api.JobFailed, Reason: api.ReasonExecutorError}, ExitFailure, "job failed: executor_error"},
 	}
 	for _, tc := range tests {
 		if got := tc.r.ExitCode(); got != tc.code {

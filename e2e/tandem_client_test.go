@@ -241,3 +241,98 @@ func TestTandemCtrlCDuringStalledPull(t *testing.T) {
 		t.Fatalf("tasks left after Ctrl-C: %+v %v", items, err)
 	}
 }
+
+// TestTandemSSHConfig: run -d writes a Host entry per task into tandem's
+// ssh config, ssh-config --install includes it from ~/.ssh/config, and the
+// real OpenSSH ssh, scp and rsync reach the task by name; rm drops the
+// entry. Completion lists the task's name.
+func TestTandemSSHConfig(t *testing.T) {
+	_, shim, _, _ := realStackSSH(t)
+	debian := testenv.Debian(t)
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, ".ssh"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", filepath.Join(dir, ".ssh", "id_ed25519")).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	run, out, errb := tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", debian, "--name", "box",
+		"--mount", "/usr/bin:/opt/hostbin", "--mount", "/lib/x86_64-linux-gnu:/opt/hostlib", "--", "sleep", "300")
+	if err := run.Run(); err != nil {
+		t.Fatalf("run -d: %v %s %s", err, out, errb)
+	}
+	entries, _ := os.ReadFile(filepath.Join(dir, "tandem_ssh_config"))
+	if !strings.Contains(string(entries), "\nHost box\n") || !strings.Contains(string(entries), "IdentityFile "+filepath.Join(dir, ".ssh", "id_ed25519")) {
+		t.Fatalf("no entry for box after run -d:\n%s", entries)
+	}
+	cfgCmd, cfgOut, cfgErr := tandemIn(t, dir, nil, "ssh-config", "--install", "--shim", shim)
+	if err := cfgCmd.Run(); err != nil || !strings.Contains(cfgErr.String(), "1 task(s)") {
+		t.Fatalf("ssh-config: %v %s %s", err, cfgOut, cfgErr)
+	}
+	userCfg := filepath.Join(dir, ".ssh", "config")
+	if b, _ := os.ReadFile(userCfg); !strings.HasPrefix(string(b), "Include "+filepath.Join(dir, "tandem_ssh_config")+"\n") {
+		t.Fatalf("~/.ssh/config:\n%s", b)
+	}
+	// Again: idempotent, one Include line.
+	cfgCmd, _, _ = tandemIn(t, dir, nil, "ssh-config", "--install", "--shim", shim)
+	_ = cfgCmd.Run()
+	if b, _ := os.ReadFile(userCfg); strings.Count(string(b), "Include ") != 1 {
+		t.Fatalf("Include added twice:\n%s", b)
+	}
+	sshRun := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("ssh", append([]string{"-F", userCfg, "-o", "BatchMode=yes"}, args...)...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ssh %q: %v %s", args, err, out)
+		}
+		return string(out)
+	}
+	if got := sshRun("box", "cat", "/etc/debian_version"); !strings.HasPrefix(got, "12") {
+		t.Fatalf("ssh box: %q", got)
+	}
+	local := filepath.Join(dir, "payload")
+	_ = os.WriteFile(local, []byte("copied by scp\n"), 0o644)
+	if out, err := exec.Command("scp", "-F", userCfg, "-o", "BatchMode=yes", local, "box:/tmp/payload").CombinedOutput(); err != nil {
+		t.Fatalf("scp: %v %s", err, out)
+	}
+	if got := sshRun("box", "cat", "/tmp/payload"); got != "copied by scp\n" {
+		t.Fatalf("after scp: %q", got)
+	}
+	src := filepath.Join(dir, "tree")
+	_ = os.MkdirAll(filepath.Join(src, "sub"), 0o755)
+	_ = os.WriteFile(filepath.Join(src, "sub", "f"), []byte("synced by rsync\n"), 0o644)
+	// The image has no rsync: the host's, mounted with its libraries, serves.
+	rsync := exec.Command("rsync", "-a", "-e", "ssh -F "+userCfg+" -o BatchMode=yes",
+		"--rsync-path=LD_LIBRARY_PATH=/opt/hostlib /opt/hostbin/rsync", src+"/", "box:/tmp/tree/")
+	if out, err := rsync.CombinedOutput(); err != nil {
+		t.Fatalf("rsync: %v %s", err, out)
+	}
+	if got := sshRun("box", "cat", "/tmp/tree/sub/f"); got != "synced by rsync\n" {
+		t.Fatalf("after rsync: %q", got)
+	}
+	// Completion offers the task by name.
+	comp, compOut, _ := tandemIn(t, dir, nil, "logs", "--shim", shim, "--generate-bash-completion")
+	if err := comp.Run(); err != nil || !strings.Contains(compOut.String(), "box") {
+		t.Fatalf("completion: %v %q", err, compOut)
+	}
+	for _, shell := range []string{"bash", "zsh", "fish"} {
+		comp, compOut, _ := tandemIn(t, dir, nil, "completion", shell)
+		if err := comp.Run(); err != nil || !strings.Contains(compOut.String(), "tandem") {
+			t.Fatalf("completion %s: %v %q", shell, err, compOut)
+		}
+		if shell == "bash" {
+			check := exec.Command("bash", "-n")
+			check.Stdin = bytes.NewReader(compOut.Bytes())
+			if out, err := check.CombinedOutput(); err != nil {
+				t.Fatalf("bash completion does not parse: %v %s", err, out)
+			}
+		}
+	}
+	rm, _, rmErr := tandemIn(t, dir, nil, "rm", "-f", "--shim", shim, "box")
+	if err := rm.Run(); err != nil {
+		t.Fatalf("rm: %v %s", err, rmErr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "tandem_ssh_config")); strings.Contains(string(b), "Host box") {
+		t.Fatalf("entry left after rm:\n%s", b)
+	}
+}

@@ -171,6 +171,24 @@ func TestTandemOverSSH(t *testing.T) {
 	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "dstack-shim 0.21.3 (tandem ") {
 		t.Fatalf("info over ssh: %v\n%s\n%s", err, out, errb)
 	}
+	// tandem ssh through the host as a jump: the known_hosts file and key
+	// given to tandem reach the hop (a ProxyCommand), not only the target.
+	dir := t.TempDir()
+	cmd, out, errb = tandemIn(t, dir, nil, "run", "-d", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts,
+		"--shim", shim, "--image", h.image, "--name", "jumped", "--", "sleep", "300")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("run -d over ssh: %v\n%s\n%s", err, out, errb)
+	}
+	cmd, out, errb = tandemIn(t, dir, nil, "ssh", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts,
+		"--shim", shim, "jumped", "--", "echo", "via-the-jump")
+	cmd.Stdin = nil
+	if err := cmd.Run(); err != nil || strings.TrimSpace(out.String()) != "via-the-jump" {
+		t.Fatalf("tandem ssh over --ssh with --known-hosts: %v %q %q", err, out, errb)
+	}
+	cmd, _, errb = tandemIn(t, dir, nil, "rm", "-f", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts, "--shim", shim, "jumped")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("rm over ssh: %v %s", err, errb)
+	}
 	bad := filepath.Join(t.TempDir(), "known_hosts")
 	host, port, _ := net.SplitHostPort(sshd.Addr)
 	_ = os.WriteFile(bad, []byte("["+host+"]:"+port+" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"), 0o644)

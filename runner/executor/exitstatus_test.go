@@ -89,3 +89,41 @@ func TestExitStatusLikeAShell(t *testing.T) {
 		t.Fatalf("no counter read as %d", n)
 	}
 }
+
+// TestPeekDoesNotCollect: an onlooker's pull (tandem ps) of a finished job
+// leaves the runner waiting for the real collector; a pull ends the wait.
+func TestPeekDoesNotCollect(t *testing.T) {
+	x, err := New(Config{TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close() })
+	wd := t.TempDir()
+	if err := x.Submit(api.SubmitBody{JobSpec: api.JobSpec{Commands: []string{"/bin/sh", "-c", "echo hi"}, WorkingDir: &wd, RepoDir: &wd}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := x.Run(); err != nil {
+		t.Fatal(err)
+	}
+	<-x.Finished()
+	for x.State() != WaitLogsFinished {
+		time.Sleep(10 * time.Millisecond)
+	}
+	p, err := x.Peek(0)
+	if err != nil || len(p.JobStates) == 0 || p.JobStates[len(p.JobStates)-1].State != api.JobDone {
+		t.Fatalf("peek: %+v %v", p.JobStates, err)
+	}
+	select {
+	case <-x.PullConsumed():
+		t.Fatal("a peek counted as collecting the logs")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if _, err := x.Pull(0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-x.PullConsumed():
+	case <-time.After(time.Second):
+		t.Fatal("a pull of everything did not count as collecting")
+	}
+}
