@@ -124,10 +124,11 @@ func (v VM) Validate() error {
 	return nil
 }
 
-// unit is the systemd service: restarted forever (no start limit, so a
-// crash loop while Docker comes up never leaves it dead), after Docker and
-// the network.
-const unit = `[Unit]
+// unitFor is the systemd service for layout l: restarted forever (no
+// start limit, so a crash loop while Docker comes up never leaves it dead),
+// after Docker and the network.
+func unitFor(l Layout) string {
+	return `[Unit]
 Description=dstack-shim (Tandem): runs dstack tasks as Docker containers
 Documentation=https://github.com/tandem-run/tandem
 After=network-online.target docker.service
@@ -142,8 +143,8 @@ NotifyAccess=main
 WatchdogSec=60
 TimeoutStartSec=300
 User=root
-EnvironmentFile=` + envFile + `
-ExecStart=` + shimBin + `
+EnvironmentFile=` + l.EnvFile() + `
+ExecStart=` + l.ShimBin() + `
 Restart=always
 RestartSec=3
 KillMode=process
@@ -152,14 +153,20 @@ LimitNOFILE=1048576
 [Install]
 WantedBy=multi-user.target
 `
+}
+
+// unit is the systemd service at the standard paths.
+var unit = unitFor(Layout{})
 
 // envLines is the EnvironmentFile with dstack's variables (sorted).
-func (v VM) envLines() string {
+func (v VM) envLines() string { return v.envLinesFor(Layout{}) }
+
+func (v VM) envLinesFor(l Layout) string {
 	env := map[string]string{
 		"DSTACK_SHIM_HOME":          v.ShimHome,
 		"DSTACK_SHIM_HTTP_PORT":     fmt.Sprint(v.ShimHTTPPort),
 		"DSTACK_SHIM_LOG_LEVEL":     v.LogLevel,
-		"DSTACK_RUNNER_BINARY_PATH": runnerBin,
+		"DSTACK_RUNNER_BINARY_PATH": l.RunnerBin(),
 		"DSTACK_RUNNER_HTTP_PORT":   fmt.Sprint(v.RunnerHTTPPort),
 		"DSTACK_RUNNER_SSH_PORT":    fmt.Sprint(v.RunnerSSHPort),
 		"DSTACK_RUNNER_LOG_LEVEL":   v.LogLevel,

@@ -1,9 +1,11 @@
 package ctl
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/user"
@@ -129,4 +131,33 @@ func DialSSH(ctx context.Context, s SSHTarget) (*Tunnel, error) {
 		return nil, fmt.Errorf("ssh %s as %s: %w", hostport, login, err)
 	}
 	return &Tunnel{client: ssh.NewClient(c, chans, reqs)}, nil
+}
+
+// Run runs cmd on the SSH host (through its login shell) with stdin, and
+// returns its stdout and stderr; an exit status other than 0 is an error
+// carrying stderr. ctx ends the session.
+func (t *Tunnel) Run(ctx context.Context, cmd string, stdin io.Reader) (stdout, stderr []byte, err error) {
+	s, err := t.client.NewSession()
+	if err != nil {
+		return nil, nil, fmt.Errorf("ssh session: %w", err)
+	}
+	defer s.Close()
+	var out, errb bytes.Buffer
+	s.Stdin, s.Stdout, s.Stderr = stdin, &out, &errb
+	done := make(chan error, 1)
+	go func() { done <- s.Run(cmd) }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		s.Close()
+		return out.Bytes(), errb.Bytes(), ctx.Err()
+	}
+	if err != nil {
+		msg := strings.TrimSpace(errb.String())
+		if msg == "" {
+			msg = strings.TrimSpace(out.String())
+		}
+		return out.Bytes(), errb.Bytes(), fmt.Errorf("%w: %s", err, msg)
+	}
+	return out.Bytes(), errb.Bytes(), nil
 }

@@ -83,7 +83,7 @@ func App() *cli.App {
 			os.Exit(ctl.ExitFailure)
 		},
 		Commands: []*cli.Command{runCmd(), attachCmd(), psCmd(), logsCmd(), sshCmd(), stopCmd(), rmCmd(), pruneCmd(),
-			sshConfigCmd(), infoCmd(), cloudinitCmd(), entrypointCmd(), completionCmd(), {
+			sshConfigCmd(), infoCmd(), hostCmd(), cloudinitCmd(), entrypointCmd(), completionCmd(), {
 				Name:  "version",
 				Usage: "print the version and the dstack protocol level",
 				Action: func(c *cli.Context) error {
@@ -92,9 +92,14 @@ func App() *cli.App {
 				},
 			}},
 	}
-	for _, cmd := range app.Commands {
-		cmd.OnUsageError = usageError
+	var setUsage func([]*cli.Command)
+	setUsage = func(cmds []*cli.Command) {
+		for _, cmd := range cmds {
+			cmd.OnUsageError = usageError
+			setUsage(cmd.Subcommands)
+		}
 	}
+	setUsage(app.Commands)
 	return app
 }
 

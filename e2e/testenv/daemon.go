@@ -101,3 +101,13 @@ func LeftoverDaemons() []string {
 	}
 	return out
 }
+
+// KillPid sends SIGKILL to the process pid (a decimal string), for cleanups
+// of daemons a test started out of its reach (e.g. over SSH with setsid).
+func KillPid(pid string) error {
+	n, err := strconv.Atoi(pid)
+	if err != nil || n <= 1 {
+		return fmt.Errorf("pid %q", pid)
+	}
+	return syscall.Kill(n, syscall.SIGKILL)
+}
