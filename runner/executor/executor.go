@@ -107,15 +107,11 @@ type Executor struct {
 	stopped    bool
 	started    chan struct{} // closed by run
 	finished   chan struct{} // closed when the job goroutine ended
-	quotaHour  int64         // hour bucket index
-	quotaBytes int64
 	jobEnv     []string         // the job's environment once built, for SSH sessions
 	uploads    map[string]int64 // stored upload path → its size
 
-	statesMu sync.Mutex // guards states; appended under the clock's stamp
-	states   []api.JobStateEvent
-
-	jobLogs, runnerLogs *logs.Store
+	// journal holds what /api/pull serves: job states, job and runner logs.
+	journal *logs.Journal
 	runnerLog           *slog.Logger
 	pullDone            chan struct{}
 	pullOnce            sync.Once
@@ -157,22 +153,18 @@ func New(cfg Config) (*Executor, error) {
 	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
 	}
-	jl, err := logs.OpenStore(filepath.Join(cfg.TempDir, "job_logs.events"))
+	j, err := logs.OpenJournal(cfg.TempDir, cfg.Now, cfg.Log)
 	if err != nil {
 		return nil, err
 	}
-	rl, err := logs.OpenStore(filepath.Join(cfg.TempDir, "runner_logs.events"))
-	if err != nil {
-		return nil, err
-	}
-	return &Executor{cfg: cfg, clock: logs.NewClock(cfg.Now), state: WaitSubmit, jobLogs: jl, runnerLogs: rl,
+	return &Executor{cfg: cfg, state: WaitSubmit, journal: j,
 		started: make(chan struct{}), finished: make(chan struct{}), pullDone: make(chan struct{})}, nil
 }
 
 // Close releases the event stores' files. The job must have finished (or
 // never run).
 func (x *Executor) Close() error {
-	return errors.Join(x.jobLogs.Close(), x.runnerLogs.Close())
+	return x.journal.Close()
 }
 
 // TempDir is where uploads and logs are kept.
@@ -207,7 +199,6 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 	}
 	x.body = &b
 	x.submitAt = x.cfg.Now()
-	x.quotaHour, x.quotaBytes = 0, 0
 	x.state = WaitRun
 	return nil
 }
@@ -328,39 +319,7 @@ func writeFile(path string, r io.Reader) error {
 
 // appendState records a job state event if the job may enter it
 // (api.JobState.CanFollow); a refused one is logged, never recorded.
-func (x *Executor) appendState(ev api.JobStateEvent) {
-	x.clock.Stamp(func(ts int64) {
-		ev.Timestamp = ts
-		x.statesMu.Lock()
-		defer x.statesMu.Unlock()
-		var prev api.JobState
-		if n := len(x.states); n > 0 {
-			prev = x.states[n-1].State
-		}
-		if !ev.State.CanFollow(prev) {
-			x.cfg.Log.Error("job state transition refused", "from", prev, "to", ev.State)
-			return
-		}
-		x.states = append(x.states, ev)
-	})
-}
-
-func (x *Executor) appendLog(s *logs.Store, data []byte) {
-	x.clock.Stamp(func(ts int64) {
-		if err := s.Append(ts, data); err != nil {
-			x.cfg.Log.Error("store log event", "err", err)
-		}
-	})
-}
-
-// lineSink is the runner logger's third sink: every record becomes a
-// runner_logs event.
-type lineSink struct{ x *Executor }
-
-func (l lineSink) Write(p []byte) (int, error) {
-	l.x.appendLog(l.x.runnerLogs, append([]byte(nil), p...))
-	return len(p), nil
-}
+func (x *Executor) appendState(ev api.JobStateEvent) { _ = x.journal.AppendState(ev) }
 
 // Stop cancels a running job (graceful stop, then escalation). Before run
 // it ends the runner's wait for a job.
@@ -390,34 +349,17 @@ func (x *Executor) Peek(after int64) (api.PullResponse, error) { return x.pull(a
 
 func (x *Executor) pull(after int64, consume bool) (api.PullResponse, error) {
 	resp := api.PullResponse{JobStates: []api.JobStateEvent{}, JobLogs: []api.LogEvent{}, RunnerLogs: []api.LogEvent{}}
-	capped := false
-	// Under the clock lock only what must be consistent: how far this
-	// answer goes and the states up to there. Events up to that point are
-	// immutable, so the disk reads happen after, without holding up output.
-	var upTo int64
-	x.clock.Lock(func(last int64) {
-		upTo, capped = logs.PullWindow(after, last, x.cfg.PullCap, x.jobLogs, x.runnerLogs)
-		x.statesMu.Lock()
-		for _, s := range x.states {
-			if s.Timestamp > after && s.Timestamp <= upTo {
-				resp.JobStates = append(resp.JobStates, s)
-			}
-		}
-		x.statesMu.Unlock()
-	})
-	resp.LastUpdated = upTo
-	jev, _, err := x.jobLogs.After(after, upTo, 1<<62)
+	w, err := x.journal.Since(after, x.cfg.PullCap)
 	if err != nil {
 		return resp, err
 	}
-	rev, _, err := x.runnerLogs.After(after, upTo, 1<<62)
-	if err != nil {
-		return resp, err
-	}
-	for _, e := range jev {
+	capped := w.Capped
+	resp.LastUpdated = w.LastUpdated
+	resp.JobStates = append(resp.JobStates, w.States...)
+	for _, e := range w.JobLogs {
 		resp.JobLogs = append(resp.JobLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
 	}
-	for _, e := range rev {
+	for _, e := range w.RunnerLogs {
 		resp.RunnerLogs = append(resp.RunnerLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
 	}
 	if x.cfg.Connections != nil {

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/runner/account"
@@ -139,67 +138,6 @@ func TestJobStatesFollowTheTable(t *testing.T) {
 	}
 	if len(got) != 2 || got[0] != api.JobRunning || got[1] != api.JobTerminated {
 		t.Fatalf("states %v", got)
-	}
-}
-
-func TestPullCapKeepsEverything(t *testing.T) {
-	x := newTestExecutor(t)
-	for i := 0; i < 10; i++ {
-		x.appendLog(x.jobLogs, []byte(strings.Repeat("j", 30)))
-		x.appendLog(x.runnerLogs, []byte(strings.Repeat("r", 10)))
-	}
-	x.appendState(api.JobStateEvent{State: api.JobRunning})
-	x.appendState(api.JobStateEvent{State: api.JobDone})
-	var total, pulls int
-	ts := int64(0)
-	sawState := false
-	for {
-		p, err := x.Pull(ts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pulls++
-		size := 0
-		for _, l := range p.JobLogs {
-			size += len(l.Message)
-		}
-		for _, l := range p.RunnerLogs {
-			size += len(l.Message)
-		}
-		if size > 100 {
-			t.Fatalf("answer of %d bytes over the 100-byte cap", size)
-		}
-		total += size
-		sawState = sawState || len(p.JobStates) > 0
-		if p.LastUpdated < ts {
-			t.Fatal("last_updated went back")
-		}
-		ts = p.LastUpdated
-		if len(p.JobLogs)+len(p.RunnerLogs)+len(p.JobStates) == 0 {
-			break
-		}
-		if pulls > 50 {
-			t.Fatal("pull loop does not converge")
-		}
-	}
-	if total != 400 || !sawState || pulls < 4 {
-		t.Fatalf("total %d state %v pulls %d", total, sawState, pulls)
-	}
-}
-
-func TestQuotaHourBuckets(t *testing.T) {
-	now := time.Unix(0, 0)
-	x, _ := New(Config{TempDir: t.TempDir(), Now: func() time.Time { return now }})
-	_ = x.Submit(api.SubmitBody{})
-	if !x.chargeQuota(100, 60) || x.chargeQuota(100, 50) || !x.chargeQuota(100, 40) {
-		t.Fatal("within an hour the quota is shared")
-	}
-	now = now.Add(time.Hour)
-	if !x.chargeQuota(100, 100) {
-		t.Fatal("a new hour resets the quota")
-	}
-	if !x.chargeQuota(0, 1<<30) {
-		t.Fatal("0 means unlimited")
 	}
 }
 

@@ -74,7 +74,7 @@ func (x *Executor) Run() (api.RunResponse, bool, error) {
 }
 
 func (x *Executor) openRunnerLog() *slog.Logger {
-	sinks := []io.Writer{x.cfg.Stdout, lineSink{x}}
+	sinks := []io.Writer{x.cfg.Stdout, x.journal.RunnerLogWriter()}
 	if f, err := os.OpenFile(filepath.Join(x.cfg.TempDir, "runner.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644); err == nil {
 		sinks = append(sinks, f)
 	}
@@ -301,41 +301,18 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	sid := cmd.Process.Pid
 	log.Info("Job started", "pid", sid, "user", user.Username, "uid", user.UID, "working_dir", wd)
 
-	quotaHit := make(chan struct{})
-	var quotaOnce bool
-	stripper := logs.NewStripper(func(b []byte) {
-		if !x.chargeQuota(body.LogQuotaHour, len(b)) {
-			if !quotaOnce {
-				quotaOnce = true
-				close(quotaHit)
-			}
-			return
-		}
-		x.appendLog(x.jobLogs, b)
-	})
-	// The reader stores raw output and hands it to the stripper through a
-	// bounded queue, so stripping runs beside reading (memory stays bounded:
-	// when the queue is full the reader, and so the job, waits).
-	chunks := make(chan []byte, 64)
-	stripDone := make(chan struct{})
-	go func() {
-		defer close(stripDone)
-		for c := range chunks {
-			_, _ = stripper.Write(c)
-		}
-	}()
+	x.mu.Lock()
+	quota := &logs.Quota{PerHour: body.LogQuotaHour, Start: x.submitAt, Now: x.cfg.Now}
+	x.mu.Unlock()
+	// The pipe stores raw output for the WebSocket stream and stripped lines
+	// for /api/pull, under the quota.
+	pipe := x.journal.Pipe(hist, quota)
 	readDone := make(chan struct{})
 	var cut outputCut
 	go func() {
 		defer close(readDone)
-		defer close(chunks)
 		buf := make([]byte, 32<<10)
-		deliver := func(b []byte) {
-			if len(b) > 0 {
-				_, _ = hist.Write(b)
-				chunks <- append([]byte(nil), b...)
-			}
-		}
+		deliver := func(b []byte) { _, _ = pipe.Write(b) }
 		for {
 			n, err := master.Read(buf)
 			deliver(cut.pass(buf[:n]))
@@ -357,7 +334,7 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	case <-ctx.Done():
 		cause = context.Cause(ctx)
 		x.stopSequence(master, sid, exited, &cut)
-	case <-quotaHit:
+	case <-pipe.QuotaHit():
 		cause = errLogQuota
 		signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
 		<-exited
@@ -381,8 +358,7 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 			}
 		}
 	}
-	<-stripDone
-	stripper.Close()
+	_ = pipe.Close()
 
 	code := cmd.ProcessState.ExitCode()
 	var killedBy syscall.Signal
@@ -553,21 +529,3 @@ func (c *outputCut) at(pending int) {
 	c.limit, c.cutTaken = c.read+int64(max(pending, 0)), true
 }
 
-// chargeQuota accounts n stripped bytes in the current hour bucket
-// (counted from submit); false when they do not fit.
-func (x *Executor) chargeQuota(quota int64, n int) bool {
-	if quota <= 0 {
-		return true
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	hour := int64(x.cfg.Now().Sub(x.submitAt) / time.Hour)
-	if hour != x.quotaHour {
-		x.quotaHour, x.quotaBytes = hour, 0
-	}
-	if x.quotaBytes+int64(n) > quota {
-		return false
-	}
-	x.quotaBytes += int64(n)
-	return true
-}

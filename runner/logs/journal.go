@@ -1,0 +1,143 @@
+package logs
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// Journal is what /api/pull reads: the job's states, the job's stripped
+// log lines and the runner's own log lines, each stamped by one clock so
+// that a pull from last_updated never misses or repeats an event. Events
+// live on disk (Store); memory holds their index.
+type Journal struct {
+	clock               *Clock
+	jobLogs, runnerLogs *Store
+	log                 *slog.Logger
+
+	mu     sync.Mutex // guards states; appended under the clock's stamp
+	states []api.JobStateEvent
+}
+
+// OpenJournal creates the journal's stores in dir; now is the clock's
+// source (time.Now when nil), log receives refused state transitions.
+func OpenJournal(dir string, now func() time.Time, log *slog.Logger) (*Journal, error) {
+	jl, err := OpenStore(filepath.Join(dir, "job_logs.events"))
+	if err != nil {
+		return nil, err
+	}
+	rl, err := OpenStore(filepath.Join(dir, "runner_logs.events"))
+	if err != nil {
+		jl.Close()
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Journal{clock: NewClock(now), jobLogs: jl, runnerLogs: rl, log: log}, nil
+}
+
+// Close releases the stores' files.
+func (j *Journal) Close() error { return errors.Join(j.jobLogs.Close(), j.runnerLogs.Close()) }
+
+// ErrTransition means a job state may not follow the last one.
+var ErrTransition = errors.New("job state transition refused")
+
+// AppendState records a job state if the job may enter it from the last
+// one (api.JobState.CanFollow); a refused one is logged and not recorded.
+func (j *Journal) AppendState(ev api.JobStateEvent) error {
+	var err error
+	j.clock.Stamp(func(ts int64) {
+		ev.Timestamp = ts
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		var prev api.JobState
+		if n := len(j.states); n > 0 {
+			prev = j.states[n-1].State
+		}
+		if !ev.State.CanFollow(prev) {
+			err = fmt.Errorf("%w: %s to %s", ErrTransition, prev, ev.State)
+			j.log.Error("job state transition refused", "from", prev, "to", ev.State)
+			return
+		}
+		j.states = append(j.states, ev)
+	})
+	return err
+}
+
+// LastState is the latest recorded job state ("" before any).
+func (j *Journal) LastState() api.JobState {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if n := len(j.states); n > 0 {
+		return j.states[n-1].State
+	}
+	return ""
+}
+
+// AppendJobLog stores one stripped chunk of the job's output.
+func (j *Journal) AppendJobLog(b []byte) { j.append(j.jobLogs, b) }
+
+// AppendRunnerLog stores one line of the runner's own log.
+func (j *Journal) AppendRunnerLog(b []byte) { j.append(j.runnerLogs, b) }
+
+func (j *Journal) append(s *Store, b []byte) {
+	j.clock.Stamp(func(ts int64) {
+		if err := s.Append(ts, b); err != nil {
+			j.log.Error("store log event", "err", err)
+		}
+	})
+}
+
+// RunnerLogWriter is an io.Writer whose every Write is one runner log event
+// (a slog handler's sink).
+func (j *Journal) RunnerLogWriter() runnerLogWriter { return runnerLogWriter{j} }
+
+type runnerLogWriter struct{ j *Journal }
+
+func (w runnerLogWriter) Write(p []byte) (int, error) {
+	w.j.AppendRunnerLog(append([]byte(nil), p...))
+	return len(p), nil
+}
+
+// Window is one pull's worth of the journal.
+type Window struct {
+	States              []api.JobStateEvent
+	JobLogs, RunnerLogs []Event
+	// LastUpdated is where the next pull starts: the clock's last stamp, or
+	// the last included event when Capped.
+	LastUpdated int64
+	Capped      bool
+}
+
+// Since returns the events after ts, with at most byteCap bytes of logs
+// (the two log streams merged by time; at least one event, so a huge one
+// cannot stall the stream). Only the window's bounds are decided under the
+// clock's lock; the disk reads happen after it, so a large pull never
+// holds up the job's output.
+func (j *Journal) Since(after int64, byteCap int) (Window, error) {
+	var w Window
+	j.clock.Lock(func(last int64) {
+		w.LastUpdated, w.Capped = PullWindow(after, last, byteCap, j.jobLogs, j.runnerLogs)
+		j.mu.Lock()
+		for _, s := range j.states {
+			if s.Timestamp > after && s.Timestamp <= w.LastUpdated {
+				w.States = append(w.States, s)
+			}
+		}
+		j.mu.Unlock()
+	})
+	var err error
+	if w.JobLogs, _, err = j.jobLogs.After(after, w.LastUpdated, 1<<62); err != nil {
+		return w, err
+	}
+	if w.RunnerLogs, _, err = j.runnerLogs.After(after, w.LastUpdated, 1<<62); err != nil {
+		return w, err
+	}
+	return w, nil
+}
