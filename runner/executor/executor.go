@@ -97,25 +97,25 @@ type Executor struct {
 	cfg   Config
 	clock *logs.Clock
 
-	mu         sync.Mutex // guards the fields below
-	state      State
-	body       *api.SubmitBody
-	codeBlob   bool
-	submitAt   time.Time
-	cancel     context.CancelFunc
-	history    *logs.History
-	stopped    bool
-	started    chan struct{} // closed by run
-	finished   chan struct{} // closed when the job goroutine ended
-	jobEnv     []string         // the job's environment once built, for SSH sessions
-	uploads    map[string]int64 // stored upload path → its size
+	mu       sync.Mutex // guards the fields below
+	state    State
+	body     *api.SubmitBody
+	codeBlob bool
+	submitAt time.Time
+	cancel   context.CancelFunc
+	history  *logs.History
+	stopped  bool
+	started  chan struct{}    // closed by run
+	finished chan struct{}    // closed when the job goroutine ended
+	jobEnv   []string         // the job's environment once built, for SSH sessions
+	uploads  map[string]int64 // stored upload path → its size
 
 	// journal holds what /api/pull serves: job states, job and runner logs.
-	journal *logs.Journal
-	runnerLog           *slog.Logger
-	pullDone            chan struct{}
-	pullOnce            sync.Once
-	streamers           sync.WaitGroup
+	journal   *logs.Journal
+	runnerLog *slog.Logger
+	pullDone  chan struct{}
+	pullOnce  sync.Once
+	streamers sync.WaitGroup
 }
 
 // New prepares the temp dir and event stores.

@@ -528,4 +528,3 @@ func (c *outputCut) at(pending int) {
 	defer c.mu.Unlock()
 	c.limit, c.cutTaken = c.read+int64(max(pending, 0)), true
 }
-
