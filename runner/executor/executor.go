@@ -95,7 +95,6 @@ type Connections interface {
 // Executor runs one job.
 type Executor struct {
 	cfg   Config
-	clock *logs.Clock
 
 	mu       sync.Mutex // guards the fields below
 	state    State
