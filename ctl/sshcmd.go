@@ -68,11 +68,9 @@ func (e SSHEndpoint) Options() [][2]string {
 		} else {
 			// -J passes no options to the hop: a ProxyCommand carries the
 			// jump host's known_hosts file and key.
-			login, hostport := e.Jump, ""
+			login, hostport := "", e.Jump
 			if i := strings.LastIndex(e.Jump, "@"); i >= 0 {
 				login, hostport = e.Jump[:i+1], e.Jump[i+1:]
-			} else {
-				login, hostport = "", e.Jump
 			}
 			port := ""
 			if h, p, err := net.SplitHostPort(hostport); err == nil {

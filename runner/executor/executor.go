@@ -94,7 +94,7 @@ type Connections interface {
 
 // Executor runs one job.
 type Executor struct {
-	cfg   Config
+	cfg Config
 
 	mu       sync.Mutex // guards the fields below
 	state    State
