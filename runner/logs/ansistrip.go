@@ -1,6 +1,7 @@
 package logs
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -47,7 +48,14 @@ type Stripper struct {
 	idle    *time.Timer
 	force   *time.Timer
 	closed  bool
+	// free holds emitted lines' buffers for reuse (at most freeRunes runes
+	// in all), so steady output allocates almost nothing per line.
+	free      [][]rune
+	freeRunes int
 }
+
+// maxFreeRunes bounds the recycled line buffers (1 MiB of runes).
+const maxFreeRunes = 256 << 10
 
 // NewStripper returns a stripper calling emit (serially) with each chunk.
 func NewStripper(emit func([]byte)) *Stripper {
@@ -138,7 +146,11 @@ func (s *Stripper) flushLocked(all bool) {
 	if upto <= 0 {
 		return
 	}
-	var out []byte
+	n := 0
+	for _, l := range s.lines[:upto] {
+		n += len(l) + 1
+	}
+	out := make([]byte, 0, n) // exact for ASCII; emit may keep it
 	for _, l := range s.lines[:upto] {
 		end := len(l)
 		for end > 0 && (l[end-1] == ' ' || l[end-1] == 0) {
@@ -152,9 +164,13 @@ func (s *Stripper) flushLocked(all bool) {
 			}
 		}
 		out = append(out, '\n')
+		if c := cap(l); c > 0 && s.freeRunes+c <= maxFreeRunes {
+			s.free = append(s.free, l[:0])
+			s.freeRunes += c
+		}
 	}
 	rest := s.lines[upto:]
-	s.lines = append([][]rune(nil), rest...)
+	s.lines = append(s.lines[:0], rest...)
 	if len(s.lines) == 0 {
 		s.lines = [][]rune{nil}
 	}
@@ -208,6 +224,7 @@ func (s *Stripper) feed(p []byte) {
 			}
 			line := s.lines[s.row]
 			if s.col == len(line) {
+				line = slices.Grow(line, j-i)
 				for _, c := range p[i:j] {
 					line = append(line, rune(c))
 				}
@@ -366,7 +383,13 @@ func (s *Stripper) csi(params string, final byte) {
 func (s *Stripper) down(n int) {
 	s.row += min(n, MaxRowMove)
 	for s.row >= len(s.lines) {
-		s.lines = append(s.lines, nil)
+		var l []rune
+		if k := len(s.free); k > 0 {
+			l = s.free[k-1]
+			s.free = s.free[:k-1]
+			s.freeRunes -= cap(l)
+		}
+		s.lines = append(s.lines, l)
 		s.size++
 	}
 }
