@@ -5,11 +5,15 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/creack/pty"
 
 	"github.com/tandem-run/tandem/api/runnerclient"
 	"github.com/tandem-run/tandem/e2e/testenv"
@@ -103,6 +107,39 @@ func readRSS(pid int) int {
 	return 0
 }
 
+// rawPtyRead is the machine's bound for the log pipeline: a plain reader of
+// a pty in which cat prints the same mb MiB of 100-byte lines, reading into
+// nothing with the runner's 32 KiB buffer. Returns MiB/s.
+func rawPtyRead(b *testing.B, mb int) float64 {
+	b.Helper()
+	file := filepath.Join(b.TempDir(), "big")
+	if out, err := exec.Command("sh", "-c", writeCmd(mb)+" > "+file).CombinedOutput(); err != nil {
+		b.Fatalf("%v %s", err, out)
+	}
+	cmd := exec.Command("cat", file)
+	start := time.Now()
+	master, err := pty.Start(cmd)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer master.Close()
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		k, err := master.Read(buf)
+		n += int64(k)
+		if err != nil {
+			break
+		}
+	}
+	_ = cmd.Wait()
+	d := time.Since(start)
+	if n < int64(mb)<<20 {
+		b.Fatalf("raw reader got %d of %d bytes", n, int64(mb)<<20)
+	}
+	return float64(n) / (1 << 20) / d.Seconds()
+}
+
 // BenchmarkRunnerLogThroughput: a job writes TANDEM_BENCH_LOG_MB (200) MiB
 // through the pty; reports the job's own run time, the time until a
 // server-like pull loop had every byte, and the runner's peak RSS.
@@ -157,9 +194,12 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 			mid = samples[len(samples)/2]
 		}
 		mu.Unlock()
+		raw := rawPtyRead(b, mb)
 		b.ReportMetric(jobEnd.Seconds(), "job-s")
 		b.ReportMetric(delivered.Seconds(), "delivered-s")
 		b.ReportMetric(float64(mb)/delivered.Seconds(), "MiB/s")
+		b.ReportMetric(raw, "raw-pty-MiB/s")
+		b.ReportMetric(float64(mb)/delivered.Seconds()/raw, "ratio-vs-raw-pty")
 		b.ReportMetric(float64(peak)/1024, "peak-rss-MiB")
 		b.ReportMetric(float64(mid)/1024, "mid-run-rss-MiB")
 	}

@@ -156,12 +156,18 @@ func (s *Stripper) flushLocked(all bool) {
 		for end > 0 && (l[end-1] == ' ' || l[end-1] == 0) {
 			end--
 		}
-		for _, r := range l[:end] {
-			if r < utf8.RuneSelf {
-				out = append(out, byte(r))
-			} else {
-				out = utf8.AppendRune(out, r)
-			}
+		l = l[:end]
+		// ASCII (the common case) is copied by index into room made once.
+		out = slices.Grow(out, len(l)+1) // room even after multi-byte runes
+		k := len(out)
+		out = out[:k+len(l)]
+		i := 0
+		for ; i < len(l) && l[i] < utf8.RuneSelf; i++ {
+			out[k+i] = byte(l[i])
+		}
+		out = out[:k+i]
+		for _, r := range l[i:] {
+			out = utf8.AppendRune(out, r)
 		}
 		out = append(out, '\n')
 		if c := cap(l); c > 0 && s.freeRunes+c <= maxFreeRunes {

@@ -146,3 +146,16 @@ func TestPipe(t *testing.T) {
 		t.Fatal("quota not hit")
 	}
 }
+
+// TestStripperMultibyteLines: lines of multi-byte runes among ASCII ones
+// come out whole (the flush sizes its buffer for ASCII).
+func TestStripperMultibyteLines(t *testing.T) {
+	var out bytes.Buffer
+	s := NewStripper(func(b []byte) { out.Write(b) })
+	in := strings.Repeat("héllo wörld ✓✓✓\r\nplain ascii\r\n", 50)
+	_, _ = s.Write([]byte(in))
+	_ = s.Close()
+	if want := strings.ReplaceAll(in, "\r\n", "\n"); out.String() != want {
+		t.Fatalf("got %q", out.String()[:80])
+	}
+}
