@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -71,24 +72,29 @@ func BenchmarkSSHFirstLogin(b *testing.B) {
 var cipherRe = regexp.MustCompile(`kex: server->client cipher: (\S+)`)
 
 // forwardThroughput pushes size bytes through `ssh -L` into a sink on the
-// host and returns MiB/s and the negotiated cipher.
-func forwardThroughput(b *testing.B, sshArgs []string, size int) (float64, string) {
+// host, over streams connections at once, and returns MiB/s and the
+// negotiated cipher.
+func forwardThroughput(b *testing.B, sshArgs []string, size, streams int) (float64, string) {
 	b.Helper()
 	sink, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer sink.Close()
-	got := make(chan int64, 1)
+	got := make(chan int64, streams+1)
 	go func() {
-		c, err := sink.Accept()
-		if err != nil {
-			got <- 0
-			return
+		for i := 0; i < streams+1; i++ { // the probe, then the streams
+			c, err := sink.Accept()
+			if err != nil {
+				got <- 0
+				continue
+			}
+			go func() {
+				n, _ := io.Copy(io.Discard, c)
+				c.Close()
+				got <- n
+			}()
 		}
-		n, _ := io.Copy(io.Discard, c)
-		c.Close()
-		got <- n
 	}()
 	local := testenv.FreeAddr(b)
 	var stderr bytes.Buffer
@@ -98,9 +104,10 @@ func forwardThroughput(b *testing.B, sshArgs []string, size int) (float64, strin
 		b.Fatal(err)
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	var c net.Conn
 	for i := 0; ; i++ {
-		if c, err = net.Dial("tcp", local); err == nil {
+		c, err := net.Dial("tcp", local)
+		if err == nil {
+			c.Close() // the forward is up; this probe counts as one sink connection
 			break
 		}
 		if i > 400 {
@@ -108,18 +115,40 @@ func forwardThroughput(b *testing.B, sshArgs []string, size int) (float64, strin
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	buf := make([]byte, 256<<10)
-	start := time.Now()
-	for sent := 0; sent < size; sent += len(buf) {
-		if _, err := c.Write(buf); err != nil {
+	<-got // the probe's
+	conns := make([]net.Conn, streams)
+	for i := range conns {
+		if conns[i], err = net.Dial("tcp", local); err != nil {
 			b.Fatal(err)
 		}
 	}
-	c.Close()
-	n := <-got
+	per := size / streams
+	start := time.Now()
+	errs := make(chan error, streams)
+	for _, c := range conns {
+		go func() {
+			buf := make([]byte, 256<<10)
+			for sent := 0; sent < per; sent += len(buf) {
+				if _, err := c.Write(buf); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- c.Close()
+		}()
+	}
+	for range conns {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	var n int64
+	for range conns {
+		n += <-got
+	}
 	d := time.Since(start)
-	if n < int64(size) {
-		b.Fatalf("sink got %d of %d bytes", n, size)
+	if n < int64(per*streams) {
+		b.Fatalf("sink got %d of %d bytes", n, per*streams)
 	}
 	cipher := "?"
 	if m := cipherRe.FindStringSubmatch(stderr.String()); m != nil {
@@ -144,18 +173,21 @@ func BenchmarkSSHForwardThroughput(b *testing.B) {
 	}
 	defer func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) }()
 	sshd := testenv.StartSSHD(b)
-	var ours, theirs, theirsSame float64
-	var oursCipher, theirsCipher, sameCipher string
 	_, sport, _ := net.SplitHostPort(sshd.Addr)
-	for i := 0; i < b.N; i++ {
-		ours, oursCipher = forwardThroughput(b, append(sshOpts(key, sshPort), "root@127.0.0.1"), size)
-		theirs, theirsCipher = forwardThroughput(b, append(sshOpts(sshd.ClientKey, sport), "root@127.0.0.1"), size)
-		theirsSame, sameCipher = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, sport), "-c", oursCipher), "root@127.0.0.1"), size)
+	for _, streams := range []int{1, 8} {
+		var ours, theirs, theirsSame float64
+		var oursCipher, theirsCipher, sameCipher string
+		for i := 0; i < b.N; i++ {
+			ours, oursCipher = forwardThroughput(b, append(sshOpts(key, sshPort), "root@127.0.0.1"), size, streams)
+			theirs, theirsCipher = forwardThroughput(b, append(sshOpts(sshd.ClientKey, sport), "root@127.0.0.1"), size, streams)
+			theirsSame, sameCipher = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, sport), "-c", oursCipher), "root@127.0.0.1"), size, streams)
+		}
+		sfx := fmt.Sprintf("-%dstream", streams)
+		b.ReportMetric(ours, "tandem-MiB/s"+sfx)
+		b.ReportMetric(theirs, "openssh-default-MiB/s"+sfx)
+		b.ReportMetric(ours/theirs, "ratio-vs-default"+sfx)
+		b.ReportMetric(theirsSame, "openssh-same-cipher-MiB/s"+sfx)
+		b.ReportMetric(ours/theirsSame, "ratio-same-cipher"+sfx)
+		b.Logf("%d stream(s): ciphers: tandem %s, openssh default %s, openssh forced %s", streams, oursCipher, theirsCipher, sameCipher)
 	}
-	b.ReportMetric(ours, "tandem-MiB/s")
-	b.ReportMetric(theirs, "openssh-default-MiB/s")
-	b.ReportMetric(ours/theirs, "ratio-vs-default")
-	b.ReportMetric(theirsSame, "openssh-same-cipher-MiB/s")
-	b.ReportMetric(ours/theirsSame, "ratio-same-cipher")
-	b.Logf("ciphers: tandem %s, openssh default %s, openssh forced %s", oursCipher, theirsCipher, sameCipher)
 }
