@@ -107,6 +107,18 @@ func usageError(c *cli.Context, err error, _ bool) error {
 	return exitError{ctl.ExitFailure, err.Error() + " (see tandem " + c.Command.Name + " --help)"}
 }
 
+// parseEnv adds --env KEY=VALUE pairs to into (a later pair wins).
+func parseEnv(kvs []string, into map[string]string) error {
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("--env %q: want KEY=VALUE", kv)
+		}
+		into[k] = v
+	}
+	return nil
+}
+
 func parseGPUs(s string) (int, error) {
 	if s == "all" {
 		return -1, nil

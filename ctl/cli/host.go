@@ -33,12 +33,8 @@ func hostOptions(c *cli.Context) (ctl.HostOptions, error) {
 		ShimBinary: c.String("shim-binary"), RunnerBinary: c.String("runner-binary"), Dist: c.String("dist"),
 		Status: c.App.ErrWriter, Force: c.Bool("force"),
 	}
-	for _, kv := range c.StringSlice("env") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return o, fmt.Errorf("--env %q: want KEY=VALUE", kv)
-		}
-		o.VM.Env[k] = v
+	if err := parseEnv(c.StringSlice("env"), o.VM.Env); err != nil {
+		return o, err
 	}
 	return o, o.Layout.Validate()
 }

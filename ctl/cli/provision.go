@@ -3,7 +3,6 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -36,12 +35,8 @@ func cloudinitCmd() *cli.Command {
 				RunnerSHA256: c.String("runner-sha256"), Baked: c.Bool("baked"), ShimHome: c.String("shim-home"), LogLevel: c.String("log-level"),
 				Privileged: c.Bool("privileged"), PJRTDevice: c.String("pjrt-device"), Firewall: c.Bool("firewall"),
 				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: c.StringSlice("authorized-key"), Env: map[string]string{}}
-			for _, kv := range c.StringSlice("env") {
-				k, val, ok := strings.Cut(kv, "=")
-				if !ok {
-					return exitError{ctl.ExitFailure, fmt.Sprintf("--env %q: want KEY=VALUE", kv)}
-				}
-				v.Env[k] = val
+			if err := parseEnv(c.StringSlice("env"), v.Env); err != nil {
+				return exitError{ctl.ExitFailure, err.Error()}
 			}
 			render := v.UserData
 			if c.Bool("script") {

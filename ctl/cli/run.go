@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
@@ -83,12 +82,8 @@ func runAction(c *cli.Context) error {
 	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
 		return bad("--shm-size: " + err.Error())
 	}
-	for _, kv := range append(c.StringSlice("env"), c.StringSlice("e")...) {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return bad(fmt.Sprintf("--env %q: want KEY=VALUE", kv))
-		}
-		o.Env[k] = v
+	if err := parseEnv(append(c.StringSlice("env"), c.StringSlice("e")...), o.Env); err != nil {
+		return bad(err.Error())
 	}
 	for _, m := range c.StringSlice("mount") {
 		host, path, ok := strings.Cut(m, ":")
@@ -189,14 +184,10 @@ func attachCmd() *cli.Command {
 				return err
 			}
 			defer closeDial()
-			var since time.Time
-			if d := c.Duration("since"); d > 0 {
-				since = time.Now().Add(-d)
-			}
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(sigs)
-			res, err := ctl.Attach(c.Context, c.Args().First(), taskOptions(c, dial), since, sigs, c.App.Writer, c.App.ErrWriter)
+			res, err := ctl.Attach(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), sigs, c.App.Writer, c.App.ErrWriter)
 			if err != nil {
 				return exitError{ctl.ExitFailure, err.Error()}
 			}

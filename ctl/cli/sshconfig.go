@@ -144,14 +144,9 @@ func sshConfigCmd() *cli.Command {
 			&cli.BoolFlag{Name: "install", Usage: "add the Include line to ~/.ssh/config"},
 			&cli.BoolFlag{Name: "print", Usage: "print the file after writing it"}),
 		Action: func(c *cli.Context) error {
-			s, done, err := shim(c)
+			infos, err := listTasks(c)
 			if err != nil {
 				return err
-			}
-			defer done()
-			infos, err := ctl.Tasks(c.Context, s)
-			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
 			}
 			var fresh []string
 			for _, info := range infos {

@@ -37,14 +37,9 @@ func psCmd() *cli.Command {
 		Flags: append(connFlags(), runnerPortFlag, outputFlag,
 			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "finished tasks too"}),
 		Action: func(c *cli.Context) error {
-			s, done, err := shim(c)
+			infos, err := listTasks(c)
 			if err != nil {
 				return err
-			}
-			defer done()
-			infos, err := ctl.Tasks(c.Context, s)
-			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
 			}
 			dial, closeDial, err := dialer(c)
 			if err != nil {
@@ -144,11 +139,7 @@ func logsCmd() *cli.Command {
 				return err
 			}
 			defer closeDial()
-			var since time.Time
-			if d := c.Duration("since"); d > 0 {
-				since = time.Now().Add(-d)
-			}
-			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), since, c.App.Writer); err != nil {
+			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), c.App.Writer); err != nil {
 				return exitError{ctl.ExitFailure, err.Error()}
 			}
 			return nil
@@ -248,14 +239,9 @@ func rmCmd() *cli.Command {
 func pruneCmd() *cli.Command {
 	return &cli.Command{Name: "prune", Usage: "remove every finished (terminated) task", Flags: connFlags(),
 		Action: func(c *cli.Context) error {
-			s, done, err := shim(c)
+			infos, err := listTasks(c)
 			if err != nil {
 				return err
-			}
-			defer done()
-			infos, err := ctl.Tasks(c.Context, s)
-			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
 			}
 			var refs []string
 			for _, info := range infos {
@@ -271,14 +257,31 @@ func pruneCmd() *cli.Command {
 		}}
 }
 
-// taskRefs lists names (or short ids) of the shim's tasks, for completion.
-func taskRefs(c *cli.Context) []string {
+// listTasks reads every task of the shim (ctl.Tasks).
+func listTasks(c *cli.Context) ([]api.TaskInfoResponse, error) {
 	s, done, err := shim(c)
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	defer done()
 	infos, err := ctl.Tasks(c.Context, s)
+	if err != nil {
+		return nil, exitError{ctl.ExitFailure, err.Error()}
+	}
+	return infos, nil
+}
+
+// sinceFlag turns --since into a point in time (zero: from the start).
+func sinceFlag(c *cli.Context) time.Time {
+	if d := c.Duration("since"); d > 0 {
+		return time.Now().Add(-d)
+	}
+	return time.Time{}
+}
+
+// taskRefs lists names (or short ids) of the shim's tasks, for completion.
+func taskRefs(c *cli.Context) []string {
+	infos, err := listTasks(c)
 	if err != nil {
 		return nil
 	}
