@@ -83,8 +83,17 @@ if [ "$(id -u)" != 0 ]; then sudo -n true 2>/dev/null && echo sudo=1 || echo sud
 		t.Close()
 		return nil, fmt.Errorf("probe %s: %w", o.Target.Target, err)
 	}
+	if err := h.parseProbe(string(out)); err != nil {
+		t.Close()
+		return nil, fmt.Errorf("%s: %w", o.Target.Target, err)
+	}
+	return h, nil
+}
+
+// parseProbe reads the probe's key=value lines into h.
+func (h *host) parseProbe(out string) error {
 	kv := map[string]string{}
-	for _, line := range strings.Split(out2s(out), "\n") {
+	for _, line := range strings.Split(out, "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {
 			kv[k] = strings.TrimSpace(v)
 		}
@@ -95,22 +104,18 @@ if [ "$(id -u)" != 0 ]; then sudo -n true 2>/dev/null && echo sudo=1 || echo sud
 	case "aarch64", "arm64":
 		h.arch = "arm64"
 	default:
-		t.Close()
-		return nil, fmt.Errorf("%s: architecture %q is not supported (amd64 and arm64 are)", o.Target.Target, kv["arch"])
+		return fmt.Errorf("architecture %q is not supported (amd64 and arm64 are)", kv["arch"])
 	}
 	if kv["uid"] != "0" {
 		if kv["sudo"] != "1" {
-			t.Close()
-			return nil, fmt.Errorf("%s: the login is not root and has no passwordless sudo (sudo -n true failed); the shim must run as root", o.Target.Target)
+			return errors.New("the login is not root and has no passwordless sudo (sudo -n true failed); the shim must run as root")
 		}
 		h.sudo = true
 	}
 	h.systemd = kv["systemd"] == "1"
 	h.docker, h.dockerOK, h.dockerNo = kv["docker"], kv["docker"] != "", kv["docker_error"]
-	return h, nil
+	return nil
 }
-
-func out2s(b []byte) string { return string(b) }
 
 // elfMachine maps our arch names to ELF machines.
 var elfMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
@@ -224,8 +229,8 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 	}
 	defer h.t.Close()
 	rep.Arch, rep.Docker = h.arch, h.docker
-	if !h.dockerOK {
-		return rep, fmt.Errorf("%s has no working Docker (%s): install it first (Debian/Ubuntu: apt-get install docker.io) and re-run", o.Target.Target, h.dockerNo)
+	if err := h.requireDocker(); err != nil {
+		return rep, fmt.Errorf("%s %w", o.Target.Target, err)
 	}
 	shimBin, runnerBin, err := o.binaries(h.arch)
 	if err != nil {
@@ -290,6 +295,13 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 	}
 	rep.Health = hc
 	return rep, nil
+}
+
+func (h *host) requireDocker() error {
+	if !h.dockerOK {
+		return fmt.Errorf("has no working Docker (%s): install it first (Debian/Ubuntu: apt-get install docker.io) and re-run", h.dockerNo)
+	}
+	return nil
 }
 
 func (h *host) useSystemd(l cloudinit.Layout) bool { return h.systemd && l.Prefix == "" }
