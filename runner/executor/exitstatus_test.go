@@ -127,3 +127,31 @@ func TestPeekDoesNotCollect(t *testing.T) {
 		t.Fatal("a pull of everything did not count as collecting")
 	}
 }
+
+// TestOutputCutKeepsAChunkInFlight: the reader took "cleaned\n" from the
+// terminal just before the stop measured the cut (so it was neither
+// accounted nor pending): its complete lines stay; the prompt after goes.
+func TestOutputCutKeepsAChunkInFlight(t *testing.T) {
+	var c outputCut
+	var got []byte
+	got = append(got, c.pass([]byte("ready\n"))...)
+	c.stopping()
+	got = append(got, c.pass([]byte("^Ccaught\n"))...)
+	c.at(0) // measured while "cleaned\n" was in flight
+	got = append(got, c.pass([]byte("cleaned\n/workflow # "))...)
+	got = append(got, c.pass([]byte("more prompt\n"))...) // after the cut: dropped
+	got = append(got, c.rest()...)
+	if string(got) != "ready\n^Ccaught\ncleaned\n" {
+		t.Fatalf("kept %q", got)
+	}
+	// Without a chunk in flight the cut holds where it was measured.
+	var d outputCut
+	got = append(d.pass([]byte("ready\n")), nil...)
+	d.stopping()
+	d.at(0)
+	got = append(got, d.pass([]byte("/workflow # "))...)
+	got = append(got, d.rest()...)
+	if string(got) != "ready\n" {
+		t.Fatalf("kept %q", got)
+	}
+}

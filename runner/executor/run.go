@@ -482,6 +482,12 @@ type outputCut struct {
 	limit    int64      // keep bytes before this offset; 0: no cut yet
 	held     []byte     // partial line held back
 	cutTaken bool
+	// firstAfter: no read was accounted since the cut. The reader may have
+	// taken a chunk from the terminal just before the cut was measured
+	// and not accounted it yet (it was neither read nor pending then): the
+	// complete lines of the first chunk past the limit are kept, and only
+	// its partial last line (a prompt) goes.
+	firstAfter bool
 }
 
 func (c *outputCut) stopping() {
@@ -497,6 +503,12 @@ func (c *outputCut) pass(p []byte) []byte {
 	start := c.read
 	c.read += int64(len(p))
 	if c.cutTaken {
+		if c.firstAfter {
+			if i := bytes.LastIndexByte(p, '\n'); i >= 0 && start+int64(i)+1 > c.limit {
+				c.limit = start + int64(i) + 1
+			}
+		}
+		c.firstAfter = false
 		if keep := c.limit - start; keep < int64(len(p)) {
 			p = p[:max(0, keep)]
 		}
@@ -526,5 +538,5 @@ func (c *outputCut) rest() []byte {
 func (c *outputCut) at(pending int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.limit, c.cutTaken = c.read+int64(max(pending, 0)), true
+	c.limit, c.cutTaken, c.firstAfter = c.read+int64(max(pending, 0)), true, true
 }
