@@ -48,6 +48,9 @@ type Stripper struct {
 	idle    *time.Timer
 	force   *time.Timer
 	closed  bool
+	// idleArmed: the idle timer runs; lastWrite: when output last came.
+	idleArmed bool
+	lastWrite time.Time
 	// free holds emitted lines' buffers for reuse (at most freeRunes runes
 	// in all), so steady output allocates almost nothing per line.
 	free      [][]rune
@@ -91,12 +94,18 @@ func (s *Stripper) bound() {
 	}
 }
 
+// armTimers notes a write for the idle flush and starts the force flush.
+// The idle timer is not reset on every write (a timer operation per pty
+// read showed in profiles): it fires, and re-arms for the rest of the idle
+// time when output came meanwhile.
 func (s *Stripper) armTimers() {
+	s.lastWrite = time.Now()
 	if s.idle == nil {
-		s.idle = time.AfterFunc(s.IdleFlush, func() { s.Flush() })
-	} else {
+		s.idle = time.AfterFunc(s.IdleFlush, s.idleFire)
+	} else if !s.idleArmed {
 		s.idle.Reset(s.IdleFlush)
 	}
+	s.idleArmed = true
 	if s.force == nil {
 		s.force = time.AfterFunc(s.ForceFlush, func() {
 			s.Flush()
@@ -105,6 +114,20 @@ func (s *Stripper) armTimers() {
 			s.mu.Unlock()
 		})
 	}
+}
+
+func (s *Stripper) idleFire() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return
+	}
+	if rest := s.IdleFlush - time.Since(s.lastWrite); rest > 0 {
+		s.idle.Reset(rest)
+		return
+	}
+	s.idleArmed = false
+	s.flushLocked(false)
 }
 
 // Flush emits completed lines now.

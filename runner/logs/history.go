@@ -22,7 +22,8 @@ type History struct {
 	secs    []int64 // unix second of each index entry
 	offs    []int64 // first byte written in that second
 	closed  bool
-	changed chan struct{} // closed and replaced on every write/close
+	changed chan struct{} // closed and replaced on a write once handed out; closed on close
+	handed  bool          // a reader holds changed: the next write must close it
 }
 
 // OpenHistory creates (appends to) the raw log at path.
@@ -56,8 +57,10 @@ func (h *History) Write(p []byte) (int, error) {
 	}
 	n, err := h.f.Write(p)
 	h.size += int64(n)
-	close(h.changed)
-	h.changed = make(chan struct{})
+	if h.handed { // nobody waits otherwise: no channel to replace per write
+		close(h.changed)
+		h.changed, h.handed = make(chan struct{}), false
+	}
 	if err != nil {
 		return n, fmt.Errorf("write job log: %w", err)
 	}
@@ -113,6 +116,9 @@ func (r *HistoryReader) Next(ctx context.Context, max int) ([]byte, error) {
 	for {
 		r.h.mu.Lock()
 		size, closed, changed, f := r.h.size, r.h.closed, r.h.changed, r.h.f
+		if r.off >= size && !closed {
+			r.h.handed = true // this reader will wait on changed
+		}
 		r.h.mu.Unlock()
 		if r.off < size {
 			n := min(size-r.off, int64(max))
