@@ -12,11 +12,12 @@ import (
 
 func main() {
 	// The runner shares the container with the job. A soft memory limit
-	// keeps it small under log floods; below it, GC runs at a quarter of the
-	// default pace, which SSH forwarding with many streams needs (8 -L
-	// streams: 181 -> 312 MiB/s here; GOGC=50 cost a quarter of it).
+	// keeps it small under log floods (18 MiB: the log bench peaks at 28.5
+	// MiB RSS); below it, GC runs at a quarter of the default pace, which
+	// SSH forwarding with many streams needs (8 -L streams: 181 -> 240-312
+	// MiB/s here; GOGC=50 cost a quarter of it).
 	if os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "" {
-		debug.SetMemoryLimit(20 << 20)
+		debug.SetMemoryLimit(18 << 20)
 		debug.SetGCPercent(400)
 	}
 	if err := cli.App().Run(os.Args); err != nil {
