@@ -55,7 +55,7 @@ done
 bin/tandem info --shim "127.0.0.1:$SHIM_PORT"
 echo
 # shellcheck disable=SC2016 # expanded inside the job, not here
-bin/tandem run --shim "127.0.0.1:$SHIM_PORT" --runner-port "$RUNNER_PORT" --image "$IMAGE" --env GREETING=hello -- \
+bin/tandem run --shim "127.0.0.1:$SHIM_PORT" --runner-port "$RUNNER_PORT" --image "$IMAGE" --no-ssh-config --env GREETING=hello -- \
 	/bin/sh -c '
 echo "$GREETING from $(hostname) in $DSTACK_WORKING_DIR (run $DSTACK_RUN_NAME)"
 echo "CPUs:   $(nproc)"
