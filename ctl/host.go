@@ -396,7 +396,7 @@ func UninstallHost(ctx context.Context, o HostOptions) error {
 		var live []string
 		for _, it := range items {
 			if it.Status != api.TaskTerminated {
-				live = append(live, short(it.ID))
+				live = append(live, ShortID(it.ID))
 			}
 		}
 		if lerr == nil && len(live) > 0 && !o.Force {

@@ -34,30 +34,22 @@ func runnerOf(ctx context.Context, ref string, o TaskOptions, what string) (api.
 		return info, nil, "", err
 	}
 	if info.Status != api.TaskRunning {
-		msg := fmt.Sprintf("task %s is %s", displayName(info), info.Status)
+		msg := fmt.Sprintf("task %s is %s", DisplayName(info), info.Status)
 		if info.Status == api.TaskTerminated {
 			msg += fmt.Sprintf(" (%s); its output went with its container", info.TerminationReason)
 		}
 		return info, nil, "", fmt.Errorf("%s; %s needs a running task", msg, what)
 	}
-	host, err := hostOf(o.Shim)
-	if err != nil {
-		return info, nil, "", err
-	}
-	ports, err := RunnerPorts(info, o.Ports)
-	if err != nil {
-		return info, nil, "", err
-	}
-	addr := joinPort(host, ports.HTTP)
-	r, err := runnerclient.NewWithDialer(addr, o.Dial)
+	r, addr, err := runnerFor(o.Shim, info, o.Ports.HTTP, o.Dial)
 	return info, r, addr, err
 }
 
-func displayName(info api.TaskInfoResponse) string {
+// DisplayName is how people see a task: its name, else its short id.
+func DisplayName(info api.TaskInfoResponse) string {
 	if n := TaskName(info); n != "" {
 		return n
 	}
-	return short(info.ID)
+	return ShortID(info.ID)
 }
 
 // Logs streams a running task's raw output (from since on) to w until the
@@ -69,7 +61,7 @@ func Logs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.
 	}
 	ls, err := r.Logs(ctx, since)
 	if err != nil {
-		return fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", displayName(info), addr, err)
+		return fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", DisplayName(info), addr, err)
 	}
 	defer ls.Close()
 	for {
@@ -96,57 +88,33 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, int
 		return res, err
 	}
 	if _, err := r.Healthcheck(ctx); err != nil {
-		return res, fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", displayName(info), addr, err)
+		return res, fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", DisplayName(info), addr, err)
 	}
-	wsCtx, cancelWS := context.WithCancel(ctx)
-	defer cancelWS()
-	wsDone := make(chan struct{})
-	go func() {
-		defer close(wsDone)
-		streamLogs(wsCtx, r, since, out, status)
-	}()
-	var ts int64
-	for {
-		p, err := r.Pull(ctx, ts)
-		if err != nil {
-			return res, fmt.Errorf("pull job state of %s: %w", displayName(info), err)
+	err = watchJob(ctx, r, since, out, status, interrupt, &res, func() bool {
+		res.Detached, res.Interrupted = true, true
+		if status != nil {
+			fmt.Fprintf(status, "detached; the job runs on (tandem attach %s, tandem stop %s)\n", DisplayName(info), DisplayName(info))
 		}
-		ts = p.LastUpdated
-		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
-			f := p.JobStates[n-1]
-			res.State, res.ExitStatus, res.Reason, res.Message = f.State, f.ExitStatus, f.TerminationReason, f.TerminationMessage
-			select {
-			case <-wsDone:
-			case <-time.After(10 * time.Second):
-			}
-			return res, nil
-		}
-		select {
-		case <-ctx.Done():
-			return res, ctx.Err()
-		case <-interrupt:
-			res.Detached, res.Interrupted = true, true
-			if status != nil {
-				fmt.Fprintf(status, "detached; the job runs on (tandem attach %s, tandem stop %s)\n", displayName(info), displayName(info))
-			}
-			return res, nil
-		case <-time.After(300 * time.Millisecond):
-		}
+		return true
+	})
+	if err != nil {
+		return res, fmt.Errorf("%s: %w", DisplayName(info), err)
 	}
+	return res, nil
 }
 
 // Remove terminates (when force or already ended) and removes a task.
 func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoResponse, force bool, timeout uint) error {
 	if info.Status != api.TaskTerminated {
 		if !force {
-			return fmt.Errorf("task %s is %s: stop it first (tandem stop) or use --force", displayName(info), info.Status)
+			return fmt.Errorf("task %s is %s: stop it first (tandem stop) or use --force", DisplayName(info), info.Status)
 		}
 		if _, err := shim.TerminateTask(ctx, info.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout}); err != nil && !errors.Is(err, api.ErrNotFound) {
-			return fmt.Errorf("terminate %s: %w", displayName(info), err)
+			return fmt.Errorf("terminate %s: %w", DisplayName(info), err)
 		}
 	}
 	if err := shim.RemoveTask(ctx, info.ID); err != nil && !errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("remove %s: %w", displayName(info), err)
+		return fmt.Errorf("remove %s: %w", DisplayName(info), err)
 	}
 	return nil
 }
@@ -157,15 +125,7 @@ func JobStatus(ctx context.Context, info api.TaskInfoResponse, o TaskOptions) (a
 	if info.Status != api.TaskRunning {
 		return api.JobStateEvent{}, false
 	}
-	host, err := hostOf(o.Shim)
-	if err != nil {
-		return api.JobStateEvent{}, false
-	}
-	ports, err := RunnerPorts(info, o.Ports)
-	if err != nil {
-		return api.JobStateEvent{}, false
-	}
-	r, err := runnerclient.NewWithDialer(joinPort(host, ports.HTTP), o.Dial)
+	r, _, err := runnerFor(o.Shim, info, o.Ports.HTTP, o.Dial)
 	if err != nil {
 		return api.JobStateEvent{}, false
 	}

@@ -15,7 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -141,8 +141,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	jobSigs := make(chan os.Signal, 4)
-	var sigMu sync.Mutex
-	jobRunning := false
+	var jobRunning atomic.Bool
 	sigDone := make(chan struct{})
 	defer close(sigDone)
 	go func() {
@@ -154,13 +153,14 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 				if !ok {
 					return
 				}
-				sigMu.Lock()
-				running := jobRunning
-				sigMu.Unlock()
-				if running {
-					jobSigs <- sig
-				} else {
+				if !jobRunning.Load() {
 					cancel(ErrInterrupted)
+					continue
+				}
+				select {
+				case jobSigs <- sig:
+				case <-sigDone:
+					return
 				}
 			}
 		}
@@ -208,7 +208,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	fail := func(err error) (Result, error) {
 		if interrupted(ctx) {
 			res.Interrupted, res.State = true, api.JobTerminated
-			o.status("interrupted: removing task %s", short(id))
+			o.status("interrupted: removing task %s", ShortID(id))
 			return res, ErrInterrupted
 		}
 		return res, err
@@ -221,16 +221,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 		res.State, res.Reason, res.Message = api.JobFailed, info.TerminationReason, info.TerminationMessage
 		return res, fmt.Errorf("task ended before the job started: %s: %s", info.TerminationReason, info.TerminationMessage)
 	}
-	host, err := hostOf(o.Shim)
-	if err != nil {
-		return res, err
-	}
-	ports, err := RunnerPorts(info, Ports{HTTP: o.RunnerPort})
-	if err != nil {
-		return res, err
-	}
-	runnerAddr := joinPort(host, ports.HTTP)
-	runner, err := runnerclient.NewWithDialer(runnerAddr, o.Dial)
+	runner, runnerAddr, err := runnerFor(o.Shim, info, o.RunnerPort, o.Dial)
 	if err != nil {
 		return res, err
 	}
@@ -243,9 +234,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if err := submitJob(ctx, runner, o, id, name); err != nil {
 		return fail(err)
 	}
-	sigMu.Lock()
-	jobRunning = true
-	sigMu.Unlock()
+	jobRunning.Store(true)
 	if interrupted(ctx) { // a signal between the job's start and the switch
 		return fail(ErrInterrupted)
 	}
@@ -263,10 +252,10 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 		switch {
 		case errors.Is(gerr, api.ErrNotFound):
 			res.State = api.JobTerminated
-			return res, fmt.Errorf("task %s was terminated and removed by someone else (tandem stop or the server)", short(id))
+			return res, fmt.Errorf("task %s was terminated and removed by someone else (tandem stop or the server)", ShortID(id))
 		case gerr == nil && info.Status == api.TaskTerminated:
 			res.State, res.Reason, res.Message = api.JobTerminated, info.TerminationReason, info.TerminationMessage
-			return res, fmt.Errorf("task %s was terminated: %s %s", short(id), info.TerminationReason, strings.TrimSpace(info.TerminationMessage))
+			return res, fmt.Errorf("task %s was terminated: %s %s", ShortID(id), info.TerminationReason, strings.TrimSpace(info.TerminationMessage))
 		}
 	}
 	return res, err
@@ -440,48 +429,62 @@ func tarDir(dir string, w io.Writer) error {
 	return tw.Close()
 }
 
-// follow streams raw output over /logs_ws and pulls job states until the
-// job ends; the first signal stops it, the second returns at once (kill).
-func follow(ctx context.Context, r *runnerclient.Client, sigs <-chan os.Signal, o RunOptions, res Result) (Result, bool, error) {
+// follow streams raw output and waits for the job's end; the first signal
+// stops the job, the second returns at once (killed: the caller kills the
+// task).
+func follow(ctx context.Context, r *runnerclient.Client, sigs <-chan os.Signal, o RunOptions, res Result) (out Result, killed bool, err error) {
+	interrupts := 0
+	err = watchJob(ctx, r, time.Time{}, o.Out, o.Status, sigs, &res, func() bool {
+		interrupts++
+		if interrupts == 1 {
+			o.status("stopping the job (Ctrl-C again to kill it)")
+			_ = r.Stop(ctx)
+			return false
+		}
+		o.status("killing the job")
+		res.State, res.Interrupted, killed = api.JobTerminated, true, true
+		return true
+	})
+	if err == nil && interrupts > 0 && res.State == api.JobTerminated {
+		res.Interrupted = true
+	}
+	return res, killed, err
+}
+
+// watchJob streams the job's raw output from since on to out and pulls its
+// states until the final one, which it records in res once every byte of
+// output was shown (or 10 s passed). Each signal calls onSignal; true ends
+// the watch there.
+func watchJob(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, sigs <-chan os.Signal, res *Result, onSignal func() bool) error {
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
 	defer cancelWS()
 	go func() {
 		defer close(wsDone)
-		streamLogs(wsCtx, r, time.Time{}, o.Out, o.Status)
+		streamLogs(wsCtx, r, since, out, status)
 	}()
-	interrupts := 0
 	var ts int64
 	for {
 		p, err := r.Pull(ctx, ts)
 		if err != nil {
-			return res, false, fmt.Errorf("pull job state: %w", err)
+			return fmt.Errorf("pull job state: %w", err)
 		}
 		ts = p.LastUpdated
 		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
 			f := p.JobStates[n-1]
 			res.State, res.ExitStatus, res.Reason, res.Message = f.State, f.ExitStatus, f.TerminationReason, f.TerminationMessage
-			if interrupts > 0 && f.State == api.JobTerminated {
-				res.Interrupted = true
-			}
 			select {
 			case <-wsDone: // every byte of output shown
 			case <-time.After(10 * time.Second):
 			}
-			return res, false, nil
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return res, false, ctx.Err()
+			return ctx.Err()
 		case <-sigs:
-			interrupts++
-			if interrupts == 1 {
-				o.status("stopping the job (Ctrl-C again to kill it)")
-				_ = r.Stop(ctx)
-			} else {
-				o.status("killing the job")
-				res.State, res.Interrupted = api.JobTerminated, true
-				return res, true, nil
+			if onSignal() {
+				return nil
 			}
 		case <-time.After(500 * time.Millisecond):
 		}

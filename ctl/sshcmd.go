@@ -112,7 +112,7 @@ func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
 	if err != nil {
 		return SSHEndpoint{}, err
 	}
-	ports, err := RunnerPorts(info, Ports{SSH: o.RunnerSSHPort, HTTP: -1})
+	port, err := RunnerSSHPort(info, o.RunnerSSHPort)
 	if err != nil {
 		return SSHEndpoint{}, err
 	}
@@ -120,7 +120,7 @@ func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
 	if user == "" {
 		user = "root"
 	}
-	return SSHEndpoint{Host: host, Port: ports.SSH, User: user, Identity: o.Identity, Jump: o.Jump, KnownHosts: o.KnownHosts}, nil
+	return SSHEndpoint{Host: host, Port: port, User: user, Identity: o.Identity, Jump: o.Jump, KnownHosts: o.KnownHosts}, nil
 }
 
 // SSHCommand returns the OpenSSH client argv that opens a shell (or runs
@@ -135,7 +135,7 @@ func SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string)
 		return nil, err
 	}
 	if info.Status != api.TaskRunning {
-		return nil, fmt.Errorf("task %s is %s; ssh needs a running task", displayName(info), info.Status)
+		return nil, fmt.Errorf("task %s is %s; ssh needs a running task", DisplayName(info), info.Status)
 	}
 	ep, err := Endpoint(info, o)
 	if err != nil {

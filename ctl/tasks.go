@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"sync"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
 	"github.com/tandem-run/tandem/api/shimclient"
 )
 
@@ -116,43 +118,60 @@ func Resolve(ctx context.Context, shim *shimclient.Client, ref string) (api.Task
 	return Match(tasks, ref)
 }
 
-// Ports are where a task's runner answers on the host.
+// Ports are where a task's runner answers on the host (0: not given).
 type Ports struct{ HTTP, SSH int }
 
-// RunnerPorts finds where the task's runner answers: override (the user's
-// flags) first, then what the shim reports, then the dstack defaults in
-// host mode. The error says which flag fixes it.
-func RunnerPorts(info api.TaskInfoResponse, override Ports) (Ports, error) {
-	p := override
+// reportedPorts are where the task's runner answers as the shim says: its
+// task details, or for a shim without details (dstack's) the dstack
+// defaults, or the published mappings in bridge mode. 0: not known yet.
+func reportedPorts(info api.TaskInfoResponse) Ports {
 	if d := info.Tandem; d != nil {
-		if p.HTTP == 0 {
-			p.HTTP = d.RunnerHTTPPort
-		}
-		if p.SSH == 0 {
-			p.SSH = d.RunnerSSHPort
+		return Ports{HTTP: d.RunnerHTTPPort, SSH: d.RunnerSSHPort}
+	}
+	p := Ports{HTTP: 10999, SSH: 10022}
+	for _, m := range info.Ports {
+		switch m.Container {
+		case 10999:
+			p.HTTP = m.Host
+		case 10022:
+			p.SSH = m.Host
 		}
 	}
-	if info.Tandem == nil { // a shim without details: dstack's defaults, or the published ones
-		http, ssh := 10999, 10022
-		for _, m := range info.Ports {
-			switch m.Container {
-			case 10999:
-				http = m.Host
-			case 10022:
-				ssh = m.Host
-			}
-		}
-		if p.HTTP == 0 {
-			p.HTTP = http
-		}
-		if p.SSH == 0 {
-			p.SSH = ssh
-		}
+	return p
+}
+
+// RunnerHTTPPort is where the task's runner serves its API: override (the
+// user's flag) first, then what the shim reports. The error names the flag.
+func RunnerHTTPPort(info api.TaskInfoResponse, override int) (int, error) {
+	return runnerPort(info, override, reportedPorts(info).HTTP, "--runner-port")
+}
+
+// RunnerSSHPort is where the task's runner serves SSH (see RunnerHTTPPort).
+func RunnerSSHPort(info api.TaskInfoResponse, override int) (int, error) {
+	return runnerPort(info, override, reportedPorts(info).SSH, "--runner-ssh-port")
+}
+
+func runnerPort(info api.TaskInfoResponse, override, reported int, flag string) (int, error) {
+	if port := cmp.Or(override, reported); port != 0 {
+		return port, nil
 	}
-	if p.HTTP == 0 || p.SSH == 0 {
-		return p, fmt.Errorf("the shim reports no runner ports for task %s yet (status %s); give them with --runner-port / --runner-ssh-port", short(info.ID), info.Status)
+	return 0, fmt.Errorf("the shim reports no runner port for task %s yet (status %s); give it with %s", ShortID(info.ID), info.Status, flag)
+}
+
+// runnerFor returns a client of the task's runner on the shim's host, and
+// its address.
+func runnerFor(shim string, info api.TaskInfoResponse, override int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, string, error) {
+	host, err := hostOf(shim)
+	if err != nil {
+		return nil, "", err
 	}
-	return p, nil
+	port, err := RunnerHTTPPort(info, override)
+	if err != nil {
+		return nil, "", err
+	}
+	addr := joinPort(host, port)
+	r, err := runnerclient.NewWithDialer(addr, dial)
+	return r, addr, err
 }
 
 // hostOf is the host part of the shim's address: the runner is on the same
@@ -167,8 +186,8 @@ func hostOf(shim string) (string, error) {
 
 func joinPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
 
-// short is the 8-character id prefix people see.
-func short(id string) string {
+// ShortID is the 8-character id prefix people see.
+func ShortID(id string) string {
 	if len(id) > 8 {
 		return id[:8]
 	}

@@ -42,22 +42,36 @@ func TestMatchByIDNameAndPrefix(t *testing.T) {
 }
 
 func TestRunnerPorts(t *testing.T) {
+	ports := func(info api.TaskInfoResponse, http, ssh int) (Ports, error) {
+		h, err := RunnerHTTPPort(info, http)
+		if err != nil {
+			return Ports{}, err
+		}
+		s, err := RunnerSSHPort(info, ssh)
+		return Ports{h, s}, err
+	}
 	details := api.TaskInfoResponse{ID: "t", Tandem: &api.TaskDetails{RunnerHTTPPort: 20999, RunnerSSHPort: 20022}}
-	if p, err := RunnerPorts(details, Ports{}); err != nil || p != (Ports{20999, 20022}) {
+	if p, err := ports(details, 0, 0); err != nil || p != (Ports{20999, 20022}) {
 		t.Errorf("from details: %+v %v", p, err)
 	}
-	if p, err := RunnerPorts(details, Ports{HTTP: 1}); err != nil || p != (Ports{1, 20022}) {
+	if p, err := ports(details, 1, 0); err != nil || p != (Ports{1, 20022}) {
 		t.Errorf("flags override: %+v %v", p, err)
 	}
 	// A shim without details (dstack's): its defaults, or the published
 	// mapping in bridge mode.
 	bare := api.TaskInfoResponse{ID: "t", Ports: []api.PortMapping{{Host: 32001, Container: 10999}}}
-	if p, err := RunnerPorts(bare, Ports{}); err != nil || p != (Ports{32001, 10022}) {
+	if p, err := ports(bare, 0, 0); err != nil || p != (Ports{32001, 10022}) {
 		t.Errorf("bare shim: %+v %v", p, err)
 	}
 	pending := api.TaskInfoResponse{ID: "t", Status: api.TaskPulling, Tandem: &api.TaskDetails{NetworkMode: "bridge"}}
-	if _, err := RunnerPorts(pending, Ports{}); err == nil || !strings.Contains(err.Error(), "--runner-port") {
+	if _, err := RunnerHTTPPort(pending, 0); err == nil || !strings.Contains(err.Error(), "--runner-port") {
 		t.Errorf("no ports yet: %v", err)
+	}
+	if _, err := RunnerSSHPort(pending, 0); err == nil || !strings.Contains(err.Error(), "--runner-ssh-port") {
+		t.Errorf("no ssh port yet: %v", err)
+	}
+	if p, err := RunnerSSHPort(pending, 2222); err != nil || p != 2222 {
+		t.Errorf("a flag stands in for an unknown port: %d %v", p, err)
 	}
 }
 

@@ -162,10 +162,7 @@ func shim(c *cli.Context) (*shimclient.Client, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	s, err := shimclient.NewWithDialer(c.String("shim"), dial)
-	if err == nil {
-		s.SetToken(c.String("shim-token"))
-	}
+	s, err := ctl.NewShimClient(c.String("shim"), c.String("shim-token"), dial)
 	if err != nil {
 		closeDial()
 		return nil, nil, exitError{ctl.ExitFailure, err.Error()}

@@ -136,7 +136,7 @@ func runAction(c *cli.Context) error {
 		code = ctl.ExitFailure
 	}
 	if !o.Detach && !c.Bool("no-ssh-config") && res.TaskID != "" {
-		_ = forgetSSHConfig(c, res.TaskID)
+		_ = forgetSSHConfig(res.TaskID)
 	}
 	if jsonOut {
 		out := map[string]any{"task_id": res.TaskID, "name": res.Name, "state": res.State, "exit_status": res.ExitStatus,

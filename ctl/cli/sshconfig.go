@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -91,7 +92,7 @@ func sshEndpoint(c *cli.Context, info api.TaskInfoResponse) (ctl.SSHEndpoint, er
 }
 
 func alias(info api.TaskInfoResponse) string {
-	return cmpOr(ctl.TaskName(info), "tandem-"+short(info.ID))
+	return cmp.Or(ctl.TaskName(info), "tandem-"+ctl.ShortID(info.ID))
 }
 
 // updateSSHConfig adds (or refreshes) the task's entry.
@@ -114,7 +115,7 @@ func updateSSHConfig(c *cli.Context, info api.TaskInfoResponse) error {
 }
 
 // forgetSSHConfig drops the task's entry.
-func forgetSSHConfig(_ *cli.Context, taskID string) error {
+func forgetSSHConfig(taskID string) error {
 	path, err := sshConfigPath()
 	if err != nil {
 		return err

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -37,15 +36,21 @@ func psCmd() *cli.Command {
 		Flags: append(connFlags(), runnerPortFlag, outputFlag,
 			&cli.BoolFlag{Name: "all", Aliases: []string{"a"}, Usage: "finished tasks too"}),
 		Action: func(c *cli.Context) error {
-			infos, err := listTasks(c)
-			if err != nil {
-				return err
-			}
+			// One connection (one SSH login with --ssh) for the shim and the
+			// runners.
 			dial, closeDial, err := dialer(c)
 			if err != nil {
 				return err
 			}
 			defer closeDial()
+			s, err := ctl.NewShimClient(c.String("shim"), c.String("shim-token"), dial)
+			if err != nil {
+				return exitError{ctl.ExitFailure, err.Error()}
+			}
+			infos, err := ctl.Tasks(c.Context, s)
+			if err != nil {
+				return exitError{ctl.ExitFailure, err.Error()}
+			}
 			rows := []psRow{}
 			for _, info := range infos {
 				if info.Status == api.TaskTerminated && !c.Bool("all") {
@@ -71,7 +76,7 @@ func psCmd() *cli.Command {
 			w := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "NAME\tID\tIMAGE\tSTATUS\tAGE\tGPUS\tEXIT")
 			for _, r := range rows {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", dash(r.Name), short(r.ID), dash(r.Image), statusText(r), age(r.Submitted), len(r.GPUs), exitText(r))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", dash(r.Name), ctl.ShortID(r.ID), dash(r.Image), statusText(r), age(r.Submitted), len(r.GPUs), exitText(r))
 			}
 			return w.Flush()
 		}}
@@ -99,13 +104,6 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-func short(id string) string {
-	if len(id) > 8 {
-		return id[:8]
-	}
-	return id
 }
 
 // age renders how long ago a Unix time was, as docker does: 5s, 3m, 2h, 4d.
@@ -202,7 +200,7 @@ func removeTasks(c *cli.Context, refs []string, force bool, timeout uint, verb s
 			failed = append(failed, ref)
 			continue
 		}
-		_ = forgetSSHConfig(c, info.ID)
+		_ = forgetSSHConfig(info.ID)
 		fmt.Fprintf(c.App.Writer, "%s\t%s\t%s\n", verb, dash(ctl.TaskName(info)), info.ID)
 	}
 	if len(failed) > 0 {
@@ -287,14 +285,7 @@ func taskRefs(c *cli.Context) []string {
 	}
 	var out []string
 	for _, info := range infos {
-		out = append(out, strings.TrimSpace(cmpOr(ctl.TaskName(info), short(info.ID))))
+		out = append(out, ctl.DisplayName(info))
 	}
 	return out
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

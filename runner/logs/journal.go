@@ -3,6 +3,7 @@ package logs
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"path/filepath"
 	"sync"
@@ -96,7 +97,7 @@ func (j *Journal) append(s *Store, b []byte) {
 
 // RunnerLogWriter is an io.Writer whose every Write is one runner log event
 // (a slog handler's sink).
-func (j *Journal) RunnerLogWriter() runnerLogWriter { return runnerLogWriter{j} }
+func (j *Journal) RunnerLogWriter() io.Writer { return runnerLogWriter{j} }
 
 type runnerLogWriter struct{ j *Journal }
 

@@ -13,9 +13,8 @@ type Quota struct {
 	Start   time.Time
 	Now     func() time.Time // time.Now when nil
 
-	mu          sync.Mutex // guards hour, used
-	hour, used  int64
-	initialized bool
+	mu         sync.Mutex // guards hour, used
+	hour, used int64
 }
 
 // Charge accounts n bytes in the current hour; false when they do not fit
@@ -31,8 +30,8 @@ func (q *Quota) Charge(n int) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	hour := int64(now().Sub(q.Start) / time.Hour)
-	if !q.initialized || hour != q.hour {
-		q.hour, q.used, q.initialized = hour, 0, true
+	if hour != q.hour {
+		q.hour, q.used = hour, 0
 	}
 	if q.used+int64(n) > q.PerHour {
 		return false
