@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/ident"
 )
 
 // DefaultPublicKey returns the user's public key line and its file
@@ -150,8 +151,17 @@ func SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string)
 }
 
 // SSHConfigEntry renders one Host block for a task, marked with the task
-// and shim it belongs to so that tandem can replace or drop it later.
-func SSHConfigEntry(alias, taskID, shim string, ep SSHEndpoint) string {
+// and shim it belongs to so that tandem can replace or drop it later. The
+// alias and id come from the shim's answer: both must pass the shim's own
+// id rules (letters, digits, . _ -), so that no answer can add lines (a
+// ProxyCommand) to the user's ssh config.
+func SSHConfigEntry(alias, taskID, shim string, ep SSHEndpoint) (string, error) {
+	if err := ident.TaskID(taskID); err != nil {
+		return "", fmt.Errorf("ssh config entry: %w", err)
+	}
+	if err := ident.TaskName(alias); err != nil {
+		return "", fmt.Errorf("ssh config entry: %w", err)
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "# tandem task %s shim %s\nHost %s\n", taskID, shim, alias)
 	for _, kv := range ep.Options() {
@@ -161,5 +171,5 @@ func SSHConfigEntry(alias, taskID, shim string, ep SSHEndpoint) string {
 		}
 		fmt.Fprintf(&b, "  %s %s\n", kv[0], v)
 	}
-	return b.String()
+	return b.String(), nil
 }

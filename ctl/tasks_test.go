@@ -77,7 +77,10 @@ func TestRunnerPorts(t *testing.T) {
 
 func TestSSHEndpointOptions(t *testing.T) {
 	ep := SSHEndpoint{Host: "10.0.0.5", Port: 10022, User: "root", Identity: "/home/a b/.ssh/id", Jump: "ubuntu@gpu:2222", KnownHosts: "/kh"}
-	entry := SSHConfigEntry("train", "abc", "127.0.0.1:10998", ep)
+	entry, err := SSHConfigEntry("train", "abc", "127.0.0.1:10998", ep)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{"# tandem task abc shim 127.0.0.1:10998\nHost train\n", "  HostName 10.0.0.5\n", "  Port 10022\n",
 		`  IdentityFile "/home/a b/.ssh/id"`,
 		`  ProxyCommand ssh -o UserKnownHostsFile=/kh -i '/home/a b/.ssh/id' -o IdentitiesOnly=yes -p 2222 -W %h:%p ubuntu@gpu`} {
@@ -85,9 +88,15 @@ func TestSSHEndpointOptions(t *testing.T) {
 			t.Errorf("entry lacks %q:\n%s", want, entry)
 		}
 	}
-	plain := SSHConfigEntry("x", "id", "s", SSHEndpoint{Host: "h", Port: 1, User: "root", Jump: "gpu"})
+	plain, _ := SSHConfigEntry("x", "id", "s", SSHEndpoint{Host: "h", Port: 1, User: "root", Jump: "gpu"})
 	if !strings.Contains(plain, "  ProxyJump gpu\n") || strings.Contains(plain, "IdentityFile") {
 		t.Errorf("plain jump:\n%s", plain)
+	}
+	// A hostile shim's name or id cannot add lines to the ssh config.
+	for _, bad := range [][2]string{{"x\n  ProxyCommand touch /tmp/pwned", "id"}, {"x", "id\nHost *"}, {"a b", "id"}, {"", "id"}} {
+		if e, err := SSHConfigEntry(bad[0], bad[1], "s", ep); err == nil {
+			t.Errorf("alias %q id %q accepted:\n%s", bad[0], bad[1], e)
+		}
 	}
 	if got := shellQuote("it's"); got != `'it'\''s'` {
 		t.Errorf("quote: %s", got)

@@ -1,6 +1,10 @@
 package cli
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/tandem-run/tandem/api"
+)
 
 func TestParseSizeAndGPUs(t *testing.T) {
 	for _, tc := range []struct {
@@ -23,5 +27,14 @@ func TestParseSizeAndGPUs(t *testing.T) {
 	}
 	if _, err := parseGPUs("-3"); err == nil {
 		t.Error("negative GPU counts must be rejected")
+	}
+}
+
+func TestAliasFallsBackOnBadNames(t *testing.T) {
+	for name, want := range map[string]string{"train-1": "train-1", "": "tandem-abcdef12", "bad\nHost *": "tandem-abcdef12", "a b": "tandem-abcdef12"} {
+		info := api.TaskInfoResponse{ID: "abcdef12-0000", Tandem: &api.TaskDetails{Name: name}}
+		if got := alias(info); got != want {
+			t.Errorf("alias(%q) = %q, want %q", name, got, want)
+		}
 	}
 }

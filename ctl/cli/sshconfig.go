@@ -2,7 +2,6 @@ package cli
 
 import (
 	"bytes"
-	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/ctl"
 )
 
@@ -91,8 +91,13 @@ func sshEndpoint(c *cli.Context, info api.TaskInfoResponse) (ctl.SSHEndpoint, er
 		KnownHosts: c.String("known-hosts"), RunnerSSHPort: c.Int("runner-ssh-port")})
 }
 
+// alias is the task's Host name: its name when it is a valid task name,
+// else tandem-<short id>.
 func alias(info api.TaskInfoResponse) string {
-	return cmp.Or(ctl.TaskName(info), "tandem-"+ctl.ShortID(info.ID))
+	if n := ctl.TaskName(info); ident.TaskName(n) == nil {
+		return n
+	}
+	return "tandem-" + ctl.ShortID(info.ID)
 }
 
 // updateSSHConfig adds (or refreshes) the task's entry.
@@ -101,7 +106,10 @@ func updateSSHConfig(c *cli.Context, info api.TaskInfoResponse) error {
 	if err != nil {
 		return err
 	}
-	entry := ctl.SSHConfigEntry(alias(info), info.ID, c.String("shim"), ep)
+	entry, err := ctl.SSHConfigEntry(alias(info), info.ID, c.String("shim"), ep)
+	if err != nil {
+		return err
+	}
 	_, err = editSSHConfig(func(entries []string) []string {
 		out := []string{entry}
 		for _, e := range entries {
@@ -155,11 +163,15 @@ func sshConfigCmd() *cli.Command {
 					continue
 				}
 				ep, err := sshEndpoint(c, info)
+				var entry string
+				if err == nil {
+					entry, err = ctl.SSHConfigEntry(alias(info), info.ID, c.String("shim"), ep)
+				}
 				if err != nil {
 					fmt.Fprintln(c.App.ErrWriter, "tandem: skipping", alias(info)+":", err)
 					continue
 				}
-				fresh = append(fresh, ctl.SSHConfigEntry(alias(info), info.ID, c.String("shim"), ep))
+				fresh = append(fresh, entry)
 			}
 			path, err := editSSHConfig(func(entries []string) []string {
 				out := fresh
