@@ -167,7 +167,7 @@ func BenchmarkSSHForwardThroughput(b *testing.B) {
 	_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
 	name := randomID("ssh-tput")
 	if _, err := testenv.Docker(context.Background(), "run", "-d", "--init", "--name", name, "--network", "host",
-		"-e", "GOGC="+os.Getenv("TANDEM_BENCH_RUNNER_GOGC"), "-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "--entrypoint", "/usr/local/bin/dstack-runner", testenv.Busybox(b),
+		"-e", "GOGC="+os.Getenv("TANDEM_BENCH_RUNNER_GOGC"), "-e", "GOMAXPROCS="+os.Getenv("TANDEM_BENCH_RUNNER_GOMAXPROCS"), "-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "--entrypoint", "/usr/local/bin/dstack-runner", testenv.Busybox(b),
 		"start", "--http-port", httpPort, "--ssh-port", sshPort, "--ssh-authorized-key", pub); err != nil {
 		b.Fatal(err)
 	}

@@ -12,13 +12,17 @@ import (
 )
 
 // History is the raw terminal output of the job (job.log on disk), served to
-// WebSocket clients. Memory holds one index entry per second of output.
+// WebSocket clients. Memory holds one index entry per second of output and
+// a write-behind tail of at most historyTail bytes: a pty read is ~4 KiB,
+// and a write syscall per read was a third of the pipeline's syscalls.
+// Readers see the tail at once; the file gets it when it fills, and at Close.
 type History struct {
 	now func() time.Time
 
 	mu      sync.Mutex // guards the fields below
 	f       *os.File
-	size    int64
+	size    int64   // bytes written: the file's, then the tail's
+	tail    []byte  // written but not yet in the file (starts at size-len(tail))
 	secs    []int64 // unix second of each index entry
 	offs    []int64 // first byte written in that second
 	closed  bool
@@ -43,6 +47,22 @@ func OpenHistory(path string, now func() time.Time) (*History, error) {
 	return &History{now: now, f: f, size: fi.Size(), changed: make(chan struct{})}, nil
 }
 
+// historyTail is the write-behind size: a few dozen pty reads per write.
+const historyTail = 64 << 10
+
+// flushLocked moves the tail into the file.
+func (h *History) flushLocked() error {
+	if len(h.tail) == 0 {
+		return nil
+	}
+	_, err := h.f.Write(h.tail)
+	h.tail = h.tail[:0]
+	if err != nil {
+		return fmt.Errorf("write job log: %w", err)
+	}
+	return nil
+}
+
 // Write appends raw output.
 func (h *History) Write(p []byte) (int, error) {
 	h.mu.Lock()
@@ -55,16 +75,31 @@ func (h *History) Write(p []byte) (int, error) {
 		h.secs = append(h.secs, sec)
 		h.offs = append(h.offs, h.size)
 	}
-	n, err := h.f.Write(p)
-	h.size += int64(n)
+	if h.tail == nil {
+		h.tail = make([]byte, 0, 2*historyTail)
+	}
+	var err error
+	if len(h.tail)+len(p) > cap(h.tail) {
+		err = h.flushLocked()
+	}
+	if len(p) > cap(h.tail) {
+		_, werr := h.f.Write(p) // larger than the tail: straight through
+		err = errors.Join(err, werr)
+	} else {
+		h.tail = append(h.tail, p...)
+		if len(h.tail) >= historyTail {
+			err = errors.Join(err, h.flushLocked())
+		}
+	}
+	h.size += int64(len(p))
 	if h.handed { // nobody waits otherwise: no channel to replace per write
 		close(h.changed)
 		h.changed, h.handed = make(chan struct{}), false
 	}
 	if err != nil {
-		return n, fmt.Errorf("write job log: %w", err)
+		return len(p), fmt.Errorf("write job log: %w", err)
 	}
-	return n, nil
+	return len(p), nil
 }
 
 // Close marks the end of output; readers finish once they caught up.
@@ -76,7 +111,7 @@ func (h *History) Close() error {
 	}
 	h.closed = true
 	close(h.changed)
-	return h.f.Sync()
+	return errors.Join(h.flushLocked(), h.f.Sync())
 }
 
 // Size returns the bytes written so far.
@@ -119,9 +154,18 @@ func (r *HistoryReader) Next(ctx context.Context, max int) ([]byte, error) {
 		if r.off >= size && !closed {
 			r.h.handed = true // this reader will wait on changed
 		}
-		r.h.mu.Unlock()
-		if r.off < size {
+		inFile := size - int64(len(r.h.tail))
+		if r.off >= inFile && r.off < size { // in the tail: copy under the lock
 			n := min(size-r.off, int64(max))
+			start := r.off - inFile
+			buf := append([]byte(nil), r.h.tail[start:start+n]...)
+			r.h.mu.Unlock()
+			r.off += n
+			return buf, nil
+		}
+		r.h.mu.Unlock()
+		if r.off < size { // in the file: read outside the lock
+			n := min(inFile-r.off, int64(max))
 			buf := make([]byte, n)
 			m, err := f.ReadAt(buf, r.off)
 			r.off += int64(m)

@@ -1,10 +1,12 @@
 package logs
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -296,5 +298,59 @@ func TestPullWindowMergesStoresUnderTheCap(t *testing.T) {
 		if upTo != tc.upTo || capped != tc.capped {
 			t.Errorf("%+v: upTo %d capped %v", tc, upTo, capped)
 		}
+	}
+}
+
+// The write-behind tail: readers see every byte as written, whether it is
+// still in memory, already in the file, or split across both; the file
+// holds everything once closed; the file gets far fewer writes than the
+// pty reads (the point of the tail).
+func TestHistoryTailAndFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "job.log")
+	h, err := OpenHistory(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	r := h.Reader(time.Time{})
+	var got []byte
+	for i := 0; len(want) < 5*historyTail; i++ {
+		chunk := bytes.Repeat([]byte{byte('a' + i%26)}, 1+(i*977)%(32<<10))
+		if _, err := h.Write(chunk); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, chunk...)
+		if i%3 == 0 { // read part of the way, odd sizes, mid-tail and mid-file
+			b, err := r.Next(context.Background(), 5000+i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, b...)
+		}
+	}
+	if fi, _ := os.Stat(path); fi.Size() >= int64(len(want)) || fi.Size() == 0 {
+		t.Fatalf("the file has %d of %d bytes: some should still be in the tail, some flushed", fi.Size(), len(want))
+	}
+	if h.Size() != int64(len(want)) {
+		t.Fatalf("size %d, want %d", h.Size(), len(want))
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		b, err := r.Next(context.Background(), 7777)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, b...)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("reader got %d bytes, want %d (equal: %v)", len(got), len(want), bytes.Equal(got, want))
+	}
+	if onDisk, _ := os.ReadFile(path); !bytes.Equal(onDisk, want) {
+		t.Fatalf("file has %d bytes, want %d", len(onDisk), len(want))
 	}
 }
