@@ -2,7 +2,6 @@ package sshd
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -23,6 +22,7 @@ import (
 type forwards struct {
 	s   *Server
 	log *slog.Logger
+	cp  *copier
 
 	mu     sync.Mutex        // guards closes
 	closes map[string]func() // how to end each -R listener, by connKey
@@ -66,17 +66,9 @@ type forwardedStreamLocal struct {
 	Reserved   string
 }
 
-func pipe(a, b io.ReadWriteCloser) {
-	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); _, _ = io.Copy(a, b); a.Close() }()
-	go func() { defer wg.Done(); _, _ = io.Copy(b, a); b.Close() }()
-	wg.Wait()
-}
-
 // acceptAndPipe finishes a forward channel: reject it with the dial error,
 // or accept it and copy both ways until either side ends.
-func acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
+func (f *forwards) acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
 	if dialErr != nil {
 		_ = nc.Reject(gossh.ConnectionFailed, dialErr.Error())
 		return
@@ -87,7 +79,7 @@ func acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
 		return
 	}
 	go gossh.DiscardRequests(reqs)
-	pipe(ch, conn)
+	f.cp.pipe(ch, conn)
 }
 
 func (f *forwards) refuse(ctx gssh.Context, what, why string) {
@@ -114,7 +106,7 @@ func (f *forwards) directTCP(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewCh
 		return
 	}
 	conn, err := f.s.dialAs(ctx, login, "tcp", dest)
-	acceptAndPipe(nc, conn, err)
+	f.acceptAndPipe(nc, conn, err)
 }
 
 // directUnix serves ssh -L to a Unix socket, connecting as the user.
@@ -135,7 +127,7 @@ func (f *forwards) directUnix(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewC
 		return
 	}
 	conn, err := f.s.dialAs(ctx, login, "unix", d.SocketPath)
-	acceptAndPipe(nc, conn, err)
+	f.acceptAndPipe(nc, conn, err)
 }
 
 // bindAddr is where a -R TCP listen really binds.
@@ -216,7 +208,7 @@ func (f *forwards) listenTCP(ctx gssh.Context, _ *gssh.Server, req *gossh.Reques
 	port := uint32(ln.Addr().(*net.TCPAddr).Port)
 	key := connKey(ctx, "tcp", net.JoinHostPort(r.BindAddr, strconv.Itoa(int(r.BindPort))))
 	f.keep(ctx, key, func() { ln.Close() })
-	go serveForward(ln, conn, "forwarded-tcpip", func(c net.Conn) []byte {
+	go f.serveForward(ln, conn, "forwarded-tcpip", func(c net.Conn) []byte {
 		oaddr, oport := "", 0
 		if ta, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 			oaddr, oport = ta.IP.String(), ta.Port
@@ -269,7 +261,7 @@ func (f *forwards) listenUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Reque
 		ln.Close()
 		removeSocket(r.SocketPath, owner)
 	})
-	go serveForward(ln, conn, "forwarded-streamlocal@openssh.com", func(net.Conn) []byte {
+	go f.serveForward(ln, conn, "forwarded-streamlocal@openssh.com", func(net.Conn) []byte {
 		return gossh.Marshal(forwardedStreamLocal{SocketPath: r.SocketPath})
 	})
 	return true, nil
@@ -287,7 +279,7 @@ func (f *forwards) cancelUnix(ctx gssh.Context, _ *gssh.Server, req *gossh.Reque
 
 // serveForward accepts on a -R listener until it closes and carries each
 // connection over a new channel of kind to the client.
-func serveForward(ln net.Listener, conn *gossh.ServerConn, kind string, payload func(net.Conn) []byte) {
+func (f *forwards) serveForward(ln net.Listener, conn *gossh.ServerConn, kind string, payload func(net.Conn) []byte) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
@@ -300,7 +292,7 @@ func serveForward(ln net.Listener, conn *gossh.ServerConn, kind string, payload 
 				return
 			}
 			go gossh.DiscardRequests(reqs)
-			pipe(ch, c)
+			f.cp.pipe(ch, c)
 		}()
 	}
 }

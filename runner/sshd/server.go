@@ -160,7 +160,7 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, keys: keys, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns)}
-	fw := &forwards{s: s, log: cfg.Log}
+	fw := &forwards{s: s, log: cfg.Log, cp: newCopier(maxBigCopyBufs)}
 	s.srv = &gssh.Server{
 		Addr:                          cfg.Addr,
 		HostSigners:                   signers,

@@ -1,0 +1,67 @@
+package sshd
+
+import (
+	"io"
+	"sync"
+)
+
+// Copy buffer sizes for forwarded streams. x/crypto/ssh sends a window
+// adjust per channel Read and carries at most 32 KiB per packet, and the
+// net package's ReadFrom/WriteTo copy 32 KiB at a time whatever buffer
+// io.CopyBuffer is given: one Read of a big buffer drains every packet
+// already queued, so a bulk -L stream costs one socket write and one window
+// adjust per batch instead of per packet (OpenSSH's sshd moves ~200 KiB per
+// syscall). On 2 vCPUs that took one -L stream from 348 to 433-446 MiB/s.
+const (
+	bigCopyBuf   = 256 << 10
+	smallCopyBuf = 32 << 10
+	// maxBigCopyBufs bounds what forwards hold in big buffers (8 MiB, two
+	// per stream); streams past it copy with small ones.
+	maxBigCopyBufs = 32
+)
+
+// copier carries forwarded streams, within a bound on its big buffers.
+type copier struct {
+	big chan struct{} // a token per big buffer in use
+}
+
+func newCopier(maxBig int) *copier { return &copier{big: make(chan struct{}, maxBig)} }
+
+// buffer returns a big buffer when one is free under the bound, else a
+// small one, and the release to call when done with it.
+func (c *copier) buffer() ([]byte, func()) {
+	select {
+	case c.big <- struct{}{}:
+		return make([]byte, bigCopyBuf), func() { <-c.big }
+	default:
+		return make([]byte, smallCopyBuf), func() {}
+	}
+}
+
+// copy moves src to dst until EOF or an error, with its own loop so the
+// buffer's size is what each Read gets (io.Copy would hand a net.Conn's
+// ReadFrom/WriteTo the job, at 32 KiB a call).
+func (c *copier) copy(dst io.Writer, src io.Reader) {
+	buf, release := c.buffer()
+	defer release()
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// pipe copies both ways until either side ends, then closes both.
+func (c *copier) pipe(a, b io.ReadWriteCloser) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); c.copy(a, b); a.Close() }()
+	go func() { defer wg.Done(); c.copy(b, a); b.Close() }()
+	wg.Wait()
+}
