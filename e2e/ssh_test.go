@@ -310,3 +310,120 @@ func portOf(t *testing.T, h *runnerHarness) string {
 	}
 	return port
 }
+
+// -L through the real OpenSSH client: a half-close reaches the target (it
+// answers after reading to EOF) and the answer still comes back; when the
+// connection ends, the runner lets go of the target even when the target
+// never speaks (no forward outlives its channel).
+func TestSSHForwardHalfCloseAndClose(t *testing.T) {
+	t.Parallel()
+	r := startSSHRunner(t, testenv.Busybox(t))
+	counter, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer counter.Close()
+	go func() {
+		for {
+			c, err := counter.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				n, _ := io.Copy(io.Discard, c) // to the client's EOF
+				fmt.Fprintf(c, "got %d bytes\n", n)
+				c.Close()
+			}()
+		}
+	}()
+	// The silent target reads to EOF and then holds its end: only the
+	// runner closing its socket ends the connection on the runner's side.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		c, err := silent.Accept()
+		if err != nil {
+			return
+		}
+		_, _ = io.Copy(io.Discard, c)
+		held <- c
+	}()
+	defer func() {
+		select {
+		case c := <-held:
+			c.Close()
+		default:
+		}
+	}()
+	silentPort := silent.Addr().(*net.TCPAddr).Port
+
+	local, local2 := testenv.FreeAddr(t), testenv.FreeAddr(t)
+	fwd := exec.Command("ssh", r.sshArgs("root", "-N", "-L", local+":"+counter.Addr().String(), "-L", local2+":"+silent.Addr().String())...)
+	if err := fwd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fwd.Process.Kill(); _ = fwd.Wait() }()
+	var c net.Conn
+	for i := 0; ; i++ {
+		if c, err = net.Dial("tcp", local); err == nil {
+			break
+		}
+		if i > 500 {
+			t.Fatalf("forward did not open: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	payload := bytes.Repeat([]byte("x"), 3<<20+5)
+	go func() { _, _ = c.Write(payload); _ = c.(*net.TCPConn).CloseWrite() }()
+	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+	answer, err := io.ReadAll(c)
+	c.Close()
+	if want := fmt.Sprintf("got %d bytes\n", len(payload)); err != nil || string(answer) != want {
+		t.Fatalf("half-close through -L: %q %v, want %q", answer, err, want)
+	}
+
+	s, err := net.Dial("tcp", local2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = s.Write([]byte("hello"))
+	time.Sleep(200 * time.Millisecond) // the channel is open at the target
+	if ownedSocketsTo(t, silentPort) == 0 {
+		t.Fatal("no socket to the silent target while the forward is open")
+	}
+	// The client's close is a half-close at the target, which, as with
+	// OpenSSH's sshd, keeps the forward while the target holds its end; the
+	// end of the connection must take it down.
+	s.Close()
+	_ = fwd.Process.Kill()
+	for i := 0; ownedSocketsTo(t, silentPort) > 0; i++ {
+		if i > 200 {
+			t.Fatal("the runner still holds its socket to the target after the connection ended")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ownedSocketsTo counts this network namespace's TCP sockets to 127.0.0.1:port
+// that a process still holds (/proc/net/tcp: a socket let go shows inode 0
+// while the kernel finishes it).
+func ownedSocketsTo(t *testing.T, port int) int {
+	t.Helper()
+	data, err := os.ReadFile("/proc/net/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("0100007F:%04X", port)
+	n := 0
+	for _, line := range strings.Split(string(data), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 9 && f[2] == want && f[9] != "0" {
+			n++
+		}
+	}
+	return n
+}

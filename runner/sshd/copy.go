@@ -1,8 +1,13 @@
 package sshd
 
 import (
+	"net"
+
+	"errors"
 	"io"
 	"sync"
+
+	gossh "golang.org/x/crypto/ssh"
 )
 
 // Copy buffer sizes for forwarded streams. x/crypto/ssh sends a window
@@ -38,30 +43,68 @@ func (c *copier) buffer() ([]byte, func()) {
 	}
 }
 
-// copy moves src to dst until EOF or an error, with its own loop so the
-// buffer's size is what each Read gets (io.Copy would hand a net.Conn's
-// ReadFrom/WriteTo the job, at 32 KiB a call).
-func (c *copier) copy(dst io.Writer, src io.Reader) {
+// copy moves src to dst until src ends (true) or an error (false), with
+// its own loop so the buffer's size is what each Read gets (io.Copy would
+// hand a net.Conn's ReadFrom/WriteTo the job, at 32 KiB a call).
+func (c *copier) copy(dst io.Writer, src io.Reader) bool {
 	buf, release := c.buffer()
 	defer release()
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
+				return false
 			}
 		}
+		if errors.Is(err, io.EOF) {
+			return true
+		}
 		if err != nil {
-			return
+			return false
 		}
 	}
 }
 
-// pipe copies both ways until either side ends, then closes both.
-func (c *copier) pipe(a, b io.ReadWriteCloser) {
+// forward carries a forward channel and its socket until both directions
+// end (see pipe) or the channel is closed: by the client, or with the
+// connection. Its requests are discarded; their stream closing is how a
+// close shows (a Read only sees EOF, as for a half-close).
+func (c *copier) forward(ch gossh.Channel, reqs <-chan *gossh.Request, conn net.Conn) {
+	gone := make(chan struct{})
+	go func() {
+		gossh.DiscardRequests(reqs)
+		close(gone)
+	}()
+	c.pipe(ch, conn, gone)
+}
+
+// pipe copies both ways. The end of one direction is passed on as a
+// half-close (an SSH EOF, a TCP FIN), as OpenSSH does, so request/response
+// protocols that shut their write side down still get their answer; an
+// error on either direction, both ending, or gone closes both.
+func (c *copier) pipe(a, b io.ReadWriteCloser, gone <-chan struct{}) {
+	var once sync.Once
+	closeBoth := func() { once.Do(func() { a.Close(); b.Close() }) }
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-gone:
+			closeBoth()
+		case <-finished:
+		}
+	}()
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); c.copy(a, b); a.Close() }()
-	go func() { defer wg.Done(); c.copy(b, a); b.Close() }()
+	half := func(dst, src io.ReadWriteCloser) {
+		defer wg.Done()
+		cw, ok := dst.(interface{ CloseWrite() error })
+		if !c.copy(dst, src) || !ok || cw.CloseWrite() != nil {
+			closeBoth()
+		}
+	}
+	go half(a, b)
+	go half(b, a)
 	wg.Wait()
+	closeBoth()
 }

@@ -78,8 +78,7 @@ func (f *forwards) acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr err
 		conn.Close()
 		return
 	}
-	go gossh.DiscardRequests(reqs)
-	f.cp.pipe(ch, conn)
+	f.cp.forward(ch, reqs, conn)
 }
 
 func (f *forwards) refuse(ctx gssh.Context, what, why string) {
@@ -291,8 +290,7 @@ func (f *forwards) serveForward(ln net.Listener, conn *gossh.ServerConn, kind st
 				c.Close()
 				return
 			}
-			go gossh.DiscardRequests(reqs)
-			f.cp.pipe(ch, c)
+			f.cp.forward(ch, reqs, c)
 		}()
 	}
 }
