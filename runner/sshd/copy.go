@@ -1,10 +1,9 @@
 package sshd
 
 import (
-	"net"
-
 	"errors"
 	"io"
+	"net"
 	"sync"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -20,36 +19,62 @@ import (
 const (
 	bigCopyBuf   = 256 << 10
 	smallCopyBuf = 32 << 10
-	// maxBigCopyBufs bounds what forwards hold in big buffers (8 MiB, two
-	// per stream); streams past it copy with small ones.
+	// maxBigCopyBufs bounds the big buffers (8 MiB); a stream that finds
+	// none free goes on with its small one.
 	maxBigCopyBufs = 32
 )
 
-// copier carries forwarded streams, within a bound on its big buffers.
+// copier carries forwarded streams. A stream waits with a small buffer and
+// takes a big one only for a burst (a Read filled the small one), giving it
+// back once a Read comes back short: idle forwards (an IDE keeps several
+// for hours) hold 32 KiB each, and bulk ones share the bounded big ones.
 type copier struct {
-	big chan struct{} // a token per big buffer in use
+	free chan []byte // big buffers not in use
+
+	mu   sync.Mutex // guards made
+	made int
+	max  int
 }
 
-func newCopier(maxBig int) *copier { return &copier{big: make(chan struct{}, maxBig)} }
+func newCopier(maxBig int) *copier {
+	return &copier{free: make(chan []byte, maxBig), max: maxBig}
+}
 
-// buffer returns a big buffer when one is free under the bound, else a
-// small one, and the release to call when done with it.
-func (c *copier) buffer() ([]byte, func()) {
+// getBig returns a big buffer, or nil when all are in use.
+func (c *copier) getBig() []byte {
 	select {
-	case c.big <- struct{}{}:
-		return make([]byte, bigCopyBuf), func() { <-c.big }
+	case b := <-c.free:
+		return b
 	default:
-		return make([]byte, smallCopyBuf), func() {}
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.made >= c.max {
+		return nil
+	}
+	c.made++
+	return make([]byte, bigCopyBuf)
 }
+
+// putBig gives a big buffer back; the free list holds every one made.
+func (c *copier) putBig(b []byte) { c.free <- b }
 
 // copy moves src to dst until src ends (true) or an error (false), with
 // its own loop so the buffer's size is what each Read gets (io.Copy would
 // hand a net.Conn's ReadFrom/WriteTo the job, at 32 KiB a call).
 func (c *copier) copy(dst io.Writer, src io.Reader) bool {
-	buf, release := c.buffer()
-	defer release()
+	small := make([]byte, smallCopyBuf)
+	var big []byte
+	defer func() {
+		if big != nil {
+			c.putBig(big)
+		}
+	}()
 	for {
+		buf := small
+		if big != nil {
+			buf = big
+		}
 		n, err := src.Read(buf)
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
@@ -61,6 +86,13 @@ func (c *copier) copy(dst io.Writer, src io.Reader) bool {
 		}
 		if err != nil {
 			return false
+		}
+		switch {
+		case big == nil && n == len(small): // a burst
+			big = c.getBig()
+		case big != nil && n < len(small): // drained: wait small
+			c.putBig(big)
+			big = nil
 		}
 	}
 }

@@ -8,24 +8,26 @@ import (
 	"testing"
 )
 
-// The copier hands out at most its bound in big buffers, small ones past
-// it, and a released big buffer is available again.
+// The copier makes at most its bound in big buffers, hands back nil past
+// it, and reuses the ones given back.
 func TestCopierBound(t *testing.T) {
 	c := newCopier(2)
-	a, ra := c.buffer()
-	b, rb := c.buffer()
-	s, rs := c.buffer()
-	if len(a) != bigCopyBuf || len(b) != bigCopyBuf || len(s) != smallCopyBuf {
-		t.Fatalf("sizes %d %d %d", len(a), len(b), len(s))
+	a, b := c.getBig(), c.getBig()
+	if len(a) != bigCopyBuf || len(b) != bigCopyBuf {
+		t.Fatalf("sizes %d %d", len(a), len(b))
 	}
-	rs()
-	ra()
-	if again, r := c.buffer(); len(again) != bigCopyBuf {
-		t.Fatalf("a released big buffer is free again: got %d", len(again))
-	} else {
-		r()
+	if c.getBig() != nil {
+		t.Fatal("a third big buffer past a bound of two")
 	}
-	rb()
+	c.putBig(a)
+	if again := c.getBig(); &again[0] != &a[0] {
+		t.Fatal("a given-back buffer is reused")
+	}
+	c.putBig(a)
+	c.putBig(b)
+	if c.made != 2 {
+		t.Fatalf("made %d", c.made)
+	}
 }
 
 // pipe carries both directions byte for byte, passes each side's end on as
