@@ -1,6 +1,7 @@
 package logs
 
 import (
+	"encoding/binary"
 	"slices"
 	"strings"
 	"sync"
@@ -184,10 +185,7 @@ func (s *Stripper) flushLocked(all bool) {
 		out = slices.Grow(out, len(l)+1) // room even after multi-byte runes
 		k := len(out)
 		out = out[:k+len(l)]
-		i := 0
-		for ; i < len(l) && l[i] < utf8.RuneSelf; i++ {
-			out[k+i] = byte(l[i])
-		}
+		i := narrow(out[k:k+len(l)], l)
 		out = out[:k+i]
 		for _, r := range l[i:] {
 			out = utf8.AppendRune(out, r)
@@ -247,16 +245,12 @@ func (s *Stripper) feed(p []byte) {
 			i++ // other controls: bell, shift-in/out, ...
 		case b < utf8.RuneSelf:
 			// Fast path: a run of printable ASCII at the end of the line.
-			j := i
-			for j < len(p) && p[j] >= 0x20 && p[j] < 0x7f {
-				j++
-			}
+			j := i + printableRun(p[i:])
 			line := s.lines[s.row]
 			if s.col == len(line) {
-				line = slices.Grow(line, j-i)
-				for _, c := range p[i:j] {
-					line = append(line, rune(c))
-				}
+				k := len(line)
+				line = slices.Grow(line, j-i)[:k+j-i]
+				widen(line[k:], p[i:j])
 				s.lines[s.row] = line
 				s.size += j - i
 				s.col += j - i
@@ -277,6 +271,59 @@ func (s *Stripper) feed(p []byte) {
 			i += n
 		}
 	}
+}
+
+// printableRun returns how many bytes at the start of p are printable
+// ASCII (0x20-0x7e), eight at a time where it can: the stripper's hot loop.
+func printableRun(p []byte) int {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	i := 0
+	for ; i+8 <= len(p); i += 8 {
+		v := binary.LittleEndian.Uint64(p[i:])
+		// A byte is out when it has the high bit, is below 0x20, or is
+		// 0x7f: below 0x20 shows as a borrow into its high bit; 0x7f is
+		// the one byte that becomes 0x80 when 1 is added.
+		if (v|(v-0x20*ones)|(v+ones))&highs != 0 {
+			break
+		}
+	}
+	for i < len(p) && p[i] >= 0x20 && p[i] < 0x7f {
+		i++
+	}
+	return i
+}
+
+// widen copies ASCII bytes into runes; len(dst) == len(src).
+func widen(dst []rune, src []byte) {
+	dst = dst[:len(src)]
+	i := 0
+	for ; i+8 <= len(src); i += 8 {
+		d, s := dst[i:i+8:i+8], src[i:i+8:i+8]
+		d[0], d[1], d[2], d[3] = rune(s[0]), rune(s[1]), rune(s[2]), rune(s[3])
+		d[4], d[5], d[6], d[7] = rune(s[4]), rune(s[5]), rune(s[6]), rune(s[7])
+	}
+	for ; i < len(src); i++ {
+		dst[i] = rune(src[i])
+	}
+}
+
+// narrow copies the leading ASCII runes of src into dst (len(dst) ≥
+// len(src)) and returns how many it copied.
+func narrow(dst []byte, src []rune) int {
+	dst = dst[:len(src)]
+	i := 0
+	for ; i+8 <= len(src); i += 8 {
+		s, d := src[i:i+8:i+8], dst[i:i+8:i+8]
+		if (s[0] | s[1] | s[2] | s[3] | s[4] | s[5] | s[6] | s[7]) >= utf8.RuneSelf {
+			break
+		}
+		d[0], d[1], d[2], d[3] = byte(s[0]), byte(s[1]), byte(s[2]), byte(s[3])
+		d[4], d[5], d[6], d[7] = byte(s[4]), byte(s[5]), byte(s[6]), byte(s[7])
+	}
+	for ; i < len(src) && src[i] < utf8.RuneSelf; i++ {
+		dst[i] = byte(src[i])
+	}
+	return i
 }
 
 func (s *Stripper) put(r rune) {

@@ -354,3 +354,42 @@ func TestHistoryTailAndFile(t *testing.T) {
 		t.Fatalf("file has %d bytes, want %d", len(onDisk), len(want))
 	}
 }
+
+// The eight-at-a-time helpers agree with the plain loops on every byte
+// value at every position of a block, and across block boundaries.
+func TestStripperWordHelpers(t *testing.T) {
+	naiveRun := func(p []byte) int {
+		i := 0
+		for i < len(p) && p[i] >= 0x20 && p[i] < 0x7f {
+			i++
+		}
+		return i
+	}
+	for n := 0; n <= 19; n++ {
+		for pos := 0; pos < n; pos++ {
+			for b := 0; b < 256; b++ {
+				p := bytes.Repeat([]byte{'a'}, n)
+				p[pos] = byte(b)
+				if got, want := printableRun(p), naiveRun(p); got != want {
+					t.Fatalf("printableRun(%q) = %d, want %d", p, got, want)
+				}
+				if run := naiveRun(p); run > 0 {
+					r := make([]rune, run)
+					widen(r, p[:run])
+					back := make([]byte, run)
+					if k := narrow(back, r); k != run || !bytes.Equal(back, p[:run]) {
+						t.Fatalf("widen/narrow round trip of %q: %q (%d)", p[:run], back, k)
+					}
+				}
+			}
+		}
+	}
+	// narrow stops at the first non-ASCII rune, wherever it is.
+	for pos := 0; pos < 19; pos++ {
+		r := []rune(strings.Repeat("x", 19))
+		r[pos] = 'é'
+		if k := narrow(make([]byte, 19), r); k != pos {
+			t.Fatalf("narrow stopped at %d, want %d", k, pos)
+		}
+	}
+}
