@@ -29,9 +29,13 @@ type gatedConn struct {
 	net.Conn
 	g      *gate
 	source string
-	authed bool
+	authed bool // guarded by g.mu
 	once   sync.Once
 	done   func() // bookkeeping to run on close once authenticated; guarded by g.mu
+
+	dmu      sync.Mutex // guards the fields below
+	open     bool       // authenticated: deadlines pass through
+	deadline time.Time  // the deadline last set through
 }
 
 func newGate(grace time.Duration, maxStartups, perSrc, maxConns int) *gate {
@@ -49,7 +53,8 @@ func sourceOf(a net.Addr) string {
 // its login deadline set, plus the connections it evicted (to close).
 func (g *gate) admit(c net.Conn) (*gatedConn, []*gatedConn) {
 	gc := &gatedConn{Conn: c, g: g, source: sourceOf(c.RemoteAddr())}
-	_ = c.SetDeadline(g.now().Add(g.loginGrace))
+	gc.deadline = g.now().Add(g.loginGrace)
+	_ = c.SetDeadline(gc.deadline)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var evicted []*gatedConn
@@ -110,8 +115,28 @@ func (g *gate) authenticated(remote net.Addr, opened func() (closed func())) (*g
 	if opened != nil {
 		gc.done = opened()
 	}
+	gc.dmu.Lock()
+	gc.open = true
+	gc.deadline = time.Time{}
 	_ = gc.Conn.SetDeadline(time.Time{})
+	gc.dmu.Unlock()
 	return gc, true
+}
+
+// SetDeadline holds the login deadline until authentication and passes
+// later deadlines through, skipping repeats. The SSH server library sets
+// the deadline before every read and write (to none when it has no
+// timeouts of its own): that lifted the login deadline at the first read,
+// so a stalled client was never dropped, and cost a runtime timer
+// operation per packet.
+func (c *gatedConn) SetDeadline(t time.Time) error {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if !c.open || t.Equal(c.deadline) {
+		return nil
+	}
+	c.deadline = t
+	return c.Conn.SetDeadline(t)
 }
 
 // closed releases gc's place and returns its close bookkeeping.

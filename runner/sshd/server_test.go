@@ -99,3 +99,31 @@ func TestChannelCap(t *testing.T) {
 	b.Close()
 	d.Close()
 }
+
+// A connection that never authenticates is dropped at LoginGrace, whether
+// it stays silent or stalls after the version exchange: the per-read
+// deadline updates of the SSH library must not lift the login deadline.
+func TestLoginGraceDropsStalledConnections(t *testing.T) {
+	srv, err := New(Config{HostKeyDir: t.TempDir(), LoginGrace: 300 * time.Millisecond, Log: slog.New(slog.DiscardHandler)}, &KeySet{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+	for _, hello := range []string{"", "SSH-2.0-stall\r\n"} {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = c.Write([]byte(hello))
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		start := time.Now()
+		_, err = io.Copy(io.Discard, c) // the banner, maybe KEXINIT, then the close
+		took := time.Since(start)
+		c.Close()
+		if err != nil || took > 3*time.Second {
+			t.Fatalf("hello %q: connection held %s (err %v), want a drop at the 300ms grace", hello, took.Round(time.Millisecond), err)
+		}
+	}
+}
