@@ -313,8 +313,9 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 		defer close(readDone)
 		buf := make([]byte, 32<<10)
 		deliver := func(b []byte) { _, _ = pipe.Write(b) }
+		readPty := readyReader(master)
 		for {
-			n, err := master.Read(buf)
+			n, err := readPty(buf)
 			deliver(cut.pass(buf[:n]))
 			if err != nil {
 				deliver(cut.rest())
