@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,15 +73,16 @@ func BenchmarkSSHFirstLogin(b *testing.B) {
 var cipherRe = regexp.MustCompile(`kex: server->client cipher: (\S+)`)
 
 // forwardThroughput pushes size bytes through `ssh -L` into a sink on the
-// host, over streams connections at once, and returns MiB/s and the
-// negotiated cipher.
-func forwardThroughput(b *testing.B, sshArgs []string, size, streams int) (float64, string) {
+// host (down: from a source there), over streams connections at once, and
+// returns MiB/s and the negotiated cipher.
+func forwardThroughput(b *testing.B, sshArgs []string, size, streams int, down bool) (float64, string) {
 	b.Helper()
 	sink, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer sink.Close()
+	per := size / streams
 	got := make(chan int64, streams+1)
 	go func() {
 		for i := 0; i < streams+1; i++ { // the probe, then the streams
@@ -90,8 +92,19 @@ func forwardThroughput(b *testing.B, sshArgs []string, size, streams int) (float
 				continue
 			}
 			go func() {
+				defer c.Close()
+				if down && i > 0 {
+					buf := make([]byte, 256<<10)
+					n := 0
+					for ; n < per; n += len(buf) {
+						if _, err := c.Write(buf); err != nil {
+							break
+						}
+					}
+					got <- int64(n)
+					return
+				}
 				n, _ := io.Copy(io.Discard, c)
-				c.Close()
 				got <- n
 			}()
 		}
@@ -122,11 +135,18 @@ func forwardThroughput(b *testing.B, sshArgs []string, size, streams int) (float
 			b.Fatal(err)
 		}
 	}
-	per := size / streams
 	start := time.Now()
 	errs := make(chan error, streams)
+	var read atomic.Int64
 	for _, c := range conns {
 		go func() {
+			if down {
+				n, err := io.Copy(io.Discard, c)
+				read.Add(n)
+				c.Close()
+				errs <- err
+				return
+			}
 			buf := make([]byte, 256<<10)
 			for sent := 0; sent < per; sent += len(buf) {
 				if _, err := c.Write(buf); err != nil {
@@ -142,11 +162,14 @@ func forwardThroughput(b *testing.B, sshArgs []string, size, streams int) (float
 			b.Fatal(err)
 		}
 	}
+	d := time.Since(start)
 	var n int64
 	for range conns {
 		n += <-got
 	}
-	d := time.Since(start)
+	if down {
+		n = read.Load()
+	}
 	if n < int64(per*streams) {
 		b.Fatalf("sink got %d of %d bytes", n, per*streams)
 	}
@@ -157,8 +180,9 @@ func forwardThroughput(b *testing.B, sshArgs []string, size, streams int) (float
 	return float64(n) / d.Seconds() / (1 << 20), cipher
 }
 
-// BenchmarkSSHForwardThroughput: one -L stream through the runner's SSH
-// server and through OpenSSH's sshd on the same machine, same run.
+// BenchmarkSSHForwardThroughput: -L through the runner's SSH server and
+// through OpenSSH's sshd on the same machine, same run: 1 and 8 streams
+// from the client (upload), and 1 stream to it (download).
 func BenchmarkSSHForwardThroughput(b *testing.B) {
 	const size = 512 << 20
 	key, pub := sshKey(b)
@@ -176,22 +200,28 @@ func BenchmarkSSHForwardThroughput(b *testing.B) {
 	_, sport, _ := net.SplitHostPort(sshd.Addr)
 	// Every iteration measures the three side by side, alternating, and the
 	// medians are reported: this VM's speed drifts between runs.
-	for _, streams := range []int{1, 8} {
+	for _, m := range []struct {
+		streams int
+		down    bool
+	}{{1, false}, {8, false}, {1, true}} {
 		var ours, theirs, theirsSame, ratios []float64
 		var oursCipher, theirsCipher, sameCipher string
 		for i := 0; i < b.N; i++ {
 			var o, t, ts float64
-			o, oursCipher = forwardThroughput(b, append(sshOpts(key, sshPort), "root@127.0.0.1"), size, streams)
-			t, theirsCipher = forwardThroughput(b, append(sshOpts(sshd.ClientKey, sport), "root@127.0.0.1"), size, streams)
-			ts, sameCipher = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, sport), "-c", oursCipher), "root@127.0.0.1"), size, streams)
+			o, oursCipher = forwardThroughput(b, append(sshOpts(key, sshPort), "root@127.0.0.1"), size, m.streams, m.down)
+			t, theirsCipher = forwardThroughput(b, append(sshOpts(sshd.ClientKey, sport), "root@127.0.0.1"), size, m.streams, m.down)
+			ts, sameCipher = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, sport), "-c", oursCipher), "root@127.0.0.1"), size, m.streams, m.down)
 			ours, theirs, theirsSame, ratios = append(ours, o), append(theirs, t), append(theirsSame, ts), append(ratios, o/ts)
 		}
-		sfx := fmt.Sprintf("-%dstream", streams)
+		sfx := fmt.Sprintf("-%dstream", m.streams)
+		if m.down {
+			sfx += "-down"
+		}
 		b.ReportMetric(medianOf(ours), "tandem-MiB/s"+sfx)
 		b.ReportMetric(medianOf(theirs), "openssh-default-MiB/s"+sfx)
 		b.ReportMetric(medianOf(ours)/medianOf(theirs), "ratio-vs-default"+sfx)
 		b.ReportMetric(medianOf(theirsSame), "openssh-same-cipher-MiB/s"+sfx)
 		b.ReportMetric(medianOf(ratios), "ratio-same-cipher"+sfx)
-		b.Logf("%d stream(s): ciphers: tandem %s, openssh default %s, openssh forced %s; same-cipher ratios %.2f", streams, oursCipher, theirsCipher, sameCipher, ratios)
+		b.Logf("%s: ciphers: tandem %s, openssh default %s, openssh forced %s; same-cipher ratios %.2f", sfx[1:], oursCipher, theirsCipher, sameCipher, ratios)
 	}
 }
