@@ -20,8 +20,12 @@ import (
 )
 
 // benchRunner starts the runner as PID 1 of a busybox container (no init, so
-// the container's PID is the runner's) and returns its client and host pid.
-func benchRunner(b *testing.B) (*runnerclient.Client, int, string) {
+// the container's PID is the runner's) and returns its client, host pid,
+// container name, and end: removing the container and its temp dir and
+// flushing what it wrote, so a next run starts from the same state (runs
+// left 400 MB of job logs each, and the writeback of earlier runs' logs
+// took CPU from later ones: run-order ratios fell from 1.1 to 0.5).
+func benchRunner(b *testing.B) (*runnerclient.Client, int, string, func()) {
 	b.Helper()
 	bins := testenv.Binaries(b)
 	img := testenv.Busybox(b)
@@ -29,13 +33,22 @@ func benchRunner(b *testing.B) (*runnerclient.Client, int, string) {
 	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
 	name := randomID("bench-runner")
 	ctx := context.Background()
+	tmp, err := os.MkdirTemp("", "bench-runner-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	end := func() {
+		_, _ = testenv.Docker(context.Background(), "rm", "-f", name)
+		_ = os.RemoveAll(tmp)
+		unix.Sync()
+	}
+	b.Cleanup(end)
 	if _, err := testenv.Docker(ctx, "run", "-d", "--name", name, "--network", "host", "-e", "GOMAXPROCS="+os.Getenv("TANDEM_BENCH_RUNNER_GOMAXPROCS"),
-		"-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "-v", b.TempDir()+":/tmp/runner",
+		"-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "-v", tmp+":/tmp/runner",
 		"--entrypoint", "/usr/local/bin/dstack-runner", img,
 		"start", "--temp-dir", "/tmp/runner", "--http-port", port, "--http-address", "127.0.0.1", "--ssh-port", sshPort); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) })
 	pidStr, err := testenv.Docker(ctx, "inspect", "--format", "{{.State.Pid}}", name)
 	if err != nil {
 		b.Fatal(err)
@@ -44,7 +57,7 @@ func benchRunner(b *testing.B) (*runnerclient.Client, int, string) {
 	c, _ := runnerclient.New("127.0.0.1:" + port)
 	for i := 0; ; i++ {
 		if _, err := c.Healthcheck(ctx); err == nil {
-			return c, pid, name
+			return c, pid, name, end
 		}
 		if i > 300 {
 			b.Fatal("runner did not start")
@@ -263,13 +276,14 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 	var pipeline, raws, ratios, delivered, peaks []float64
 	reader := rawReader(b)
 	for i := 0; i < b.N; i++ {
-		c, pid, name := benchRunner(b)
+		c, pid, name, end := benchRunner(b)
 		ctx := context.Background()
 		// The output is prepared first so the job's pace is the terminal's,
 		// not busybox yes's (one 100-byte write per line).
 		if _, err := testenv.Docker(ctx, "exec", name, "sh", "-c", writeCmd(mb)+" > /tmp/big"); err != nil {
 			b.Fatal(err)
 		}
+		unix.Sync() // its writeback is not part of either measurement
 		raw := rawPtyRead(b, name, reader, mb)
 		var mu sync.Mutex
 		var samples []int
@@ -316,6 +330,7 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 			peak = max(peak, v)
 		}
 		mu.Unlock()
+		end()
 		pipeline = append(pipeline, float64(mb)/jobEnd.Seconds())
 		raws = append(raws, raw)
 		ratios = append(ratios, float64(mb)/jobEnd.Seconds()/raw)
@@ -324,6 +339,7 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 	}
 	// The pipeline's pace is the job's: cat ends when the runner has read
 	// (and stored) its last byte.
+	b.Logf("ratios vs the raw reader, in run order: %.2f", ratios)
 	b.ReportMetric(medianOf(pipeline), "pipeline-MiB/s")
 	b.ReportMetric(medianOf(raws), "raw-pty-MiB/s")
 	b.ReportMetric(medianOf(ratios), "ratio-vs-raw-pty")
@@ -342,7 +358,7 @@ func medianOf(v []float64) float64 {
 // spread over the whole history; reports the slowest page.
 func BenchmarkRunnerPullWithBigHistory(b *testing.B) {
 	mb := mbEnv("TANDEM_BENCH_HISTORY_MB", 1024)
-	c, pid, _ := benchRunner(b)
+	c, pid, _, _ := benchRunner(b)
 	ctx := context.Background()
 	if err := c.Submit(ctx, job("/bin/sh", "-c", writeCmd(mb))); err != nil {
 		b.Fatal(err)
