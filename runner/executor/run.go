@@ -26,6 +26,7 @@ import (
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/logs"
+	"github.com/tandem-run/tandem/runner/ptyio"
 	"github.com/tandem-run/tandem/runner/repo"
 )
 
@@ -309,13 +310,13 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	pipe := x.journal.Pipe(hist, quota)
 	readDone := make(chan struct{})
 	var cut outputCut
+	ptyReader := ptyio.NewReader(master)
 	go func() {
 		defer close(readDone)
 		buf := make([]byte, 32<<10)
 		deliver := func(b []byte) { _, _ = pipe.Write(b) }
-		readPty := readyReader(master)
 		for {
-			n, err := readPty(buf)
+			n, err := ptyReader.Read(buf)
 			deliver(cut.pass(buf[:n]))
 			if err != nil {
 				deliver(cut.rest())
@@ -341,7 +342,9 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 		<-exited
 	}
 	// The main process is gone. Leftovers holding the terminal must not keep
-	// the job alive: hang them up, then kill them if they linger.
+	// the job alive: hang them up, then kill them if they linger. The
+	// hang-up may come any moment now: reads see it from here on.
+	ptyReader.Plain()
 	select {
 	case <-readDone:
 	case <-time.After(x.cfg.DrainGrace / 2):
@@ -422,7 +425,9 @@ func oomKills(root string) int64 {
 // when a job had the terminal and the shell, the session leader, takes it
 // back, the session is hung up at once and nothing the shell wrote after
 // that moment (its prompt) is kept. A foreground program that handles
-// SIGINT itself keeps the terminal, and so its full grace.
+// SIGINT itself keeps the terminal, and so its full grace. A stop that
+// comes between two commands, while the shell itself holds the terminal,
+// interrupts the next command once it takes the terminal.
 func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}, cut *outputCut) {
 	fd := int(master.Fd())
 	intr := byte(3)
@@ -434,6 +439,7 @@ func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}
 	if jobHadTerminal {
 		cut.stopping()
 	}
+	x.runnerLog.Info("Stopping job: Ctrl-C", "session", sid, "foreground", fg0)
 	_, _ = master.Write([]byte{intr})
 	grace := time.After(x.cfg.InterruptGrace)
 	poll := time.NewTicker(time.Millisecond)
@@ -445,20 +451,35 @@ func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}
 		case <-grace:
 			waiting = false
 		case <-poll.C:
-			if !jobHadTerminal {
+			fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+			if err != nil || fg <= 0 {
 				continue
 			}
-			if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && fg == sid {
+			if !jobHadTerminal {
+				if fg != sid {
+					// The stop came between two commands, while the shell
+					// held the terminal (and shrugged the Ctrl-C off): the
+					// next command has it now, and gets its own.
+					jobHadTerminal = true
+					cut.stopping()
+					_, _ = master.Write([]byte{intr})
+					x.runnerLog.Info("Stopping job: Ctrl-C to the command that took the terminal", "foreground", fg)
+				}
+				continue
+			}
+			if fg == sid {
 				// The shell has the terminal again: keep what was
 				// written until now, then hang up.
 				pending, _ := unix.IoctlGetInt(fd, unix.TIOCINQ)
 				cut.at(pending)
 				signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
 				signalSession(x.cfg.ProcRoot, sid, syscall.SIGCONT)
+				x.runnerLog.Info("Stopping job: the shell took the terminal back, hung up")
 				waiting = false
 			}
 		}
 	}
+	x.runnerLog.Info("Stopping job: SIGTERM and SIGHUP to the session")
 	signalSession(x.cfg.ProcRoot, sid, syscall.SIGTERM)
 	signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
 	select {
@@ -466,6 +487,7 @@ func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}
 		return
 	case <-time.After(x.cfg.KillGrace):
 	}
+	x.runnerLog.Info("Stopping job: SIGKILL to the session")
 	signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
 	<-exited
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/creack/pty"
 	gssh "github.com/gliderlabs/ssh"
 	"github.com/tandem-run/tandem/runner/account"
+	"github.com/tandem-run/tandem/runner/ptyio"
 )
 
 // acceptedEnv are the client variables a session takes (as dstack's sshd
@@ -184,9 +185,11 @@ func (s *Server) run(sess gssh.Session, cmd *exec.Cmd, login account.Login) (int
 		}()
 		go func() { _, _ = io.Copy(master, sess) }()
 		out := make(chan struct{})
-		go func() { _, _ = io.Copy(sess, master); close(out) }()
+		reader := ptyio.NewReader(master)
+		go func() { _, _ = io.Copy(sess, reader); close(out) }()
 		code := s.wait(sess, cmd, sigs)
-		<-out // the terminal drained: every byte is sent before exit-status
+		reader.Plain() // the shell exited: its hang-up may come any moment
+		<-out          // the terminal drained: every byte is sent before exit-status
 		return code, nil
 	}
 	stdin, err := cmd.StdinPipe()

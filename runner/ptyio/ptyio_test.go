@@ -1,0 +1,106 @@
+package ptyio
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+)
+
+// Reader delivers what the terminal's other side writes, in order,
+// whether it was there before the read or came while the reader waited,
+// and ends with an error (EIO) once that side is closed: no hang.
+func TestReaderPty(t *testing.T) {
+	master, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	read := NewReader(master).Read
+	want := bytes.Repeat([]byte("0123456789abcdef"), 8<<10) // 128 KiB, many pty buffers
+	_, _ = tty.Write([]byte("early\n"))                     // there before the first read
+	got := make(chan []byte, 1)
+	done := make(chan error, 1)
+	go func() {
+		var all []byte
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := read(buf)
+			all = append(all, buf[:n]...)
+			if err != nil {
+				got <- all
+				done <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(50 * time.Millisecond) // the reader now waits on an empty terminal
+	for off := 0; off < len(want); off += 4000 {
+		if _, err := tty.Write(want[off:min(off+4000, len(want))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	tty.Close()
+	select {
+	case err := <-done:
+		t.Logf("the reader ended with %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not end after the terminal's other side closed")
+	}
+	all := <-got
+	// The terminal turns \n into \r\n on the way.
+	if exp := append([]byte("early\r\n"), want...); !bytes.Equal(all, exp) {
+		t.Fatalf("read %d bytes, want %d (prefix %q)", len(all), len(exp), all[:min(len(all), 20)])
+	}
+}
+
+// A hang-up that comes between two Reads may be lost to the poller; Plain
+// wakes the waiting Read and the plain read that follows sees the hang-up.
+// Before the hang-up, plain reads still deliver input.
+func TestReaderPlainAfterHangup(t *testing.T) {
+	master, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	r := NewReader(master)
+	buf := make([]byte, 1024)
+	_, _ = tty.Write([]byte("x"))
+	if n, err := r.Read(buf); err != nil || string(buf[:n]) != "x" {
+		t.Fatalf("first read: %q %v", buf[:n], err)
+	}
+	tty.Close() // no Read in progress: the edge may be dropped
+	// Idle for a moment: the runtime's poller takes the hang-up's edge now,
+	// and the next Read starts by clearing it.
+	time.Sleep(50 * time.Millisecond)
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.Read(buf)
+		done <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	r.Plain()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a read after the hang-up must fail")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Plain did not end the wait")
+	}
+
+	m2, tty2, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	defer tty2.Close()
+	r2 := NewReader(m2)
+	r2.Plain()
+	_, _ = tty2.Write([]byte("after plain"))
+	if n, err := r2.Read(buf); err != nil || string(buf[:n]) != "after plain" {
+		t.Fatalf("plain read: %q %v", buf[:n], err)
+	}
+}
