@@ -425,9 +425,7 @@ func oomKills(root string) int64 {
 // when a job had the terminal and the shell, the session leader, takes it
 // back, the session is hung up at once and nothing the shell wrote after
 // that moment (its prompt) is kept. A foreground program that handles
-// SIGINT itself keeps the terminal, and so its full grace. A stop that
-// comes between two commands, while the shell itself holds the terminal,
-// interrupts the next command once it takes the terminal.
+// SIGINT itself keeps the terminal, and so its full grace.
 func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}, cut *outputCut) {
 	fd := int(master.Fd())
 	intr := byte(3)
@@ -451,23 +449,10 @@ func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}
 		case <-grace:
 			waiting = false
 		case <-poll.C:
-			fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
-			if err != nil || fg <= 0 {
-				continue
-			}
 			if !jobHadTerminal {
-				if fg != sid {
-					// The stop came between two commands, while the shell
-					// held the terminal (and shrugged the Ctrl-C off): the
-					// next command has it now, and gets its own.
-					jobHadTerminal = true
-					cut.stopping()
-					_, _ = master.Write([]byte{intr})
-					x.runnerLog.Info("Stopping job: Ctrl-C to the command that took the terminal", "foreground", fg)
-				}
 				continue
 			}
-			if fg == sid {
+			if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && fg == sid {
 				// The shell has the terminal again: keep what was
 				// written until now, then hang up.
 				pending, _ := unix.IoctlGetInt(fd, unix.TIOCINQ)
