@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -99,10 +100,40 @@ func (r *Registry) Push(t testing.TB, local, repo string) string {
 // FreeAddr returns a free 127.0.0.1 TCP address.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if handedOut.claim(addr) {
+			return addr
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
+
+// portSet remembers the ports FreeAddr handed out in this test process.
+// The kernel may give a port just closed to the next Listen(":0"), and
+// parallel tests bind theirs later: one runner's SSH port once became
+// another's HTTP port. A port is handed out once per process.
+type portSet struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (p *portSet) claim(addr string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seen[addr] {
+		return false
+	}
+	if p.seen == nil {
+		p.seen = map[string]bool{}
+	}
+	p.seen[addr] = true
+	return true
+}
+
+// handedOut is process-wide on purpose: parallel tests share the port space.
+var handedOut portSet
