@@ -99,7 +99,7 @@ func TestGateEvictsOldestUnauthenticated(t *testing.T) {
 	if _, ok := g.authenticated(legit.RemoteAddr(), nil); !ok {
 		t.Fatal("authentication refused")
 	}
-	if p, a := g.counts(); p != 2 || a != 1 || !gl.authed {
+	if p, a := g.counts(); p != 2 || a != 1 || !gl.authed.Load() {
 		t.Fatalf("after auth: pending %d authed %d", p, a)
 	}
 	gl.Close()

@@ -3,6 +3,7 @@ package sshd
 import (
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -29,12 +30,13 @@ type gatedConn struct {
 	net.Conn
 	g      *gate
 	source string
-	authed bool // guarded by g.mu
+	// authed is set under g.mu (with the counts) and read without it by
+	// SetDeadline, on every packet.
+	authed atomic.Bool
 	once   sync.Once
 	done   func() // bookkeeping to run on close once authenticated; guarded by g.mu
 
-	dmu      sync.Mutex // guards the fields below
-	open     bool       // authenticated: deadlines pass through
+	dmu      sync.Mutex // guards deadline
 	deadline time.Time  // the deadline last set through
 }
 
@@ -111,12 +113,11 @@ func (g *gate) authenticated(remote net.Addr, opened func() (closed func())) (*g
 		return gc, false
 	}
 	g.nAuthed++
-	gc.authed = true
+	gc.authed.Store(true)
 	if opened != nil {
 		gc.done = opened()
 	}
 	gc.dmu.Lock()
-	gc.open = true
 	gc.deadline = time.Time{}
 	_ = gc.Conn.SetDeadline(time.Time{})
 	gc.dmu.Unlock()
@@ -132,7 +133,7 @@ func (g *gate) authenticated(remote net.Addr, opened func() (closed func())) (*g
 func (c *gatedConn) SetDeadline(t time.Time) error {
 	c.dmu.Lock()
 	defer c.dmu.Unlock()
-	if !c.open || t.Equal(c.deadline) {
+	if !c.authed.Load() || t.Equal(c.deadline) {
 		return nil
 	}
 	c.deadline = t
@@ -143,7 +144,7 @@ func (c *gatedConn) SetDeadline(t time.Time) error {
 func (g *gate) closed(gc *gatedConn) (done func()) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if gc.authed {
+	if gc.authed.Load() {
 		g.nAuthed--
 		return gc.done
 	}
