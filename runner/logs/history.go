@@ -57,10 +57,7 @@ func (h *History) flushLocked() error {
 	}
 	_, err := h.f.Write(h.tail)
 	h.tail = h.tail[:0]
-	if err != nil {
-		return fmt.Errorf("write job log: %w", err)
-	}
-	return nil
+	return err
 }
 
 // Write appends raw output.
@@ -75,20 +72,21 @@ func (h *History) Write(p []byte) (int, error) {
 		h.secs = append(h.secs, sec)
 		h.offs = append(h.offs, h.size)
 	}
-	if h.tail == nil {
-		h.tail = make([]byte, 0, 2*historyTail)
-	}
+	// The tail holds less than historyTail between writes, so its
+	// capacity of twice that takes any p up to historyTail; a bigger p
+	// goes to the file itself, after the tail.
 	var err error
-	if len(h.tail)+len(p) > cap(h.tail) {
-		err = h.flushLocked()
-	}
-	if len(p) > cap(h.tail) {
-		_, werr := h.f.Write(p) // larger than the tail: straight through
-		err = errors.Join(err, werr)
+	if len(p) > historyTail {
+		ferr := h.flushLocked()
+		_, werr := h.f.Write(p)
+		err = errors.Join(ferr, werr)
 	} else {
+		if h.tail == nil {
+			h.tail = make([]byte, 0, 2*historyTail)
+		}
 		h.tail = append(h.tail, p...)
 		if len(h.tail) >= historyTail {
-			err = errors.Join(err, h.flushLocked())
+			err = h.flushLocked()
 		}
 	}
 	h.size += int64(len(p))
@@ -111,7 +109,11 @@ func (h *History) Close() error {
 	}
 	h.closed = true
 	close(h.changed)
-	return errors.Join(h.flushLocked(), h.f.Sync())
+	var ferr error
+	if err := h.flushLocked(); err != nil {
+		ferr = fmt.Errorf("write job log: %w", err)
+	}
+	return errors.Join(ferr, h.f.Sync())
 }
 
 // Size returns the bytes written so far.

@@ -303,8 +303,8 @@ func TestPullWindowMergesStoresUnderTheCap(t *testing.T) {
 
 // The write-behind tail: readers see every byte as written, whether it is
 // still in memory, already in the file, or split across both; the file
-// holds everything once closed; the file gets far fewer writes than the
-// pty reads (the point of the tail).
+// holds everything once closed; writes bigger than the tail keep their
+// place in the order.
 func TestHistoryTailAndFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "job.log")
 	h, err := OpenHistory(path, nil)
@@ -315,7 +315,11 @@ func TestHistoryTailAndFile(t *testing.T) {
 	r := h.Reader(time.Time{})
 	var got []byte
 	for i := 0; len(want) < 5*historyTail; i++ {
-		chunk := bytes.Repeat([]byte{byte('a' + i%26)}, 1+(i*977)%(32<<10))
+		size := 1 + (i*977)%(32<<10)
+		if i%7 == 3 { // bigger than the tail: straight to the file, after it
+			size = historyTail + 1000
+		}
+		chunk := bytes.Repeat([]byte{byte('a' + i%26)}, size)
 		if _, err := h.Write(chunk); err != nil {
 			t.Fatal(err)
 		}
