@@ -92,19 +92,12 @@ func forwardThroughput(b *testing.B, sshArgs []string, size, streams int, down b
 				continue
 			}
 			go func() {
-				defer c.Close()
+				var n int64
 				if down && i > 0 {
-					buf := make([]byte, 256<<10)
-					n := 0
-					for ; n < per; n += len(buf) {
-						if _, err := c.Write(buf); err != nil {
-							break
-						}
-					}
-					got <- int64(n)
-					return
+					n, _ = sendN(c, per)
+				} else {
+					n, _ = recvAll(c)
 				}
-				n, _ := io.Copy(io.Discard, c)
 				got <- n
 			}()
 		}
@@ -141,20 +134,13 @@ func forwardThroughput(b *testing.B, sshArgs []string, size, streams int, down b
 	for _, c := range conns {
 		go func() {
 			if down {
-				n, err := io.Copy(io.Discard, c)
+				n, err := recvAll(c)
 				read.Add(n)
-				c.Close()
 				errs <- err
 				return
 			}
-			buf := make([]byte, 256<<10)
-			for sent := 0; sent < per; sent += len(buf) {
-				if _, err := c.Write(buf); err != nil {
-					errs <- err
-					return
-				}
-			}
-			errs <- c.Close()
+			_, err := sendN(c, per)
+			errs <- err
 		}()
 	}
 	for range conns {
@@ -178,6 +164,27 @@ func forwardThroughput(b *testing.B, sshArgs []string, size, streams int, down b
 		cipher = m[1]
 	}
 	return float64(n) / d.Seconds() / (1 << 20), cipher
+}
+
+// sendN writes at least n bytes to c in 256 KiB writes and closes it.
+func sendN(c net.Conn, n int) (int64, error) {
+	buf := make([]byte, 256<<10)
+	var sent int64
+	for sent < int64(n) {
+		if _, err := c.Write(buf); err != nil {
+			c.Close()
+			return sent, err
+		}
+		sent += int64(len(buf))
+	}
+	return sent, c.Close()
+}
+
+// recvAll reads c to its end and closes it.
+func recvAll(c net.Conn) (int64, error) {
+	n, err := io.Copy(io.Discard, c)
+	c.Close()
+	return n, err
 }
 
 // BenchmarkSSHForwardThroughput: -L through the runner's SSH server and
