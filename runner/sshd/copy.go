@@ -6,6 +6,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/tandem-run/tandem/runner/rawnet"
 	gossh "golang.org/x/crypto/ssh"
 )
 
@@ -21,7 +22,9 @@ const (
 	smallCopyBuf = 32 << 10
 	// maxBigCopyBufs bounds the big buffers (8 MiB); a stream that finds
 	// none free goes on with its small one.
-	maxBigCopyBufs = 32
+	maxBigCopyBufs   = 32
+	readAheadBuf     = 256 << 10
+	maxReadAheadBufs = 16
 )
 
 // copier carries forwarded streams. A stream waits with a small buffer and
@@ -107,7 +110,7 @@ func (c *copier) forward(ch gossh.Channel, reqs <-chan *gossh.Request, conn net.
 		gossh.DiscardRequests(reqs)
 		close(gone)
 	}()
-	c.pipe(ch, conn, gone)
+	c.pipe(ch, rawnet.Wrap(conn), gone)
 }
 
 // pipe copies both ways. The end of one direction is passed on as a

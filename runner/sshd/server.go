@@ -27,6 +27,7 @@ import (
 
 	"github.com/tandem-run/tandem/common/atomicfile"
 	"github.com/tandem-run/tandem/runner/account"
+	"github.com/tandem-run/tandem/runner/rawnet"
 )
 
 // Config is how the server runs.
@@ -78,6 +79,8 @@ type Server struct {
 	keys *KeySet
 	srv  *gssh.Server
 	gate *gate
+	// ahead holds the connections' read-ahead buffers (see rawnet).
+	ahead *rawnet.Buffers
 }
 
 // authKey is one authorized_keys line: the key and its options.
@@ -159,7 +162,8 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, keys: keys, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns)}
+	s := &Server{cfg: cfg, keys: keys, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns),
+		ahead: rawnet.NewBuffers(readAheadBuf, maxReadAheadBufs)}
 	fw := &forwards{s: s, log: cfg.Log, cp: newCopier(maxBigCopyBufs)}
 	s.srv = &gssh.Server{
 		Addr:                          cfg.Addr,
@@ -224,7 +228,7 @@ func (s *Server) Tracker() *Tracker { return s.cfg.Tracker }
 // onConn admits a new connection into the login window (see gate); the
 // oldest unauthenticated connections past the caps are dropped.
 func (s *Server) onConn(_ gssh.Context, c net.Conn) net.Conn {
-	gc, evicted := s.gate.admit(c)
+	gc, evicted := s.gate.admit(rawnet.WrapReadAhead(c, s.ahead))
 	for _, e := range evicted {
 		s.cfg.Log.Info("ssh: dropping an unauthenticated connection to make room", "remote", e.RemoteAddr().String())
 		e.Close()

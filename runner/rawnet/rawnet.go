@@ -1,0 +1,266 @@
+// Package rawnet reads and writes sockets without handing the Go
+// scheduler's P away during the system call.
+//
+// The net package enters every read and write through the runtime's
+// syscall gate: a P whose goroutine sits in a system call longer than the
+// monitor's tick (20 µs while busy) is taken and handed to another thread.
+// A socket is non-blocking, so a read or write never sleeps in the kernel,
+// but copying 256 KiB into a loopback socket takes longer than the tick:
+// with one P (the runner's default on small machines) nearly every bulk
+// write of a forward cost a hand-off and a thread wake-up, which OpenSSH's
+// single-threaded loop never pays. A raw system call keeps the P, as the
+// call cannot block; when the socket has no data or no room the goroutine
+// waits on the runtime's poller exactly as net.Conn does (deadlines and
+// Close included, through syscall.RawConn).
+package rawnet
+
+import (
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// Conn is a net.Conn whose Read and Write are raw system calls on the
+// descriptor; every other method is the wrapped connection's.
+type Conn struct {
+	net.Conn
+	rc syscall.RawConn
+
+	ahead *Buffers   // nil: no read-ahead
+	mu    sync.Mutex // serializes read-ahead Reads; guards buf, r, w
+	buf   []byte     // read ahead; non-nil exactly while r < w
+	r, w  int        // buf[r:w] is unread
+}
+
+// Wrap returns c with raw reads and writes, or c itself when it has no
+// descriptor to use (a pipe, a TLS connection).
+func Wrap(c net.Conn) net.Conn {
+	if _, ok := c.(*Conn); ok {
+		return c
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return c
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	return &Conn{Conn: c, rc: rc}
+}
+
+// WrapReadAhead is Wrap whose small reads are served from a buffer
+// filled by one system call (taken from bufs while it holds data): a
+// reader that takes a header and then a body through a small bufio (as
+// x/crypto/ssh does, 4 KiB) makes one system call per many packets instead
+// of two per packet.
+func WrapReadAhead(c net.Conn, bufs *Buffers) net.Conn {
+	w := Wrap(c)
+	if rc, ok := w.(*Conn); ok {
+		rc.ahead = bufs
+	}
+	return w
+}
+
+// Read reads what the socket holds, up to len(p); it waits on the poller
+// while it holds nothing.
+func (c *Conn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if c.ahead == nil {
+		return c.read(p)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.r < c.w {
+		n := copy(p, c.buf[c.r:c.w])
+		c.r += n
+		if c.r == c.w {
+			c.ahead.put(c.buf)
+			c.buf = nil
+		}
+		return n, nil
+	}
+	if len(p) >= c.ahead.size {
+		return c.read(p)
+	}
+	// Wait for data holding no buffer: an idle connection holds none.
+	var n int
+	var errno syscall.Errno
+	err := c.rc.Read(func(fd uintptr) bool {
+		dst := c.ahead.get()
+		own := dst != nil
+		if !own { // all in use: straight into p
+			dst = p
+		}
+		n, errno = rawRead(fd, dst)
+		switch {
+		case errno == syscall.EAGAIN:
+			if own {
+				c.ahead.put(dst)
+			}
+			return false
+		case own && n > 0:
+			c.buf = dst
+		case own:
+			c.ahead.put(dst)
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return 0, c.opError("read", err)
+	case errno != 0:
+		return 0, c.opError("read", os.NewSyscallError("read", errno))
+	case n == 0:
+		return 0, io.EOF
+	case c.buf == nil: // read straight into p
+		return n, nil
+	}
+	k := copy(p, c.buf[:n])
+	c.r, c.w = k, n
+	if k == n {
+		c.ahead.put(c.buf)
+		c.buf = nil
+	}
+	return k, nil
+}
+
+func (c *Conn) read(p []byte) (int, error) {
+	var n int
+	var errno syscall.Errno
+	err := c.rc.Read(func(fd uintptr) bool {
+		n, errno = rawRead(fd, p)
+		return errno != syscall.EAGAIN
+	})
+	switch {
+	case err != nil:
+		return 0, c.opError("read", err)
+	case errno != 0:
+		return 0, c.opError("read", os.NewSyscallError("read", errno))
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// rawRead is one read(2) of fd into p (len(p) > 0), retried on EINTR,
+// that keeps the P: fd is non-blocking.
+func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
+	for {
+		r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		if e != syscall.EINTR {
+			if e != 0 {
+				return 0, e
+			}
+			return int(r), 0
+		}
+	}
+}
+
+// Buffers is a bounded set of read-ahead buffers shared by connections;
+// a connection that finds none free reads straight into the caller's
+// buffer, as without read-ahead.
+type Buffers struct {
+	size int
+	free chan []byte
+	mu   sync.Mutex // guards made
+	made int
+}
+
+// NewBuffers bounds read-ahead to max buffers of size bytes.
+func NewBuffers(size, max int) *Buffers {
+	return &Buffers{size: size, free: make(chan []byte, max)}
+}
+
+func (b *Buffers) get() []byte {
+	select {
+	case buf := <-b.free:
+		return buf
+	default:
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.made == cap(b.free) {
+		return nil
+	}
+	b.made++
+	return make([]byte, b.size)
+}
+
+// put gives back a buffer from get; nil and foreign buffers are ignored.
+func (b *Buffers) put(buf []byte) {
+	if len(buf) != b.size {
+		return
+	}
+	b.free <- buf
+}
+
+// Write writes all of p, waiting on the poller while the socket has no
+// room.
+func (c *Conn) Write(p []byte) (int, error) {
+	var n int
+	var errno syscall.Errno
+	err := c.rc.Write(func(fd uintptr) bool {
+		for n < len(p) {
+			r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&p[n])), uintptr(len(p)-n))
+			switch e {
+			case 0:
+				n += int(r)
+			case syscall.EINTR:
+			case syscall.EAGAIN:
+				return false
+			default:
+				errno = e
+				return true
+			}
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+		return n, c.opError("write", err)
+	case errno != 0:
+		return n, c.opError("write", os.NewSyscallError("write", errno))
+	}
+	return n, nil
+}
+
+// Close closes the connection and gives back a read-ahead buffer it still
+// held (a connection closed with data unread).
+func (c *Conn) Close() error {
+	err := c.Conn.Close()
+	if c.ahead != nil {
+		c.mu.Lock() // a Read waiting on the poller holds no buffer and returns now
+		if c.buf != nil {
+			c.ahead.put(c.buf)
+			c.buf, c.r, c.w = nil, 0, 0
+		}
+		c.mu.Unlock()
+	}
+	return err
+}
+
+// CloseWrite shuts the write side down when the wrapped connection can
+// (TCP, Unix stream): a forward passes a half-close on with it.
+func (c *Conn) CloseWrite() error {
+	cw, ok := c.Conn.(interface{ CloseWrite() error })
+	if !ok {
+		return c.opError("close-write", syscall.ENOTSUP)
+	}
+	return cw.CloseWrite()
+}
+
+// opError names the operation and the endpoints as net.Conn's errors do
+// (a deadline error stays a net.Error whose Timeout is true).
+func (c *Conn) opError(op string, err error) error {
+	if oe, ok := err.(*net.OpError); ok {
+		oe.Op = op
+		return oe
+	}
+	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+}
