@@ -21,6 +21,8 @@ import (
 	"sync"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Conn is a net.Conn whose Read and Write are raw system calls on the
@@ -36,7 +38,10 @@ type Conn struct {
 }
 
 // Wrap returns c with raw reads and writes, or c itself when it has no
-// descriptor to use (a pipe, a TLS connection).
+// descriptor to use (a pipe, a TLS connection) or a blocking one: a raw
+// call that sleeps in the kernel would hold the P (with one P, the whole
+// process) until it returns. The net package's sockets are non-blocking;
+// the check is for anything else.
 func Wrap(c net.Conn) net.Conn {
 	if _, ok := c.(*Conn); ok {
 		return c
@@ -47,6 +52,13 @@ func Wrap(c net.Conn) net.Conn {
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
+		return c
+	}
+	nonblocking := false
+	if err := rc.Control(func(fd uintptr) {
+		flags, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
+		nonblocking = err == nil && flags&unix.O_NONBLOCK != 0
+	}); err != nil || !nonblocking {
 		return c
 	}
 	return &Conn{Conn: c, rc: rc}

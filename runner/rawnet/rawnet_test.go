@@ -262,7 +262,8 @@ func TestReadAheadBuffersBounded(t *testing.T) {
 	}
 }
 
-// TestWrapWithoutDescriptor: a connection with no descriptor is left as it is.
+// TestWrapWithoutDescriptor: a connection with no descriptor, or with a
+// blocking one, is left as it is.
 func TestWrapWithoutDescriptor(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
@@ -270,9 +271,15 @@ func TestWrapWithoutDescriptor(t *testing.T) {
 	if Wrap(a) != a || WrapReadAhead(b, NewBuffers(10, 1)) != b {
 		t.Fatal("a pipe was wrapped")
 	}
-	d, _ := tcpPair(t)
+	d, blocking := tcpPair(t)
 	w := Wrap(d)
 	if Wrap(w) != w {
 		t.Fatal("wrapped twice")
+	}
+	// A blocking descriptor is left to the net package's calls.
+	rc, _ := blocking.SyscallConn()
+	_ = rc.Control(func(fd uintptr) { _ = syscall.SetNonblock(int(fd), false) })
+	if Wrap(blocking) != net.Conn(blocking) {
+		t.Fatal("a blocking socket was wrapped")
 	}
 }
