@@ -89,13 +89,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.r < c.w {
-		n := copy(p, c.buf[c.r:c.w])
-		c.r += n
-		if c.r == c.w {
-			c.ahead.put(c.buf)
-			c.buf = nil
-		}
-		return n, nil
+		return c.drain(p), nil
 	}
 	if len(p) >= c.ahead.size {
 		return c.read(p)
@@ -104,7 +98,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	var n int
 	var errno syscall.Errno
 	err := c.rc.Read(func(fd uintptr) bool {
-		dst := c.ahead.get()
+		dst := c.ahead.Get()
 		own := dst != nil
 		if !own { // all in use: straight into p
 			dst = p
@@ -113,33 +107,33 @@ func (c *Conn) Read(p []byte) (int, error) {
 		switch {
 		case errno == syscall.EAGAIN:
 			if own {
-				c.ahead.put(dst)
+				c.ahead.Put(dst)
 			}
 			return false
 		case own && n > 0:
 			c.buf = dst
 		case own:
-			c.ahead.put(dst)
+			c.ahead.Put(dst)
 		}
 		return true
 	})
-	switch {
-	case err != nil:
-		return 0, c.opError("read", err)
-	case errno != 0:
-		return 0, c.opError("read", os.NewSyscallError("read", errno))
-	case n == 0:
-		return 0, io.EOF
-	case c.buf == nil: // read straight into p
-		return n, nil
+	if c.buf == nil { // an error, the end, or read straight into p
+		return c.readResult(n, err, errno)
 	}
-	k := copy(p, c.buf[:n])
-	c.r, c.w = k, n
-	if k == n {
-		c.ahead.put(c.buf)
+	c.r, c.w = 0, n
+	return c.drain(p), nil
+}
+
+// drain copies read-ahead data into p and gives the buffer back once it
+// is empty.
+func (c *Conn) drain(p []byte) int {
+	n := copy(p, c.buf[c.r:c.w])
+	c.r += n
+	if c.r == c.w {
+		c.ahead.Put(c.buf)
 		c.buf = nil
 	}
-	return k, nil
+	return n
 }
 
 func (c *Conn) read(p []byte) (int, error) {
@@ -149,6 +143,11 @@ func (c *Conn) read(p []byte) (int, error) {
 		n, errno = rawRead(fd, p)
 		return errno != syscall.EAGAIN
 	})
+	return c.readResult(n, err, errno)
+}
+
+// readResult is Read's answer to a raw read's outcome.
+func (c *Conn) readResult(n int, err error, errno syscall.Errno) (int, error) {
 	switch {
 	case err != nil:
 		return 0, c.opError("read", err)
@@ -174,9 +173,10 @@ func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	}
 }
 
-// Buffers is a bounded set of read-ahead buffers shared by connections;
-// a connection that finds none free reads straight into the caller's
-// buffer, as without read-ahead.
+// Buffers is a bounded set of same-sized buffers shared by connections
+// (read-ahead here, the forwards' burst buffers in sshd): a user that
+// finds none free goes on without one (for read-ahead: reads straight into
+// the caller's buffer).
 type Buffers struct {
 	size int
 	free chan []byte
@@ -184,12 +184,13 @@ type Buffers struct {
 	made int
 }
 
-// NewBuffers bounds read-ahead to max buffers of size bytes.
+// NewBuffers bounds the set to max buffers of size bytes, made on demand.
 func NewBuffers(size, max int) *Buffers {
 	return &Buffers{size: size, free: make(chan []byte, max)}
 }
 
-func (b *Buffers) get() []byte {
+// Get returns a free buffer, or nil when all max are in use.
+func (b *Buffers) Get() []byte {
 	select {
 	case buf := <-b.free:
 		return buf
@@ -204,8 +205,8 @@ func (b *Buffers) get() []byte {
 	return make([]byte, b.size)
 }
 
-// put gives back a buffer from get; nil and foreign buffers are ignored.
-func (b *Buffers) put(buf []byte) {
+// Put gives back a buffer from Get; nil and foreign buffers are ignored.
+func (b *Buffers) Put(buf []byte) {
 	if len(buf) != b.size {
 		return
 	}
@@ -249,7 +250,7 @@ func (c *Conn) Close() error {
 	if c.ahead != nil {
 		c.mu.Lock() // a Read waiting on the poller holds no buffer and returns now
 		if c.buf != nil {
-			c.ahead.put(c.buf)
+			c.ahead.Put(c.buf)
 			c.buf, c.r, c.w = nil, 0, 0
 		}
 		c.mu.Unlock()

@@ -283,3 +283,27 @@ func TestWrapWithoutDescriptor(t *testing.T) {
 		t.Fatal("a blocking socket was wrapped")
 	}
 }
+
+// TestBuffersBound: at most max buffers are made, Get answers nil past
+// them, and given-back ones are reused.
+func TestBuffersBound(t *testing.T) {
+	b := NewBuffers(64, 2)
+	x, y := b.Get(), b.Get()
+	if len(x) != 64 || len(y) != 64 {
+		t.Fatalf("sizes %d %d", len(x), len(y))
+	}
+	if b.Get() != nil {
+		t.Fatal("a third buffer past a bound of two")
+	}
+	b.Put(x)
+	if again := b.Get(); &again[0] != &x[0] {
+		t.Fatal("a given-back buffer is not reused")
+	}
+	b.Put(x)
+	b.Put(y)
+	b.Put(make([]byte, 10)) // foreign: ignored
+	b.Put(nil)
+	if b.made != 2 || len(b.free) != 2 {
+		t.Fatalf("made %d, free %d", b.made, len(b.free))
+	}
+}

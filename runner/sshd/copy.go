@@ -22,7 +22,10 @@ const (
 	smallCopyBuf = 32 << 10
 	// maxBigCopyBufs bounds the big buffers (8 MiB); a stream that finds
 	// none free goes on with its small one.
-	maxBigCopyBufs   = 32
+	maxBigCopyBufs = 32
+	// Each SSH connection reads up to readAheadBuf per system call from
+	// one of maxReadAheadBufs shared buffers (4 MiB), held only while it
+	// holds unread data (see rawnet.WrapReadAhead).
 	readAheadBuf     = 256 << 10
 	maxReadAheadBufs = 16
 )
@@ -32,35 +35,12 @@ const (
 // back once a Read comes back short: idle forwards (an IDE keeps several
 // for hours) hold 32 KiB each, and bulk ones share the bounded big ones.
 type copier struct {
-	free chan []byte // big buffers not in use
-
-	mu   sync.Mutex // guards made
-	made int
-	max  int
+	big *rawnet.Buffers
 }
 
 func newCopier(maxBig int) *copier {
-	return &copier{free: make(chan []byte, maxBig), max: maxBig}
+	return &copier{big: rawnet.NewBuffers(bigCopyBuf, maxBig)}
 }
-
-// getBig returns a big buffer, or nil when all are in use.
-func (c *copier) getBig() []byte {
-	select {
-	case b := <-c.free:
-		return b
-	default:
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.made >= c.max {
-		return nil
-	}
-	c.made++
-	return make([]byte, bigCopyBuf)
-}
-
-// putBig gives a big buffer back; the free list holds every one made.
-func (c *copier) putBig(b []byte) { c.free <- b }
 
 // copy moves src to dst until src ends (true) or an error (false), with
 // its own loop so the buffer's size is what each Read gets (io.Copy would
@@ -70,7 +50,7 @@ func (c *copier) copy(dst io.Writer, src io.Reader) bool {
 	var big []byte
 	defer func() {
 		if big != nil {
-			c.putBig(big)
+			c.big.Put(big)
 		}
 	}()
 	for {
@@ -92,9 +72,9 @@ func (c *copier) copy(dst io.Writer, src io.Reader) bool {
 		}
 		switch {
 		case big == nil && n == len(small): // a burst
-			big = c.getBig()
+			big = c.big.Get()
 		case big != nil && n < len(small): // drained: wait small
-			c.putBig(big)
+			c.big.Put(big)
 			big = nil
 		}
 	}

@@ -8,28 +8,6 @@ import (
 	"testing"
 )
 
-// The copier makes at most its bound in big buffers, hands back nil past
-// it, and reuses the ones given back.
-func TestCopierBound(t *testing.T) {
-	c := newCopier(2)
-	a, b := c.getBig(), c.getBig()
-	if len(a) != bigCopyBuf || len(b) != bigCopyBuf {
-		t.Fatalf("sizes %d %d", len(a), len(b))
-	}
-	if c.getBig() != nil {
-		t.Fatal("a third big buffer past a bound of two")
-	}
-	c.putBig(a)
-	if again := c.getBig(); &again[0] != &a[0] {
-		t.Fatal("a given-back buffer is reused")
-	}
-	c.putBig(a)
-	c.putBig(b)
-	if c.made != 2 {
-		t.Fatalf("made %d", c.made)
-	}
-}
-
 // pipe carries both directions byte for byte, passes each side's end on as
 // a half-close (the far end answers after its peer shut its write side,
 // and the client still gets all of it), and closes both at the end.
