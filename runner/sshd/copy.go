@@ -23,11 +23,6 @@ const (
 	// maxBigCopyBufs bounds the big buffers (8 MiB); a stream that finds
 	// none free goes on with its small one.
 	maxBigCopyBufs = 32
-	// Each SSH connection reads up to readAheadBuf per system call from
-	// one of maxReadAheadBufs shared buffers (4 MiB), held only while it
-	// holds unread data (see rawnet.WrapReadAhead).
-	readAheadBuf     = 256 << 10
-	maxReadAheadBufs = 16
 )
 
 // copier carries forwarded streams. A stream waits with a small buffer and

@@ -83,6 +83,14 @@ type Server struct {
 	ahead *rawnet.Buffers
 }
 
+// Each SSH connection reads up to readAheadBuf per system call from one of
+// maxReadAheadBufs shared buffers (4 MiB), held only while it holds unread
+// data (see rawnet.WrapReadAhead).
+const (
+	readAheadBuf     = 256 << 10
+	maxReadAheadBufs = 16
+)
+
 // authKey is one authorized_keys line: the key and its options.
 type authKey struct {
 	key     gossh.PublicKey
