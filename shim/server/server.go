@@ -113,6 +113,8 @@ func toHTTP(err error) error {
 		return &httpapi.Error{Status: http.StatusServiceUnavailable, Message: task.ErrNotReady.Error()}
 	case errors.Is(err, task.ErrInvalid):
 		return &httpapi.Error{Status: http.StatusBadRequest, Message: trimClass(err, task.ErrInvalid)}
+	case errors.Is(err, task.ErrStorage):
+		return &httpapi.Error{Status: http.StatusInsufficientStorage, Message: err.Error(), Err: err}
 	case errors.Is(err, task.ErrConflict):
 		return &httpapi.Error{Status: http.StatusConflict, Message: err.Error()}
 	case errors.As(err, &stopErr):

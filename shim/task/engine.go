@@ -24,6 +24,9 @@ var (
 	ErrNotFound = errors.New("task not found")
 	ErrConflict = errors.New("request error")
 	ErrInvalid  = errors.New("invalid task")
+	// ErrStorage means the shim could not persist what it was asked to do
+	// (its home's filesystem is full): nothing was started.
+	ErrStorage = errors.New("the shim cannot save the task's record; free space in its home")
 	// ErrNotReady means the shim is still restoring tasks after a start.
 	ErrNotReady = errors.New("the shim is restoring its tasks after a start; retry shortly")
 )
@@ -156,7 +159,8 @@ func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logg
 	e.life, e.shutdown = context.WithCancel(context.Background())
 	e.idle = sync.NewCond(&e.mu)
 	if cfg.Home != "" {
-		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks")}
+		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks"),
+			reserve: &reserve{path: filepath.Join(cfg.Home, ".state-reserve"), size: defaultReserve, log: log}}
 	}
 	return e
 }
@@ -201,7 +205,18 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	info := e.infoLocked(t)
 	e.wg.Add(1)
 	e.mu.Unlock()
-	e.save(t)
+	// The first record is on disk before the answer: a task the server was
+	// told about survives a restart. When it cannot be written, nothing
+	// starts and the caller hears why.
+	if err := e.save(t); err != nil {
+		e.mu.Lock()
+		delete(e.tasks, cfg.ID)
+		e.mu.Unlock()
+		cancel()
+		e.wg.Done()
+		e.log.Error("task refused: its record cannot be written", "task_id", cfg.ID, "err", err)
+		return api.TaskInfoResponse{}, fmt.Errorf("%w: %v", ErrStorage, err)
+	}
 	e.obs().TaskSubmitted()
 	go func() {
 		defer e.wg.Done()

@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -305,6 +306,24 @@ func TestSubmitErrorsAreClassified(t *testing.T) {
 	e, _ := newEngine(t, newStepRuntime())
 	if _, err := e.Submit(api.TaskConfig{ID: "x", Name: "a b", ImageName: "i"}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("bad name: %v", err)
+	}
+	for _, img := range []string{"ubuntu\x1b]0;pwned\x07", "a\nb", "UPPER/Case", "img:tag:tag", " img", strings.Repeat("a", 300)} {
+		_, err := e.Submit(api.TaskConfig{ID: "x", Name: "n", ImageName: img})
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "not a valid image reference") {
+			t.Errorf("image %q: %v", img, err)
+		}
+		if strings.ContainsAny(fmt.Sprint(err), "\x1b\n\x07") {
+			t.Errorf("image %q: the message carries control characters: %q", img, err)
+		}
+	}
+	if len(e.List()) != 0 {
+		t.Fatalf("refused submits left tasks: %v", e.List())
+	}
+	for _, img := range []string{"ubuntu", "ubuntu:22.04", "dstackai/base:py3.12-0.7-cuda-12.1", "nvcr.io/nvidia/pytorch:24.01-py3",
+		"localhost:5000/a/b@sha256:" + strings.Repeat("a", 64)} {
+		if err := validate(api.TaskConfig{ID: "x", Name: "n", ImageName: img}); err != nil {
+			t.Errorf("image %q refused: %v", img, err)
+		}
 	}
 	if _, err := e.Get("nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatal(err)

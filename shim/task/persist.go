@@ -4,12 +4,17 @@ package task
 
 import (
 	"slices"
+	"time"
 )
 
 // saveSoon persists t in the background, coalescing bursts into one write
 // of the latest state. Used on the start path, where recovery already copes
 // with a record one step behind (a pending or creating record whose
-// container exists is reconciled or cleaned up).
+// container exists is reconciled or cleaned up), and for every state that
+// must reach the disk eventually: a write that fails (a full disk) is
+// retried with backoff until it lands, the task is removed or the shim
+// shuts down, so a terminal status and its reason are never lost to one
+// failed write.
 func (e *Engine) saveSoon(t *task) {
 	if e.recs == nil {
 		return
@@ -24,6 +29,7 @@ func (e *Engine) saveSoon(t *task) {
 	e.writers++
 	e.mu.Unlock()
 	go func() {
+		backoff := retryFirst
 		for {
 			e.mu.Lock()
 			if !t.dirty {
@@ -37,9 +43,38 @@ func (e *Engine) saveSoon(t *task) {
 			}
 			t.dirty = false
 			e.mu.Unlock()
-			e.save(t)
+			if err := e.save(t); err == nil {
+				backoff = retryFirst
+				continue
+			}
+			e.mu.Lock()
+			t.dirty = true // whatever is newest now is written on the retry
+			e.mu.Unlock()
+			select {
+			case <-time.After(backoff):
+			case <-e.life.Done():
+				e.mu.Lock()
+				t.dirty = false
+				e.mu.Unlock()
+			}
+			backoff = min(2*backoff, retryMax)
 		}
 	}()
+}
+
+// Backoff of failed record writes.
+const (
+	retryFirst = 250 * time.Millisecond
+	retryMax   = 10 * time.Second
+)
+
+// mustSave writes t's record now and, when that fails, keeps retrying in
+// the background (saveSoon). For states that are already true (a stop
+// requested, a container created) and must not be lost.
+func (e *Engine) mustSave(t *task) {
+	if err := e.save(t); err != nil {
+		e.saveSoon(t)
+	}
 }
 
 // Sync waits until no background record write is running.
@@ -52,17 +87,18 @@ func (e *Engine) Sync() {
 }
 
 // save writes t's record. Each call snapshots the latest state, and writes
-// of one task are serialized, so the file never goes back in time.
-func (e *Engine) save(t *task) {
+// of one task are serialized, so the file never goes back in time. A
+// removed task is not written (nil).
+func (e *Engine) save(t *task) error {
 	if e.recs == nil {
-		return
+		return nil
 	}
 	t.saveMu.Lock()
 	defer t.saveMu.Unlock()
 	e.mu.RLock()
 	if e.tasks[t.cfg.ID] != t { // removed meanwhile: no resurrection
 		e.mu.RUnlock()
-		return
+		return nil
 	}
 	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
 		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
@@ -70,6 +106,8 @@ func (e *Engine) save(t *task) {
 		SubmittedAt: t.created}
 	e.mu.RUnlock()
 	if err := e.recs.save(rec); err != nil {
-		e.log.Error("persist task", "task_id", t.cfg.ID, "err", err)
+		e.log.Error("persist task", "task_id", t.cfg.ID, "status", rec.Status, "err", err)
+		return err
 	}
+	return nil
 }

@@ -207,7 +207,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		e.mu.Lock()
 		t.keysAdded = true
 		e.mu.Unlock()
-		e.save(t)
+		if err := e.save(t); err != nil {
+			return fail(api.ReasonExecutorError, "host keys error: the task's record cannot be saved, so no key is added: %v", err)
+		}
 		if err := e.keys.Add(cfg.HostSSHUser, cfg.ID, cfg.HostSSHKeys); err != nil {
 			return fail(api.ReasonExecutorError, "host keys error: %v", err)
 		}
@@ -225,7 +227,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		e.mu.Lock()
 		t.volumes = names
 		e.mu.Unlock()
-		e.save(t)
+		if err := e.save(t); err != nil {
+			return fail(api.ReasonExecutorError, "prepareVolumes error: the task's record cannot be saved, so nothing is mounted: %v", err)
+		}
 		for _, v := range cfg.Volumes {
 			if err := e.cfg.Volumes.Mount(ctx, cfg.ID, v); err != nil {
 				return fail(api.ReasonExecutorError, "prepareVolumes error: %v", err)
@@ -278,7 +282,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 			e.mu.Lock()
 			t.contID = id
 			e.mu.Unlock()
-			e.save(t)
+			e.mustSave(t)
 			err = e.rt.Start(context.WithoutCancel(ctx), id)
 		}
 	}

@@ -45,7 +45,10 @@ const recordVersion = 1
 
 // records stores one JSON file per task; the file name is the escaped task
 // id, so even an unreadable record still names its task.
-type records struct{ dir string }
+type records struct {
+	dir     string
+	reserve *reserve // nil: none
+}
 
 func (r records) path(id string) string {
 	return filepath.Join(r.dir, url.PathEscape(id)+".json")
@@ -65,9 +68,17 @@ func (r records) save(rec record) error {
 	// No fsync of the directory: the rename is atomic for a crashed or
 	// killed shim, and after a power cut the previous record (older, never
 	// torn) is what recovery reads. It halves the fsyncs on the start path.
-	if err := atomicfile.WriteBytes(r.path(rec.Config.ID), b, atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
+	write := func() error {
+		return atomicfile.WriteBytes(r.path(rec.Config.ID), b, atomicfile.Options{Perm: 0o600, UID: -1})
+	}
+	err = write()
+	if err != nil && noSpace(err) && r.reserve.release() {
+		err = write()
+	}
+	if err != nil {
 		return fmt.Errorf("task record %s: %w", rec.Config.ID, err)
 	}
+	r.reserve.take()
 	return nil
 }
 

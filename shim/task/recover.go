@@ -90,7 +90,7 @@ func (e *Engine) Restore(ctx context.Context) error {
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before the task's container started; submit it again"})
 			close(t.done)
 		}
-		e.save(t)
+		e.mustSave(t)
 	}
 	return e.Reconcile(ctx)
 }
@@ -177,7 +177,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 				t.ports = c.Ports
 			}
 			e.mu.Unlock()
-			e.save(t)
+			e.mustSave(t)
 			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", t.gpuIDs)
 			e.follow(t, log)
 		}
@@ -234,7 +234,7 @@ func (e *Engine) adopt(c ContainerState) {
 		e.mu.Lock()
 		t.reason, t.message, t.released = reason, msg, true
 		e.mu.Unlock()
-		e.save(t)
+		e.mustSave(t)
 		close(t.done)
 		log.Info("adopted a stopped task container", "exit_code", c.ExitCode)
 		return
@@ -244,7 +244,7 @@ func (e *Engine) adopt(c ContainerState) {
 			log.Error("adopted task's GPUs are held by another task", "err", err)
 		}
 	}
-	e.save(t)
+	e.mustSave(t)
 	log.Info("adopted a running task container", "gpus", t.gpuIDs)
 	e.follow(t, log)
 }

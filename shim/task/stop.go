@@ -40,7 +40,7 @@ func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminate
 	}
 	status, contID := t.status, t.contID
 	e.mu.Unlock()
-	e.save(t)
+	e.mustSave(t) // the reason must survive a restart: retried until written
 
 	t.cancelPre()
 	if status == api.TaskRunning && contID != "" {

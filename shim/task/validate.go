@@ -3,9 +3,11 @@ package task
 // Validation at the door and what makes two submits the same.
 
 import (
+	"errors"
 	"fmt"
 	"path/filepath"
 	"reflect"
+	"strconv"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/ident"
@@ -54,6 +56,16 @@ func validate(c api.TaskConfig) error {
 		return fmt.Errorf("%w: gpu must be -1, 0 or a positive count, got %d", ErrInvalid, c.GPU)
 	case c.CPU < 0 || c.Memory < 0 || c.ShmSize < 0:
 		return fmt.Errorf("%w: cpu, memory and shm_size must not be negative", ErrInvalid)
+	}
+	if _, _, err := imageRef(c.ImageName); err != nil {
+		q := strconv.Quote(c.ImageName)
+		if len(q) > 80 {
+			q = q[:77] + "..."
+		}
+		// Docker's reference grammar (what `docker pull` accepts). Names
+		// reach people's terminals through every client that lists tasks,
+		// so control characters and the rest are refused at the door.
+		return fmt.Errorf("%w: image_name %s is not a valid image reference: %v", ErrInvalid, q, errors.Unwrap(err))
 	}
 	for i, v := range c.Volumes {
 		if err := ident.VolumeName(v.Name); err != nil {
