@@ -28,6 +28,7 @@ import (
 	"github.com/tandem-run/tandem/shim/gpu"
 	"github.com/tandem-run/tandem/shim/hostinfo"
 	"github.com/tandem-run/tandem/shim/metrics"
+	"github.com/tandem-run/tandem/shim/netiso"
 	"github.com/tandem-run/tandem/shim/origin"
 	"github.com/tandem-run/tandem/shim/server"
 	"github.com/tandem-run/tandem/shim/task"
@@ -64,6 +65,9 @@ type Config struct {
 	DCGMExporterPort  int
 	VolumesRoot       string // "/mnt/disks/dstack-volumes"
 	GCPDiskByID       string // "/dev/disk/by-id"
+	// IsolatedNetwork is the bridge network (no inter-container traffic)
+	// that bridge-mode tasks join; "": Docker's default bridge.
+	IsolatedNetwork string
 	// Ready, if set, receives the listen address once the API serves.
 	Ready func(addr string)
 }
@@ -131,7 +135,12 @@ func Run(ctx context.Context, cfg Config) error {
 		Tasks: func() []api.TaskListItem { return engine.List() }})
 	volumes.Observe = mx.VolumeMount
 	runnerComp.Observe, shimComp.Observe = mx.ComponentInstalled, mx.ComponentInstalled
+	var taskNet task.Network
+	if cfg.IsolatedNetwork != "" {
+		taskNet = &netiso.Network{Name: cfg.IsolatedNetwork, Docker: rt.Client(), Log: log}
+	}
 	engine = task.New(task.Config{
+		Network:           taskNet,
 		Observer:          mx,
 		Volumes:           volumes,
 		VolumesRoot:       cfg.VolumesRoot,

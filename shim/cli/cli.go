@@ -17,6 +17,7 @@ import (
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/agent"
+	"github.com/tandem-run/tandem/shim/netiso"
 )
 
 // versionVerbose prints the reported version, Tandem's release and the
@@ -109,6 +110,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		APIAllowContainers: c.Bool("api-allow-containers"),
 		APIToken:           c.String("api-token"),
 		APIAllowedHosts:    c.StringSlice("api-allowed-host"),
+		IsolatedNetwork:    c.String("task-network"),
 	}, nil
 }
 
@@ -120,6 +122,7 @@ func Flags() []cli.Flag {
 		&cli.DurationFlag{Name: "reconcile-interval", Value: 5 * time.Second, Hidden: true, Usage: "how often containers are reconciled with tasks"},
 		&cli.BoolFlag{Name: "api-allow-containers", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_CONTAINERS"}, Usage: "kill switch: serve callers inside containers too (the API is root on this host)"},
 		&cli.StringFlag{Name: "api-token", EnvVars: []string{"TANDEM_SHIM_API_TOKEN"}, Usage: "require this bearer token on every API call (a second factor; the dstack server does not send one)"},
+		&cli.StringFlag{Name: "task-network", Value: netiso.DefaultName, EnvVars: []string{"TANDEM_SHIM_TASK_NETWORK"}, Usage: "bridge network (created with inter-container traffic off) that bridge-mode tasks join, so tasks cannot reach each other; \"\" for Docker's default bridge"},
 		&cli.StringSliceFlag{Name: "api-allowed-host", EnvVars: []string{"TANDEM_SHIM_API_ALLOWED_HOSTS"}, Usage: "Host header names accepted besides loopback ones (* for any)"},
 		&cli.IntFlag{Name: "shim-http-port", Value: 10998, EnvVars: []string{"DSTACK_SHIM_HTTP_PORT"}, Usage: "API port"},
 		&cli.StringFlag{Name: "shim-http-address", Value: "127.0.0.1", EnvVars: []string{"DSTACK_SHIM_HTTP_ADDRESS"}, Usage: "API bind address"},

@@ -60,8 +60,17 @@ type Volumes interface {
 	Claim(name, taskID string) error
 }
 
+// Network is the bridge network that bridge-mode tasks join (shim/netiso):
+// Ensure creates it when missing and returns its name.
+type Network interface {
+	Ensure(ctx context.Context) (string, error)
+}
+
 // Config is how the engine runs tasks.
 type Config struct {
+	// Network isolates bridge-mode tasks from each other; nil: they join
+	// Docker's default bridge, where containers reach each other.
+	Network Network
 	// Observer receives metrics events (nil: none).
 	Observer Observer
 	// Volumes mounts network volumes; nil refuses tasks that ask for them.

@@ -259,6 +259,13 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		return aborted()
 	}
 	spec := e.containerSpec(t, dir, gpuIDs)
+	if spec.NetworkMode == "bridge" && e.cfg.Network != nil {
+		name, err := e.cfg.Network.Ensure(ctx)
+		if err != nil {
+			return fail(api.ReasonCreatingContainerError, "isolated network error: %v", err)
+		}
+		spec.NetworkMode = name
+	}
 	// Create must not be cut off halfway by a terminate: we want the id, so
 	// that remove can find what Docker made.
 	id, err := e.rt.Create(context.WithoutCancel(ctx), spec)

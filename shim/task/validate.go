@@ -57,6 +57,13 @@ func validate(c api.TaskConfig) error {
 	case c.CPU < 0 || c.Memory < 0 || c.ShmSize < 0:
 		return fmt.Errorf("%w: cpu, memory and shm_size must not be negative", ErrInvalid)
 	}
+	switch c.NetworkMode {
+	case "", "host", "bridge":
+	default:
+		// Anything else reaches Docker as is: "container:<another task>"
+		// would join that task's network namespace.
+		return fmt.Errorf("%w: network_mode %s: want host or bridge", ErrInvalid, strconv.Quote(c.NetworkMode))
+	}
 	if _, _, err := imageRef(c.ImageName); err != nil {
 		q := strconv.Quote(c.ImageName)
 		if len(q) > 80 {
