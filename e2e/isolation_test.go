@@ -24,7 +24,9 @@ import (
 func bridgeRunner(t *testing.T, h *shimHarness, runnerPort string) (api.TaskInfoResponse, *runnerHarness, string) {
 	t.Helper()
 	cfg := h.submit(api.TaskConfig{NetworkMode: "bridge"})
-	info := h.wait(cfg.ID, 60*time.Second, func(i api.TaskInfoResponse) bool { return i.Status == api.TaskRunning || i.Status == api.TaskTerminated })
+	info := h.wait(cfg.ID, 60*time.Second, func(i api.TaskInfoResponse) bool {
+		return i.Status == api.TaskRunning || i.Status == api.TaskTerminated
+	})
 	if info.Status != api.TaskRunning {
 		t.Fatalf("bridge task did not run: %+v", info)
 	}
