@@ -329,7 +329,8 @@ func TestShimServesOnlyTheHost(t *testing.T) {
 		t.Fatalf("the host itself: %v", err)
 	}
 	b, _ := os.ReadFile(filepath.Join(h.home, "shim.log"))
-	if !strings.Contains(string(b), "shim API refused") {
+	// Containers are refused when their connection is accepted.
+	if !strings.Contains(string(b), "API connection refused") {
 		t.Fatal("no log line for the refusals")
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"strings"
 
@@ -146,6 +147,11 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 		switch {
 		case status >= 500:
 			log.Error("internal error", attrs...)
+		case errors.Is(err, net.ErrClosed):
+			// The connection was closed under the request (a full gate
+			// evicted a slow body): one line per eviction would let a
+			// flood write the log.
+			log.Debug("API error on a closed connection", attrs...)
 		case status == http.StatusNotFound:
 			// Expected in normal operation: the server and tandem look up
 			// tasks they just removed.

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -15,7 +14,8 @@ import (
 // arriving at MinBodyRate after BodyGrace, and no read may stall longer
 // than BodyIdle.
 type Limits struct {
-	MaxConns          int           // open connections; more wait in the kernel's backlog
+	MaxConns          int           // open connections (Gate); more wait in the kernel's backlog
+	Reserve           int           // of MaxConns, slots only trusted callers may take (Gate)
 	ReadHeaderTimeout time.Duration // request line and headers
 	IdleTimeout       time.Duration // keep-alive connection with no request
 	BodyIdle          time.Duration // longest pause inside a request body
@@ -29,6 +29,7 @@ type Limits struct {
 // for everyone else.
 var DefaultLimits = Limits{
 	MaxConns:          512,
+	Reserve:           64,
 	ReadHeaderTimeout: 10 * time.Second,
 	IdleTimeout:       90 * time.Second,
 	BodyIdle:          30 * time.Second,
@@ -37,8 +38,8 @@ var DefaultLimits = Limits{
 	MaxHeaderBytes:    64 << 10,
 }
 
-// NewServer returns an http.Server for h with lim applied. Listen with
-// Listener(ln, lim) to cap connections.
+// NewServer returns an http.Server for h with lim applied. Serve it on a
+// Gate (NewGate, then Attach) to cap connections.
 func NewServer(h http.Handler, lim Limits) *http.Server {
 	return &http.Server{
 		Handler:           bodyDeadlines(h, lim),
@@ -63,13 +64,18 @@ func bodyDeadlines(h http.Handler, lim Limits) http.Handler {
 			return
 		}
 		rc := http.NewResponseController(w)
-		b := &deadlineBody{rc: rc, body: r.Body, lim: lim, start: time.Now()}
+		b := &deadlineBody{rc: rc, body: r.Body, lim: lim, start: time.Now(), gc: gateConnOf(r.Context())}
 		if err := b.extend(); err != nil {
 			// Not a connection that takes deadlines (a test recorder).
 			h.ServeHTTP(w, r)
 			return
 		}
 		r.Body = b
+		if b.gc != nil {
+			// Until the body is in, a full gate may cut this connection.
+			b.gc.setBody(true)
+			defer b.gc.setBody(false)
+		}
 		h.ServeHTTP(w, r)
 		if !b.eof() {
 			// The server may still discard the rest of the body: bounded too.
@@ -83,6 +89,7 @@ type deadlineBody struct {
 	body  io.ReadCloser
 	lim   Limits
 	start time.Time
+	gc    *gateConn // nil: not through a gate
 
 	mu   sync.Mutex
 	n    int64
@@ -120,6 +127,9 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 		b.done = true
 	}
 	b.mu.Unlock()
+	if err == io.EOF && b.gc != nil {
+		b.gc.setBody(false)
+	}
 	if err == io.EOF {
 		// Past the body the server reads the connection in the background
 		// (to notice a client that goes away): no deadline may cut that,
@@ -137,51 +147,3 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 }
 
 func (b *deadlineBody) Close() error { return b.body.Close() }
-
-// Listener caps the connections open at once at lim.MaxConns: Accept waits
-// for a slot, so excess clients queue in the kernel instead of costing the
-// agent a file descriptor each.
-func Listener(ln net.Listener, lim Limits) net.Listener {
-	if lim.MaxConns <= 0 {
-		return ln
-	}
-	return &limitListener{Listener: ln, sem: make(chan struct{}, lim.MaxConns), done: make(chan struct{})}
-}
-
-type limitListener struct {
-	net.Listener
-	sem       chan struct{}
-	done      chan struct{}
-	closeOnce sync.Once
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.sem
-		return nil, err
-	}
-	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
-}
-
-func (l *limitListener) Close() error {
-	l.closeOnce.Do(func() { close(l.done) })
-	return l.Listener.Close()
-}
-
-type limitConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.release)
-	return err
-}

@@ -1,9 +1,9 @@
 package httpapi
 
 import (
-	"bufio"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -18,7 +18,9 @@ func serve(t *testing.T, h http.Handler, lim Limits) string {
 		t.Fatal(err)
 	}
 	hs := NewServer(h, lim)
-	go func() { _ = hs.Serve(Listener(ln, lim)) }()
+	g := NewGate(ln, lim, nil, slog.New(slog.DiscardHandler))
+	g.Attach(hs)
+	go func() { _ = hs.Serve(g) }()
 	t.Cleanup(func() { _ = hs.Close() })
 	return ln.Addr().String()
 }
@@ -38,35 +40,6 @@ func closedWithin(c net.Conn, d time.Duration) bool {
 	_ = c.SetReadDeadline(time.Now().Add(d))
 	_, err := io.Copy(io.Discard, c)
 	return err == nil // EOF: closed by the server; a timeout: still open
-}
-
-func TestListenerCapsConnections(t *testing.T) {
-	lim := DefaultLimits
-	lim.MaxConns = 3
-	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "ok") }), lim)
-	var idle []net.Conn
-	for range 3 {
-		c := dial(t, addr)
-		_, _ = c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
-		if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
-			t.Fatal(err)
-		}
-		idle = append(idle, c)
-	}
-	// The fourth waits for a slot...
-	c4 := dial(t, addr)
-	_, _ = c4.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
-	_ = c4.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if _, err := bufio.NewReader(c4).ReadString('\n'); err == nil {
-		t.Fatal("a connection past MaxConns was served")
-	}
-	// ...and is served once one closes.
-	idle[0].Close()
-	_ = c4.SetReadDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c4).ReadString('\n')
-	if err != nil || !strings.Contains(line, "200") {
-		t.Fatalf("after a slot freed: %q %v", line, err)
-	}
 }
 
 func TestIdleAndSlowClientsAreCut(t *testing.T) {

@@ -156,9 +156,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
 	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
-	ln = httpapi.Listener(ln, httpapi.DefaultLimits)
-	go func() { _ = hs.Serve(ln) }()
-	log.Info("runner API serving", "addr", ln.Addr().String())
+	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, nil, log)
+	gate.Attach(hs)
+	go func() { _ = hs.Serve(gate) }()
+	log.Info("runner API serving", "addr", gate.Addr().String())
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -246,13 +246,16 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
 	}
 	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
-	hs.ConnContext = server.ConnContext
-	ln = httpapi.Listener(ln, httpapi.DefaultLimits)
+	// Who a connection is, is decided when it is accepted, before it holds
+	// one of the API's slots: a container's connections are refused at
+	// once, and the reserve is for the host.
+	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, access.Admit(origin.Checker{}.CheckBatch), log)
+	gate.Attach(hs)
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	log.Info("shim API serving", "addr", ln.Addr().String())
+	go func() { errc <- hs.Serve(gate) }()
+	log.Info("shim API serving", "addr", gate.Addr().String())
 	if cfg.Ready != nil {
-		cfg.Ready(ln.Addr().String())
+		cfg.Ready(gate.Addr().String())
 	}
 
 	// systemd (Type=notify): ready once serving and recovered; the

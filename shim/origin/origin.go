@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 )
 
 // Verdict is the answer for one connection.
@@ -20,6 +21,9 @@ type Verdict struct {
 	Peer string
 	// Reason says why a connection is not from the host.
 	Reason string
+	// Client identifies the process that owns the client's socket
+	// ("pid 812"), for fairness between clients; "" when not found.
+	Client string
 }
 
 // ErrNotFound means the client's socket is not in this network namespace's
@@ -38,34 +42,95 @@ func (c Checker) proc() string {
 	return c.Proc
 }
 
+// Pair is one connection: the shim's end and the client's.
+type Pair struct{ Local, Remote net.Addr }
+
 // Check resolves the connection between local (the shim's end) and remote
 // (the client's end).
 func (c Checker) Check(local, remote net.Addr) Verdict {
-	l, ok1 := local.(*net.TCPAddr)
-	r, ok2 := remote.(*net.TCPAddr)
-	if !ok1 || !ok2 {
-		return Verdict{Peer: remote.String(), Reason: "not a TCP connection"}
+	return c.CheckBatch([]Pair{{Local: local, Remote: remote}})[0]
+}
+
+// CheckBatch resolves many connections with one walk of the process table:
+// finding who owns a socket costs a read of every descriptor link of the
+// processes walked, so a flood of connections is decided for the price of
+// a few walks, not one walk each.
+func (c Checker) CheckBatch(pairs []Pair) []Verdict {
+	out := make([]Verdict, len(pairs))
+	inodes := make([]uint64, len(pairs))
+	want := map[uint64]struct{}{}
+	look := c.inodeLookup()
+	defer look.close()
+	for i, p := range pairs {
+		l, ok1 := p.Local.(*net.TCPAddr)
+		r, ok2 := p.Remote.(*net.TCPAddr)
+		if !ok1 || !ok2 {
+			out[i] = Verdict{Peer: addrString(p.Remote), Reason: "not a TCP connection"}
+			continue
+		}
+		out[i].Peer = r.String()
+		inode, err := look.inode(l, r)
+		if err != nil {
+			out[i].Reason = err.Error()
+			continue
+		}
+		inodes[i] = inode
+		want[inode] = struct{}{}
 	}
-	v := Verdict{Peer: r.String()}
-	inode, err := c.socketInode(l, r)
+	if len(want) == 0 {
+		return out
+	}
+	owners, err := c.socketOwners(want)
 	if err != nil {
-		v.Reason = err.Error()
-		return v
+		for i := range out {
+			if inodes[i] != 0 {
+				out[i].Reason = err.Error()
+			}
+		}
+		return out
 	}
-	pid, comm, err := c.socketOwner(inode)
-	if err != nil {
-		v.Reason = err.Error()
-		return v
+	type nsVerdict struct {
+		same bool
+		err  error
 	}
-	v.Peer = fmt.Sprintf("%s pid %d (%s)", r, pid, comm)
-	same, err := c.sameMountNamespace(pid)
-	switch {
-	case err != nil:
-		v.Reason = err.Error()
-	case !same:
-		v.Reason = "the client runs in another mount namespace (a container)"
-	default:
-		v.FromHost = true
+	byPid := map[int]nsVerdict{}
+	for i, inode := range inodes {
+		if inode == 0 {
+			continue
+		}
+		o, ok := owners[inode]
+		if !ok {
+			out[i].Reason = fmt.Sprintf("no process holds the client socket (inode %d)", inode)
+			continue
+		}
+		out[i].Peer = fmt.Sprintf("%s pid %d (%s)", out[i].Peer, o.pid, o.comm)
+		out[i].Client = "pid " + strconv.Itoa(o.pid)
+		nv, seen := byPid[o.pid]
+		if !seen {
+			nv.same, nv.err = c.sameMountNamespace(o.pid)
+			byPid[o.pid] = nv
+		}
+		switch {
+		case nv.err != nil:
+			out[i].Reason = nv.err.Error()
+		case !nv.same:
+			out[i].Reason = "the client runs in another mount namespace (a container)"
+		default:
+			out[i].FromHost = true
+		}
 	}
-	return v
+	return out
+}
+
+// owner is the process found holding a socket.
+type owner struct {
+	pid  int
+	comm string
+}
+
+func addrString(a net.Addr) string {
+	if a == nil {
+		return "unknown"
+	}
+	return a.String()
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,33 +13,57 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
 )
 
-// socketInode finds the client's socket: an exact sock_diag lookup by the
-// connection's 4-tuple (about 20 µs), else a scan of /proc/net/tcp{,6}
-// (about a millisecond: the kernel walks every hash bucket to print it).
-func (c Checker) socketInode(local, remote *net.TCPAddr) (uint64, error) {
-	if c.Proc == "" || c.Proc == "/proc" {
-		if inode, err := diagInode(remote, local); err == nil {
-			return inode, nil
-		}
-	}
-	return c.scanInode(local, remote)
+// inodeLookup finds client sockets: an exact sock_diag lookup by the
+// connection's 4-tuple (about 20 µs, one netlink socket for a batch), else
+// a scan of /proc/net/tcp{,6} (about a millisecond: the kernel walks every
+// hash bucket to print it).
+type inodeLookup struct {
+	c  Checker
+	fd int // the netlink socket; -1: none
 }
 
-// diagInode asks NETLINK_SOCK_DIAG for the TCP socket whose local end is
-// src and whose remote end is dst, and returns its inode.
-func diagInode(src, dst *net.TCPAddr) (uint64, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG)
-	if err != nil {
-		return 0, err
+func (c Checker) inodeLookup() *inodeLookup {
+	l := &inodeLookup{c: c, fd: -1}
+	if c.Proc == "" || c.Proc == "/proc" {
+		if fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.NETLINK_SOCK_DIAG); err == nil {
+			tv := unix.Timeval{Sec: 1}
+			_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+			l.fd = fd
+		}
 	}
-	defer unix.Close(fd)
-	tv := unix.Timeval{Sec: 1}
-	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	return l
+}
+
+func (l *inodeLookup) close() {
+	if l.fd >= 0 {
+		unix.Close(l.fd)
+		l.fd = -1
+	}
+}
+
+func (l *inodeLookup) inode(local, remote *net.TCPAddr) (uint64, error) {
+	if l.fd >= 0 {
+		inode, err := diagInode(l.fd, remote, local)
+		if err == nil || errors.Is(err, ErrNotFound) {
+			// The kernel's answer is exact: a socket it does not find (a
+			// client that already closed, one in another namespace) is
+			// not in /proc/net/tcp either, and scanning that table once
+			// per connection of a closed flood froze the accept loop.
+			return inode, err
+		}
+	}
+	return l.c.scanInode(local, remote)
+}
+
+// diagInode asks NETLINK_SOCK_DIAG (on fd) for the TCP socket whose local
+// end is src and whose remote end is dst, and returns its inode.
+func diagInode(fd int, src, dst *net.TCPAddr) (uint64, error) {
 	family := uint8(unix.AF_INET)
 	s4, d4 := src.IP.To4(), dst.IP.To4()
 	if s4 == nil || d4 == nil {
@@ -50,7 +75,8 @@ func diagInode(src, dst *net.TCPAddr) (uint64, error) {
 	ne.PutUint32(req[0:], 72)
 	ne.PutUint16(req[4:], unix.SOCK_DIAG_BY_FAMILY)
 	ne.PutUint16(req[6:], unix.NLM_F_REQUEST)
-	ne.PutUint32(req[8:], 1)
+	seq := diagSeq.Add(1)
+	ne.PutUint32(req[8:], seq)
 	r := req[16:]
 	r[0], r[1] = family, unix.IPPROTO_TCP
 	ne.PutUint32(r[4:], 0xffffffff) // every state
@@ -65,26 +91,35 @@ func diagInode(src, dst *net.TCPAddr) (uint64, error) {
 		return 0, err
 	}
 	buf := make([]byte, 8192)
-	n, _, err := unix.Recvfrom(fd, buf, 0)
-	if err != nil {
-		return 0, err
-	}
-	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-	if err != nil {
-		return 0, err
-	}
-	for _, m := range msgs {
-		if m.Header.Type == unix.NLMSG_ERROR {
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return 0, err
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return 0, err
+		}
+		for _, m := range msgs {
+			if m.Header.Seq != seq {
+				continue // a late answer to an earlier question on this socket
+			}
+			if m.Header.Type == unix.NLMSG_ERROR {
+				return 0, ErrNotFound
+			}
+			if m.Header.Type == unix.SOCK_DIAG_BY_FAMILY && len(m.Data) >= 72 {
+				if inode := ne.Uint32(m.Data[68:]); inode != 0 {
+					return uint64(inode), nil
+				}
+			}
 			return 0, ErrNotFound
 		}
-		if m.Header.Type == unix.SOCK_DIAG_BY_FAMILY && len(m.Data) >= 72 {
-			if inode := ne.Uint32(m.Data[68:]); inode != 0 {
-				return uint64(inode), nil
-			}
-		}
 	}
-	return 0, ErrNotFound
 }
+
+// diagSeq numbers netlink questions, so that an answer is matched to its
+// question on a socket used for a batch.
+var diagSeq atomic.Uint32
 
 func putIP(dst []byte, ip net.IP, family uint8) {
 	if family == unix.AF_INET {
@@ -144,36 +179,73 @@ func addrIs(s string, a *net.TCPAddr) bool {
 	return ip.Equal(a.IP)
 }
 
-// socketOwner finds a process holding the socket inode.
-func (c Checker) socketOwner(inode uint64) (int, string, error) {
-	want := "socket:[" + strconv.FormatUint(inode, 10) + "]"
-	entries, err := os.ReadDir(c.proc())
+// socketOwners finds a process holding each socket inode in want, with one
+// walk of the process table, newest process first: the client (an ssh
+// session's forwarder, a CLI, a job) is usually younger than the
+// long-lived daemons with many descriptors. The walk stops once every
+// inode is found. Descriptor links are read relative to each fd
+// directory, into one buffer.
+func (c Checker) socketOwners(want map[uint64]struct{}) (map[uint64]owner, error) {
+	found := make(map[uint64]owner, len(want))
+	proc, err := os.Open(c.proc())
 	if err != nil {
-		return 0, "", fmt.Errorf("read %s: %w", c.proc(), err)
+		return nil, fmt.Errorf("read %s: %w", c.proc(), err)
 	}
-	// Newest first: the client (an ssh session's forwarder, a CLI, a job)
-	// is usually younger than the long-lived daemons with many descriptors.
-	pids := make([]int, 0, len(entries))
-	for _, e := range entries {
-		if pid, err := strconv.Atoi(e.Name()); err == nil {
+	names, err := proc.Readdirnames(-1)
+	proc.Close()
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", c.proc(), err)
+	}
+	pids := make([]int, 0, len(names))
+	for _, n := range names {
+		if pid, err := strconv.Atoi(n); err == nil {
 			pids = append(pids, pid)
 		}
 	}
 	slices.SortFunc(pids, func(a, b int) int { return b - a })
+	link := make([]byte, 64)
 	for _, pid := range pids {
-		fdDir := filepath.Join(c.proc(), strconv.Itoa(pid), "fd")
-		fds, err := os.ReadDir(fdDir)
+		dir := filepath.Join(c.proc(), strconv.Itoa(pid), "fd")
+		dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			continue
 		}
+		f := os.NewFile(uintptr(dfd), dir)
+		fds, _ := f.Readdirnames(-1)
 		for _, fd := range fds {
-			if link, err := os.Readlink(filepath.Join(fdDir, fd.Name())); err == nil && link == want {
-				comm, _ := os.ReadFile(filepath.Join(c.proc(), strconv.Itoa(pid), "comm"))
-				return pid, strings.TrimSpace(string(comm)), nil
+			n, err := unix.Readlinkat(dfd, fd, link)
+			if err != nil {
+				continue
 			}
+			inode, ok := socketLinkInode(link[:n])
+			if !ok {
+				continue
+			}
+			if _, ok := want[inode]; !ok {
+				continue
+			}
+			if _, dup := found[inode]; dup {
+				continue
+			}
+			comm, _ := os.ReadFile(filepath.Join(c.proc(), strconv.Itoa(pid), "comm"))
+			found[inode] = owner{pid: pid, comm: strings.TrimSpace(string(comm))}
+		}
+		f.Close()
+		if len(found) == len(want) {
+			break
 		}
 	}
-	return 0, "", fmt.Errorf("no process holds the client socket (inode %d)", inode)
+	return found, nil
+}
+
+// socketLinkInode parses "socket:[12345]".
+func socketLinkInode(b []byte) (uint64, bool) {
+	const prefix = "socket:["
+	if len(b) < len(prefix)+2 || string(b[:len(prefix)]) != prefix || b[len(b)-1] != ']' {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(b[len(prefix):len(b)-1]), 10, 64)
+	return v, err == nil
 }
 
 func (c Checker) sameMountNamespace(pid int) (bool, error) {

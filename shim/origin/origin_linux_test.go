@@ -86,13 +86,85 @@ func TestDiagAgreesWithScan(t *testing.T) {
 	defer cl.Close()
 	c := accepted(t, ln)
 	l, r := c.LocalAddr().(*net.TCPAddr), c.RemoteAddr().(*net.TCPAddr)
-	a, err1 := diagInode(r, l)
+	look := Checker{}.inodeLookup()
+	defer look.close()
+	if look.fd < 0 {
+		t.Fatal("no netlink socket")
+	}
+	a, err1 := diagInode(look.fd, r, l)
 	b, err2 := Checker{}.scanInode(l, r)
 	if err1 != nil || err2 != nil || a != b || a == 0 {
 		t.Fatalf("diag %d %v, scan %d %v", a, err1, b, err2)
 	}
-	if _, err := diagInode(&net.TCPAddr{IP: r.IP, Port: 1}, l); err == nil {
+	if _, err := diagInode(look.fd, &net.TCPAddr{IP: r.IP, Port: 1}, l); err == nil {
 		t.Fatal("a tuple with no socket was found")
+	}
+	// The socket answers again after a miss (answers matched by sequence).
+	if a2, err := diagInode(look.fd, r, l); err != nil || a2 != a {
+		t.Fatalf("after a miss: %d %v", a2, err)
+	}
+}
+
+// TestCheckBatchMixesHostAndNamespaced: one batch of connections from this
+// process and from a client in its own mount namespace gets each verdict
+// right, with one walk.
+func TestCheckBatchMixesHostAndNamespaced(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("unshare needs root")
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox missing")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	var pairs []Pair
+	var want []bool
+	for i := range 40 {
+		if i%4 == 3 {
+			cmd := exec.Command("unshare", "--mount", bb, "nc", "127.0.0.1", port)
+			stdin, _ := cmd.StdinPipe()
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				stdin.Close()
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				_ = cmd.Wait()
+			})
+			want = append(want, false)
+		} else {
+			cl, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cl.Close() })
+			want = append(want, true)
+		}
+		c := accepted(t, ln)
+		pairs = append(pairs, Pair{Local: c.LocalAddr(), Remote: c.RemoteAddr()})
+	}
+	// A connection whose client is gone (closed before the check) and a
+	// pair that is not TCP are refused, not mistaken.
+	gone, _ := net.Dial("tcp", ln.Addr().String())
+	gc := accepted(t, ln)
+	gone.Close()
+	time.Sleep(50 * time.Millisecond)
+	pairs = append(pairs, Pair{Local: gc.LocalAddr(), Remote: gc.RemoteAddr()}, Pair{Local: &net.UnixAddr{}, Remote: &net.UnixAddr{Name: "x"}})
+	want = append(want, false, false)
+	got := Checker{}.CheckBatch(pairs)
+	for i, v := range got {
+		if v.FromHost != want[i] {
+			t.Errorf("pair %d: want from host %v, got %+v", i, want[i], v)
+		}
+		if !v.FromHost && v.Reason == "" {
+			t.Errorf("pair %d: a refusal without a reason: %+v", i, v)
+		}
 	}
 }
 

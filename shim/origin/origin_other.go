@@ -9,6 +9,12 @@ import (
 
 var errUnsupported = errors.New("origin checks need Linux procfs")
 
-func (c Checker) socketInode(_, _ *net.TCPAddr) (uint64, error) { return 0, errUnsupported }
-func (c Checker) socketOwner(uint64) (int, string, error)       { return 0, "", errUnsupported }
-func (c Checker) sameMountNamespace(int) (bool, error)          { return false, errUnsupported }
+type inodeLookup struct{}
+
+func (c Checker) inodeLookup() *inodeLookup                    { return &inodeLookup{} }
+func (l *inodeLookup) close()                                  {}
+func (l *inodeLookup) inode(_, _ *net.TCPAddr) (uint64, error) { return 0, errUnsupported }
+func (c Checker) socketOwners(map[uint64]struct{}) (map[uint64]owner, error) {
+	return nil, errUnsupported
+}
+func (c Checker) sameMountNamespace(int) (bool, error) { return false, errUnsupported }

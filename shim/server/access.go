@@ -126,7 +126,30 @@ func (a Access) Middleware() echo.MiddlewareFunc {
 	}
 }
 
+// Admit decides connections for the API's httpapi.Gate with check (the
+// origin checker's batch form): a container's connection is refused when
+// it is accepted, before it holds a slot, unless AllowContainers; only the
+// host's connections are trusted with the reserved slots.
+func (a Access) Admit(check func([]origin.Pair) []origin.Verdict) httpapi.Admit {
+	return func(conns []net.Conn) []httpapi.Admission {
+		pairs := make([]origin.Pair, len(conns))
+		for i, c := range conns {
+			pairs[i] = origin.Pair{Local: c.LocalAddr(), Remote: c.RemoteAddr()}
+		}
+		vs := check(pairs)
+		out := make([]httpapi.Admission, len(conns))
+		for i, v := range vs {
+			out[i] = httpapi.Admission{Trusted: v.FromHost, Peer: v.Peer, Reason: v.Reason,
+				Refuse: !v.FromHost && !a.AllowContainers, Key: v.Client}
+		}
+		return out
+	}
+}
+
 func (a Access) verdict(r *http.Request) origin.Verdict {
+	if adm, ok := httpapi.ConnAdmission(r.Context()); ok {
+		return origin.Verdict{FromHost: adm.Trusted, Peer: adm.Peer, Reason: adm.Reason}
+	}
 	local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 	remote, err := net.ResolveTCPAddr("tcp", r.RemoteAddr)
 	if local == nil || err != nil {

@@ -1,0 +1,608 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Admission is the verdict on one accepted connection.
+type Admission struct {
+	// Refuse closes the connection at once (after a short 403 with
+	// Reason): it never holds a slot.
+	Refuse bool
+	// Trusted connections may take the reserved slots and evict any
+	// evictable connection; the others use the shared slots and evict only
+	// each other.
+	Trusted bool
+	// Peer names the client for logs ("127.0.0.1:41234 pid 812 (sh)").
+	Peer string
+	// Reason says why a connection is refused or not trusted.
+	Reason string
+	// Key groups a client's connections for fairness (the shim uses the
+	// owning process): one key holds at most a quarter of the slots and a
+	// few waiting places, so a single flooding client cannot crowd out the
+	// others. "": no limit of its own.
+	Key string
+}
+
+// Admit decides a batch of freshly accepted connections: one Admission per
+// connection, in order. Deciding a batch at once lets a costly lookup (the
+// shim walks /proc to find who owns a socket) run once for a whole flood.
+type Admit func(conns []net.Conn) []Admission
+
+// Gate is a listener that decides who a connection is before it costs a
+// slot, and keeps slots for the callers that matter when they run short:
+//
+//   - Connections are accepted as fast as they come and decided in batches
+//     (Admit); a refused one is answered 403 and closed without ever
+//     holding a slot, so a flood of refused clients cannot starve others.
+//   - Open connections are capped at MaxConns; the last Reserve slots only
+//     trusted connections may take.
+//   - One client (Admission.Key) holds at most a quarter of the slots and
+//     a few places in the queue for them; past that its new connections
+//     are closed at once, and a client at its cap can only replace one of
+//     its own connections.
+//   - When no slot is free, one is made: an idle keep-alive connection is
+//     closed first (the longest idle), then one that has sent no request
+//     yet, then one whose request body has been arriving the longest.
+//     Connections whose request is being served are never cut; when every
+//     slot serves one, new connections wait in the kernel's backlog.
+//
+// Serve it with an http.Server from NewServer (whose ConnState and
+// ConnContext the gate needs).
+type Gate struct {
+	ln    net.Listener
+	lim   Limits
+	admit Admit
+	log   *slog.Logger
+	now   func() time.Time
+
+	pending chan net.Conn // accepted, not yet decided
+	ready   chan *gateConn
+	done    chan struct{}
+	linger  chan struct{} // refused connections being closed gracefully
+	wake    chan struct{} // a slot may have become free or evictable
+
+	closeOnce sync.Once
+	errMu     sync.Mutex
+	err       error // the listener's permanent error
+
+	mu     sync.Mutex // guards the fields below and every gateConn's state
+	conns  map[*gateConn]struct{}
+	used   int
+	held   map[string]int // slots per Admission.Key (non-empty keys)
+	queued map[string]int // waiters per key; owned by admitLoop
+	keyCap int            // slots one key may hold
+	stats  GateStats
+	// refusal log rate limit
+	lastLog    time.Time
+	suppressed int
+}
+
+// GateStats are the gate's counters.
+type GateStats struct {
+	Open, Refused, Evicted, Shed int64 // Shed: closed at once, their client over its share
+}
+
+// Batch and grace bounds of the gate.
+const (
+	gatePending  = 256                    // accepted connections waiting for a decision
+	gateBatch    = 256                    // connections decided at once
+	gateWaiting  = 256                    // admitted connections waiting for a slot
+	keyWaiting   = 16                     // of which one key may hold
+	gateLinger   = 64                     // refused connections drained at once
+	lingerFor    = 500 * time.Millisecond // drain of a refused connection's request
+	newGrace     = 100 * time.Millisecond // a new connection's time to start its request
+	bodyEvictAge = time.Second            // a body arriving this long may be cut when full
+)
+
+// NewGate starts accepting on ln. admit nil trusts every connection.
+func NewGate(ln net.Listener, lim Limits, admit Admit, log *slog.Logger) *Gate {
+	g := &Gate{ln: ln, lim: lim, admit: admit, log: log, now: time.Now,
+		pending: make(chan net.Conn, gatePending), ready: make(chan *gateConn), done: make(chan struct{}),
+		linger: make(chan struct{}, gateLinger), wake: make(chan struct{}, 1), conns: map[*gateConn]struct{}{},
+		held: map[string]int{}, queued: map[string]int{}}
+	if g.lim.MaxConns <= 0 {
+		g.lim.MaxConns = DefaultLimits.MaxConns
+	}
+	g.keyCap = max(1, g.lim.MaxConns/4)
+	g.lim.Reserve = min(max(g.lim.Reserve, 0), g.lim.MaxConns-1)
+	go g.acceptLoop()
+	go g.admitLoop()
+	return g
+}
+
+// Accept returns the next admitted connection.
+func (g *Gate) Accept() (net.Conn, error) {
+	select {
+	case c := <-g.ready:
+		return c, nil
+	case <-g.done:
+		g.errMu.Lock()
+		defer g.errMu.Unlock()
+		if g.err != nil {
+			return nil, g.err
+		}
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops accepting; open connections stay (http.Server closes them).
+func (g *Gate) Close() error {
+	err := g.ln.Close()
+	g.closeOnce.Do(func() { close(g.done) })
+	return err
+}
+
+// Addr is the listener's address.
+func (g *Gate) Addr() net.Addr { return g.ln.Addr() }
+
+// Stats returns the counters.
+func (g *Gate) Stats() GateStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := g.stats
+	s.Open = int64(g.used)
+	return s
+}
+
+func (g *Gate) acceptLoop() {
+	var backoff time.Duration
+	for {
+		c, err := g.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE) ||
+				errors.Is(err, syscall.ECONNABORTED) {
+				// Out of descriptors: wait for some to come back.
+				backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+				g.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+				select {
+				case <-time.After(backoff):
+					continue
+				case <-g.done:
+					return
+				}
+			}
+			g.errMu.Lock()
+			if g.err == nil && !errors.Is(err, net.ErrClosed) {
+				g.err = err
+			}
+			g.errMu.Unlock()
+			g.closeOnce.Do(func() { close(g.done) })
+			return
+		}
+		backoff = 0
+		select {
+		case g.pending <- c:
+		case <-g.done:
+			c.Close()
+			return
+		}
+	}
+}
+
+// waiter is an admitted connection waiting for a slot.
+type waiter struct {
+	c     net.Conn
+	adm   Admission
+	since time.Time
+}
+
+// admitLoop decides what acceptLoop accepted and hands admitted
+// connections to Accept. It never blocks on one connection: those that
+// find no slot wait in a bounded list (trusted ones served first), retried
+// whenever a slot may have freed, while newer connections are still
+// decided; only when that list is full does intake stop, leaving newer
+// clients in the kernel's backlog.
+func (g *Gate) admitLoop() {
+	batch := make([]net.Conn, 0, gateBatch)
+	var waiting []waiter
+	defer func() {
+		for _, w := range waiting {
+			w.c.Close()
+		}
+		g.drainPending()
+	}()
+	for {
+		waiting = g.serveWaiting(waiting)
+		if waiting == nil && g.isDone() {
+			return
+		}
+		var intake chan net.Conn
+		if len(waiting) < gateWaiting {
+			intake = g.pending
+		}
+		var tick <-chan time.Time
+		if len(waiting) > 0 {
+			tick = time.After(50 * time.Millisecond) // ages move on: re-check
+		}
+		select {
+		case c := <-intake:
+			batch = append(batch[:0], c)
+		case <-g.wake:
+			continue
+		case <-tick:
+			continue
+		case <-g.done:
+			return
+		}
+	more:
+		for len(batch) < gateBatch {
+			select {
+			case c := <-g.pending:
+				batch = append(batch, c)
+			default:
+				break more
+			}
+		}
+		var verdicts []Admission
+		if g.admit != nil {
+			verdicts = g.admit(batch)
+		}
+		for i, c := range batch {
+			v := Admission{Trusted: true, Peer: c.RemoteAddr().String()}
+			if g.admit != nil {
+				if i < len(verdicts) {
+					v = verdicts[i]
+				} else {
+					v = Admission{Refuse: true, Peer: c.RemoteAddr().String(), Reason: "no verdict for this connection"}
+				}
+			}
+			if v.Refuse {
+				g.refuse(c, v)
+				continue
+			}
+			if v.Key != "" && g.queued[v.Key] >= keyWaiting {
+				g.shed(c, v)
+				continue
+			}
+			if v.Key != "" {
+				g.queued[v.Key]++
+			}
+			waiting = append(waiting, waiter{c: c, adm: v, since: g.now()})
+		}
+	}
+}
+
+// serveWaiting hands every waiter that gets a slot to Accept, trusted ones
+// first, and drops those that waited past the header timeout (their client
+// has given up or will retry). It returns those still waiting (nil: none).
+func (g *Gate) serveWaiting(waiting []waiter) []waiter {
+	if len(waiting) == 0 {
+		return nil
+	}
+	slices.SortStableFunc(waiting, func(a, b waiter) int {
+		switch {
+		case a.adm.Trusted == b.adm.Trusted:
+			return 0
+		case a.adm.Trusted:
+			return -1
+		}
+		return 1
+	})
+	maxWait := g.lim.ReadHeaderTimeout
+	if maxWait <= 0 {
+		maxWait = DefaultLimits.ReadHeaderTimeout
+	}
+	now := g.now()
+	rest := waiting[:0]
+	for _, w := range waiting {
+		if now.Sub(w.since) > maxWait {
+			g.unqueue(w.adm.Key)
+			w.c.Close()
+			continue
+		}
+		gc := g.tryAcquire(w.c, w.adm)
+		if gc == nil {
+			rest = append(rest, w)
+			continue
+		}
+		g.unqueue(w.adm.Key)
+		select {
+		case g.ready <- gc:
+		case <-g.done:
+			gc.Close()
+		}
+	}
+	if len(rest) == 0 {
+		return nil
+	}
+	return rest
+}
+
+func (g *Gate) unqueue(key string) {
+	if key == "" {
+		return
+	}
+	if g.queued[key]--; g.queued[key] <= 0 {
+		delete(g.queued, key)
+	}
+}
+
+// shed closes a connection whose client already waits with its share.
+func (g *Gate) shed(c net.Conn, v Admission) {
+	g.mu.Lock()
+	g.stats.Shed++
+	g.mu.Unlock()
+	c.Close()
+}
+
+func (g *Gate) isDone() bool {
+	select {
+	case <-g.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (g *Gate) drainPending() {
+	for {
+		select {
+		case c := <-g.pending:
+			c.Close()
+		default:
+			return
+		}
+	}
+}
+
+// refuse answers 403 with the reason and closes c, draining what the
+// client sent meanwhile (closing over unread data would reset the
+// connection and lose the answer) for a bounded time and number.
+func (g *Gate) refuse(c net.Conn, v Admission) {
+	g.mu.Lock()
+	g.stats.Refused++
+	now := g.now()
+	logIt := now.Sub(g.lastLog) >= time.Second
+	n := g.suppressed
+	if logIt {
+		g.lastLog, g.suppressed = now, 0
+	} else {
+		g.suppressed++
+	}
+	g.mu.Unlock()
+	if logIt {
+		g.log.Warn("API connection refused", "peer", v.Peer, "status", http.StatusForbidden, "why", v.Reason, "refused_since_last_line", n)
+	}
+	msg := "the API serves only the host itself, not " + v.Peer + ": " + v.Reason
+	resp := fmt.Sprintf("HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(msg), msg)
+	_ = c.SetWriteDeadline(now.Add(50 * time.Millisecond))
+	if _, err := io.WriteString(c, resp); err != nil {
+		c.Close()
+		return
+	}
+	select {
+	case g.linger <- struct{}{}:
+	default:
+		c.Close() // too many lingering: no grace for this one
+		return
+	}
+	go func() {
+		defer func() { <-g.linger }()
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		_ = c.SetReadDeadline(time.Now().Add(lingerFor))
+		_, _ = io.CopyN(io.Discard, c, 64<<10)
+		c.Close()
+	}()
+}
+
+// tryAcquire takes a slot for c, making one by eviction when none is
+// free; nil when every slot it may use serves a request.
+func (g *Gate) tryAcquire(c net.Conn, v Admission) *gateConn {
+	g.mu.Lock()
+	limit := g.lim.MaxConns
+	if !v.Trusted {
+		limit -= g.lim.Reserve
+	}
+	var victim *gateConn
+	full := true
+	switch {
+	case v.Key != "" && g.held[v.Key] >= g.keyCap:
+		// At its share: it may only replace one of its own.
+		victim = g.victimLocked(v.Trusted, v.Key)
+	case g.used >= limit:
+		victim = g.victimLocked(v.Trusted, "")
+	default:
+		full = false
+	}
+	if full && victim == nil {
+		g.mu.Unlock()
+		return nil
+	}
+	if victim != nil {
+		g.releaseLocked(victim)
+		g.stats.Evicted++
+	}
+	gc := &gateConn{Conn: c, g: g, adm: v, state: http.StateNew, since: g.now()}
+	g.used++
+	g.conns[gc] = struct{}{}
+	if v.Key != "" {
+		g.held[v.Key]++
+	}
+	g.mu.Unlock()
+	if victim != nil {
+		g.log.Debug("API connection evicted to make room", "peer", victim.adm.Peer, "state", victim.state.String(), "for", v.Peer)
+		_ = victim.Conn.Close()
+	}
+	return gc
+}
+
+// victimLocked picks the connection to cut for a newcomer: idle keep-alive
+// first (longest idle), then new without a request (oldest), then a request
+// body arriving for more than bodyEvictAge (oldest); within a tier, the
+// client holding the most slots loses first. An untrusted newcomer cuts
+// only untrusted connections; key, when set, limits the choice to that
+// client's own.
+func (g *Gate) victimLocked(trusted bool, key string) *gateConn {
+	now := g.now()
+	var best *gateConn
+	bestTier := 4
+	for gc := range g.conns {
+		if !trusted && gc.adm.Trusted || key != "" && gc.adm.Key != key {
+			continue
+		}
+		tier := 4
+		switch {
+		case gc.state == http.StateIdle:
+			tier = 1
+		case gc.state == http.StateNew && now.Sub(gc.since) >= newGrace:
+			tier = 2
+		case gc.state == http.StateActive && gc.body && now.Sub(gc.bodySince) >= bodyEvictAge:
+			tier = 3
+		}
+		if tier == 4 {
+			continue
+		}
+		if tier < bestTier || tier == bestTier && g.before(gc, best) {
+			best, bestTier = gc, tier
+		}
+	}
+	return best
+}
+
+// before orders victims of one tier: the bigger holder, then the older.
+func (g *Gate) before(a, b *gateConn) bool {
+	ha, hb := g.held[a.adm.Key], g.held[b.adm.Key]
+	if a.adm.Key == "" {
+		ha = 0
+	}
+	if b.adm.Key == "" {
+		hb = 0
+	}
+	if ha != hb {
+		return ha > hb
+	}
+	return a.key().Before(b.key())
+}
+
+func (g *Gate) releaseLocked(gc *gateConn) {
+	if gc.released {
+		return
+	}
+	gc.released = true
+	delete(g.conns, gc)
+	g.used--
+	if k := gc.adm.Key; k != "" {
+		if g.held[k]--; g.held[k] <= 0 {
+			delete(g.held, k)
+		}
+	}
+	g.signal()
+}
+
+func (g *Gate) signal() {
+	select {
+	case g.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Attach sets hs's ConnState and ConnContext hooks (keeping any already
+// set): the gate follows each connection's state, and requests find their
+// connection (ConnAdmission, the body phase).
+func (g *Gate) Attach(hs *http.Server) {
+	prevState, prevCtx := hs.ConnState, hs.ConnContext
+	hs.ConnState = func(c net.Conn, s http.ConnState) {
+		g.connState(c, s)
+		if prevState != nil {
+			prevState(c, s)
+		}
+	}
+	hs.ConnContext = func(ctx context.Context, c net.Conn) context.Context {
+		ctx = connContext(ctx, c)
+		if prevCtx != nil {
+			ctx = prevCtx(ctx, c)
+		}
+		return ctx
+	}
+}
+
+// connState is http.Server.ConnState for the gate's connections.
+func (g *Gate) connState(c net.Conn, s http.ConnState) {
+	gc, ok := c.(*gateConn)
+	if !ok {
+		return
+	}
+	g.mu.Lock()
+	gc.state, gc.since, gc.body = s, g.now(), false
+	g.mu.Unlock()
+	if s == http.StateIdle {
+		g.signal()
+	}
+}
+
+// setBody marks whether the connection's request body is still arriving.
+func (gc *gateConn) setBody(on bool) {
+	g := gc.g
+	g.mu.Lock()
+	gc.body = on
+	if on {
+		gc.bodySince = g.now()
+	}
+	g.mu.Unlock()
+}
+
+type gateConn struct {
+	net.Conn
+	g   *Gate
+	adm Admission
+
+	// guarded by g.mu
+	state     http.ConnState
+	since     time.Time // of the last state change
+	body      bool      // a request body is arriving
+	bodySince time.Time
+	released  bool
+}
+
+func (gc *gateConn) key() time.Time {
+	if gc.body {
+		return gc.bodySince
+	}
+	return gc.since
+}
+
+func (gc *gateConn) Close() error {
+	err := gc.Conn.Close()
+	gc.g.mu.Lock()
+	gc.g.releaseLocked(gc)
+	gc.g.mu.Unlock()
+	return err
+}
+
+type gateConnKey struct{}
+
+// connContext is http.Server.ConnContext: requests find their connection.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	if gc, ok := c.(*gateConn); ok {
+		return context.WithValue(ctx, gateConnKey{}, gc)
+	}
+	return ctx
+}
+
+func gateConnOf(ctx context.Context) *gateConn {
+	gc, _ := ctx.Value(gateConnKey{}).(*gateConn)
+	return gc
+}
+
+// ConnAdmission returns the gate's verdict on the connection a request
+// arrived on; false when it did not come through a gate.
+func ConnAdmission(ctx context.Context) (Admission, bool) {
+	if gc := gateConnOf(ctx); gc != nil {
+		return gc.adm, true
+	}
+	return Admission{}, false
+}

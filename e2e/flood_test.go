@@ -1,0 +1,175 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+var (
+	floodOnce sync.Once
+	floodBin  string
+	floodErr  error
+)
+
+// floodBinary builds e2e/testdata/flood (static, so it runs in any image).
+func floodBinary(t testing.TB) string {
+	t.Helper()
+	floodOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tandem-flood-")
+		if err != nil {
+			floodErr = err
+			return
+		}
+		floodBin = filepath.Join(dir, "flood")
+		cmd := exec.Command("go", "build", "-o", floodBin, "./testdata/flood")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			floodErr = fmt.Errorf("build flood: %v\n%s", err, out)
+		}
+	})
+	if floodErr != nil {
+		t.Fatal(floodErr)
+	}
+	return floodBin
+}
+
+// waitHolding waits for the flood's "holding N" line on r.
+func waitHolding(t *testing.T, r *bufio.Reader, what string) {
+	t.Helper()
+	got := make(chan string, 1)
+	go func() {
+		line, _ := r.ReadString('\n')
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		if !strings.HasPrefix(line, "holding") {
+			t.Fatalf("%s: %q", what, line)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s never held its connections", what)
+	}
+}
+
+// healthUnderFlood runs n healthchecks the way the dstack server does (a
+// new connection each, 9 s timeout) and returns their latencies, sorted.
+func healthUnderFlood(t *testing.T, addr string, n int) []time.Duration {
+	t.Helper()
+	client := &http.Client{Timeout: 9 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	var lat []time.Duration
+	for range n {
+		start := time.Now()
+		resp, err := client.Get("http://" + addr + "/api/healthcheck")
+		d := time.Since(start)
+		if err != nil {
+			t.Errorf("healthcheck under flood: %v after %s", err, d.Round(time.Millisecond))
+			lat = append(lat, d)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("healthcheck under flood: %s", resp.Status)
+		}
+		lat = append(lat, d)
+		time.Sleep(200 * time.Millisecond)
+	}
+	slices.Sort(lat)
+	return lat
+}
+
+// TestShimAPIUnderConnectionFloods (issue 25): the host keeps its API
+// while a host-network container holds 2,000 connections (re-opening each
+// as it is refused), and while a host process holds 750 idle keep-alive
+// connections and 750 slow bodies. The figures go to the log; the test
+// fails where the dstack server would give up (9 s) or when the shim's
+// descriptors grow past its caps. The control: the container's own
+// requests are refused (403), the host's answered.
+func TestShimAPIUnderConnectionFloods(t *testing.T) {
+	h := startShim(t, runnerScript(t, "sleep 60"), nil)
+	addr := h.addr()
+	_, port, _ := strings.Cut(addr, ":")
+	pid := h.cmd.Process.Pid
+	bin := floodBinary(t)
+	before := openFDs(pid)
+	// Slots (512) + decisions in flight (256 pending + 256 waiting) +
+	// refused ones draining (64) + the shim's own.
+	const fdBound = 512 + 256 + 256 + 64 + 40
+
+	t.Run("host-network container, 2000 connections", func(t *testing.T) {
+		name := randomID("flood")
+		cmd := exec.Command("docker", "run", "--rm", "--name", name, "--network", "host", "--ulimit", "nofile=8192:8192",
+			"-v", bin+":/flood:ro", "--entrypoint", "/flood", h.image, "-addr", "127.0.0.1:"+port, "-n", "2000", "-mode", "silent")
+		out, _ := cmd.StdoutPipe()
+		testenv.Isolate(cmd)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_, _ = testenv.Docker(context.Background(), "rm", "-f", name)
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+		})
+		waitHolding(t, bufio.NewReader(out), "container flood")
+		lat := healthUnderFlood(t, addr, 10)
+		fds := openFDs(pid)
+		t.Logf("FIGURE container flood (2000 conns, re-opening): healthcheck p50 %s max %s; shim fds %d (idle %d)",
+			lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond), fds, before)
+		if fds > before+fdBound {
+			t.Errorf("shim holds %d descriptors under the flood", fds)
+		}
+		// Control: the container's request is refused with the reason.
+		got, err := testenv.Docker(context.Background(), "run", "--rm", "--network", "host", h.image, "sh", "-c",
+			`printf 'GET /api/tasks HTTP/1.0\r\nHost: localhost\r\n\r\n' | nc 127.0.0.1 `+port)
+		if err != nil || !strings.Contains(got, " 403 ") || !strings.Contains(got, "serves only the host") {
+			t.Errorf("container request during the flood: %q %v", got, err)
+		}
+	})
+
+	t.Run("host process, 750 idle keep-alive and 750 slow bodies", func(t *testing.T) {
+		var readers []*bufio.Reader
+		for _, mode := range []string{"idle", "slowbody"} {
+			cmd := exec.Command(bin, "-addr", addr, "-n", "750", "-mode", mode)
+			out, _ := cmd.StdoutPipe()
+			testenv.Isolate(cmd)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+				_ = cmd.Wait()
+			})
+			readers = append(readers, bufio.NewReader(out))
+		}
+		// Both hold their share at some point (they evict each other: the
+		// cap is 512); give them time to fill every slot.
+		for i, r := range readers {
+			go func() { _, _ = r.ReadString('\n') }()
+			_ = i
+		}
+		time.Sleep(5 * time.Second)
+		lat := healthUnderFlood(t, addr, 10)
+		fds := openFDs(pid)
+		t.Logf("FIGURE host flood (750 idle + 750 slow bodies): healthcheck p50 %s max %s; shim fds %d (idle %d)",
+			lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond), fds, before)
+		if fds > before+fdBound {
+			t.Errorf("shim holds %d descriptors under the flood", fds)
+		}
+	})
+	// Afterwards the shim serves as before.
+	if _, err := h.client.Healthcheck(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
