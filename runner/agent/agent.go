@@ -21,6 +21,7 @@ import (
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/executor"
+	"github.com/tandem-run/tandem/runner/logs"
 	"github.com/tandem-run/tandem/runner/metrics"
 	"github.com/tandem-run/tandem/runner/server"
 	"github.com/tandem-run/tandem/runner/sshd"
@@ -49,6 +50,10 @@ type Config struct {
 	Linger time.Duration
 	// MaxUpload and MaxUploadTotal bound uploads (executor defaults when 0).
 	MaxUpload, MaxUploadTotal int64
+	// LogRetention and LogMinFree bound the job's logs on disk (executor
+	// defaults when zero).
+	LogRetention logs.Retention
+	LogMinFree   int64
 	// InterruptGrace is the stop's Ctrl-C grace (executor default when 0).
 	InterruptGrace time.Duration
 	Stdout         io.Writer
@@ -131,6 +136,8 @@ func Run(ctx context.Context, cfg Config) error {
 		MaxUpload:      cfg.MaxUpload,
 		MaxUploadTotal: cfg.MaxUploadTotal,
 		InterruptGrace: cfg.InterruptGrace,
+		LogRetention:   cfg.LogRetention,
+		LogMinFree:     cfg.LogMinFree,
 	})
 	if err != nil {
 		return err

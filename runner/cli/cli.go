@@ -16,6 +16,7 @@ import (
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/agent"
 	"github.com/tandem-run/tandem/runner/executor"
+	"github.com/tandem-run/tandem/runner/logs"
 	"github.com/tandem-run/tandem/runner/sshd"
 )
 
@@ -92,6 +93,9 @@ func App() *cli.App {
 				&cli.DurationFlag{Name: "interrupt-grace", Value: 3 * time.Second, Hidden: true, Usage: "on stop, time Ctrl-C is given before SIGTERM/SIGHUP"},
 				&cli.Int64Flag{Name: "max-upload-bytes", Value: executor.DefaultMaxUpload, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_BYTES"}, Usage: "largest upload_code or upload_archive body (413 past it)"},
 				&cli.Int64Flag{Name: "max-upload-total-bytes", Value: executor.DefaultMaxUploadTotal, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_TOTAL_BYTES"}, Usage: "all uploads of a job together"},
+				&cli.Int64Flag{Name: "job-log-max-bytes", Value: logs.DefaultLogMax, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_MAX_BYTES"}, Usage: "disk kept per job log file (raw output, stripped lines): the head and the latest output; -1 keeps all"},
+				&cli.Int64Flag{Name: "job-log-head-bytes", Value: logs.DefaultLogHead, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_HEAD_BYTES"}, Usage: "of --job-log-max-bytes, the start of the output always kept"},
+				&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_RUNNER_LOG_MIN_FREE_BYTES"}, Usage: "free space under --temp-dir below which output is no longer kept (the job goes on); 0: a tenth of the filesystem, at most 256 MiB; -1: none"},
 			},
 			Action: func(c *cli.Context) error {
 				level, err := logging.ParseLevel(c.String("log-level"))
@@ -124,6 +128,8 @@ func App() *cli.App {
 					MaxUpload:      c.Int64("max-upload-bytes"),
 					InterruptGrace: c.Duration("interrupt-grace"),
 					MaxUploadTotal: c.Int64("max-upload-total-bytes"),
+					LogRetention:   logs.Retention{Head: c.Int64("job-log-head-bytes"), Max: c.Int64("job-log-max-bytes")},
+					LogMinFree:     c.Int64("log-min-free-bytes"),
 				})
 			},
 		}},

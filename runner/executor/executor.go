@@ -84,6 +84,14 @@ type Config struct {
 	// MaxUpload bounds one uploaded body, MaxUploadTotal all of them
 	// (DefaultMaxUpload, DefaultMaxUploadTotal); past them: ErrTooLarge.
 	MaxUpload, MaxUploadTotal int64
+	// LogRetention bounds each of the job's two log files on disk (raw
+	// output, stripped lines); zero: logs.DefaultLogMax and
+	// DefaultLogHead; Max < 0: unbounded.
+	LogRetention logs.Retention
+	// LogMinFree is the free space under TempDir below which the job's
+	// output is no longer kept (the job goes on); 0: logs.DefaultMinFree
+	// of the filesystem; < 0: none.
+	LogMinFree int64
 }
 
 // Connections is the SSH server's activity, as the executor needs it.
@@ -149,10 +157,21 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.MaxUploadTotal == 0 {
 		cfg.MaxUploadTotal = DefaultMaxUploadTotal
 	}
+	switch {
+	case cfg.LogRetention.Max == 0:
+		cfg.LogRetention = logs.Retention{Head: logs.DefaultLogHead, Max: logs.DefaultLogMax}
+	case cfg.LogRetention.Max < 0:
+		cfg.LogRetention = logs.Retention{}
+	}
 	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
 	}
-	j, err := logs.OpenJournal(cfg.TempDir, cfg.Now, cfg.Log)
+	if cfg.LogMinFree == 0 {
+		if size, err := logs.FSSize(cfg.TempDir); err == nil {
+			cfg.LogMinFree = logs.DefaultMinFree(size)
+		}
+	}
+	j, err := logs.OpenJournal(cfg.TempDir, cfg.Now, cfg.Log, cfg.LogRetention)
 	if err != nil {
 		return nil, err
 	}

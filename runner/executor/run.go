@@ -99,7 +99,7 @@ func (x *Executor) job(ctx context.Context, body api.SubmitBody, user account.Jo
 			x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: fmt.Sprintf("internal error: %v", r)})
 		}
 	}()
-	hist, err := logs.OpenHistory(filepath.Join(x.cfg.TempDir, "job.log"), x.cfg.Now)
+	hist, err := logs.OpenHistoryRetained(filepath.Join(x.cfg.TempDir, "job.log"), x.cfg.Now, x.cfg.LogRetention)
 	if err != nil {
 		log.Error("Executor failed", "err", err)
 		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: err.Error()})
@@ -306,8 +306,9 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	quota := &logs.Quota{PerHour: body.LogQuotaHour, Start: x.submitAt, Now: x.cfg.Now}
 	x.mu.Unlock()
 	// The pipe stores raw output for the WebSocket stream and stripped lines
-	// for /api/pull, under the quota.
-	pipe := x.journal.Pipe(hist, quota)
+	// for /api/pull, under the quota, while the disk has room.
+	guard := &logs.Guard{Path: x.cfg.TempDir, MinFree: x.cfg.LogMinFree, Now: x.cfg.Now, Log: x.runnerLog}
+	pipe := x.journal.Pipe(hist, quota, guard)
 	readDone := make(chan struct{})
 	var cut outputCut
 	ptyReader := ptyio.NewReader(master)

@@ -28,10 +28,20 @@ type History struct {
 	closed  bool
 	changed chan struct{} // closed and replaced on a write once handed out; closed on close
 	handed  bool          // a reader holds changed: the next write must close it
+	written int64         // bytes in the file (size minus the tail)
+	trim    trim          // what of the file stays on disk
+	err     error         // the first trim error (reported once by Write)
 }
 
-// OpenHistory creates (appends to) the raw log at path.
+// OpenHistory creates (appends to) the raw log at path, keeping all of it.
 func OpenHistory(path string, now func() time.Time) (*History, error) {
+	return OpenHistoryRetained(path, now, Retention{})
+}
+
+// OpenHistoryRetained creates (appends to) the raw log at path; r bounds
+// what of it stays on disk. Readers skip the dropped middle and are told
+// so in the stream.
+func OpenHistoryRetained(path string, now func() time.Time, r Retention) (*History, error) {
 	if now == nil {
 		now = time.Now
 	}
@@ -44,20 +54,46 @@ func OpenHistory(path string, now func() time.Time) (*History, error) {
 		f.Close()
 		return nil, fmt.Errorf("open job log: %w", err)
 	}
-	return &History{now: now, f: f, size: fi.Size(), changed: make(chan struct{})}, nil
+	return &History{now: now, f: f, size: fi.Size(), changed: make(chan struct{}), trim: newTrim(r), written: fi.Size()}, nil
 }
 
 // historyTail is the write-behind size: a few dozen pty reads per write.
 const historyTail = 64 << 10
 
-// flushLocked moves the tail into the file.
+// flushLocked moves the tail into the file, then gives back the middle of
+// the file past its retention.
 func (h *History) flushLocked() error {
 	if len(h.tail) == 0 {
 		return nil
 	}
-	_, err := h.f.Write(h.tail)
+	n, err := h.f.Write(h.tail)
+	h.written += int64(n)
 	h.tail = h.tail[:0]
-	return err
+	if err != nil {
+		return err
+	}
+	return h.trimLocked(h.written)
+}
+
+// trimLocked punches out what the file holds past its retention once it
+// holds inFile bytes.
+func (h *History) trimLocked(inFile int64) error {
+	to := h.trim.plan(inFile)
+	if to <= h.trim.dropEnd {
+		return nil
+	}
+	if err := h.trim.punch(h.f, h.trim.dropEnd, to); err != nil {
+		return err
+	}
+	// The index entries inside the hole point nowhere: drop them (memory
+	// stays bounded for a job that runs for weeks).
+	lo := sort.Search(len(h.offs), func(i int) bool { return h.offs[i] >= h.trim.r.Head })
+	hi := sort.Search(len(h.offs), func(i int) bool { return h.offs[i] >= to })
+	if hi > lo {
+		h.secs = append(h.secs[:lo], h.secs[hi:]...)
+		h.offs = append(h.offs[:lo], h.offs[hi:]...)
+	}
+	return nil
 }
 
 // Write appends raw output.
@@ -66,6 +102,11 @@ func (h *History) Write(p []byte) (int, error) {
 	defer h.mu.Unlock()
 	if h.closed {
 		return 0, errors.New("history closed")
+	}
+	if h.trim.full(h.size) {
+		// A filesystem without hole punching: past Max nothing more is
+		// kept (readers see the head).
+		return len(p), nil
 	}
 	sec := h.now().Unix()
 	if n := len(h.secs); n == 0 || h.secs[n-1] != sec {
@@ -78,8 +119,13 @@ func (h *History) Write(p []byte) (int, error) {
 	var err error
 	if len(p) > historyTail {
 		ferr := h.flushLocked()
-		_, werr := h.f.Write(p)
-		err = errors.Join(ferr, werr)
+		n, werr := h.f.Write(p)
+		h.written += int64(n)
+		var terr error
+		if werr == nil {
+			terr = h.trimLocked(h.written)
+		}
+		err = errors.Join(ferr, werr, terr)
 	} else {
 		if h.tail == nil {
 			h.tail = make([]byte, 0, 2*historyTail)
@@ -165,15 +211,31 @@ func (r *HistoryReader) Next(ctx context.Context, max int) ([]byte, error) {
 			r.off += n
 			return buf, nil
 		}
+		head, dropEnd, keep := r.h.trim.r.Head, r.h.trim.dropEnd, r.h.trim.r.Max
 		r.h.mu.Unlock()
+		if dropEnd > head && r.off >= head && r.off < dropEnd { // in the hole
+			skipped := dropEnd - r.off
+			r.off = dropEnd
+			return droppedMarker(skipped, head, keep), nil
+		}
 		if r.off < size { // in the file: read outside the lock
 			n := min(inFile-r.off, int64(max))
+			if r.off < head {
+				n = min(n, head-r.off) // the head ends where a hole may start
+			}
 			buf := make([]byte, n)
 			m, err := f.ReadAt(buf, r.off)
-			r.off += int64(m)
 			if err != nil && !errors.Is(err, io.EOF) {
 				return nil, fmt.Errorf("read job log: %w", err)
 			}
+			// A hole punched while we read reads as zeros: read again.
+			r.h.mu.Lock()
+			raced := r.h.trim.dropEnd > r.off && r.off >= r.h.trim.r.Head
+			r.h.mu.Unlock()
+			if raced {
+				continue
+			}
+			r.off += int64(m)
 			return buf[:m], nil
 		}
 		if closed {
@@ -185,4 +247,10 @@ func (r *HistoryReader) Next(ctx context.Context, max int) ([]byte, error) {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// droppedMarker tells a reader, in the stream, where output was dropped.
+func droppedMarker(skipped, head, keep int64) []byte {
+	return fmt.Appendf(nil, "\r\n[tandem: %d bytes of output were dropped here to bound the job's log on disk: it keeps the first %d and the latest %d bytes]\r\n",
+		skipped, head, keep-head)
 }

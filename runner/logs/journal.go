@@ -26,9 +26,10 @@ type Journal struct {
 }
 
 // OpenJournal creates the journal's stores in dir; now is the clock's
-// source (time.Now when nil), log receives refused state transitions.
-func OpenJournal(dir string, now func() time.Time, log *slog.Logger) (*Journal, error) {
-	jl, err := OpenStore(filepath.Join(dir, "job_logs.events"))
+// source (time.Now when nil), log receives refused state transitions; r
+// bounds the job log's store on disk (the runner's own log is small).
+func OpenJournal(dir string, now func() time.Time, log *slog.Logger, r Retention) (*Journal, error) {
+	jl, err := OpenStoreRetained(filepath.Join(dir, "job_logs.events"), r)
 	if err != nil {
 		return nil, err
 	}

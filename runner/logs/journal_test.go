@@ -12,7 +12,7 @@ import (
 
 func openJournal(t *testing.T, now func() time.Time) *Journal {
 	t.Helper()
-	j, err := OpenJournal(t.TempDir(), now, nil)
+	j, err := OpenJournal(t.TempDir(), now, nil, Retention{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,7 @@ func TestPipe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hist.Close()
-	p := j.Pipe(hist, &Quota{PerHour: 1000, Start: time.Now()})
+	p := j.Pipe(hist, &Quota{PerHour: 1000, Start: time.Now()}, nil)
 	_, _ = p.Write([]byte("\x1b[31mred\x1b[0m line\r\n"))
 	_, _ = p.Write([]byte("partial"))
 	if err := p.Close(); err != nil {
@@ -137,7 +137,7 @@ func TestPipe(t *testing.T) {
 		t.Fatal("quota hit below the quota")
 	default:
 	}
-	p = j.Pipe(hist, &Quota{PerHour: 10, Start: time.Now()})
+	p = j.Pipe(hist, &Quota{PerHour: 10, Start: time.Now()}, nil)
 	_, _ = p.Write([]byte(strings.Repeat("y", 50) + "\n"))
 	_ = p.Close()
 	select {

@@ -23,19 +23,26 @@ type entry struct {
 // Store is an append-only list of timestamped byte events kept in a file;
 // only a 20-byte index entry per event stays in memory.
 type Store struct {
-	mu    sync.RWMutex // guards f, index, size
+	mu    sync.RWMutex // guards f, index, size, trim
 	f     *os.File
 	index []entry
 	size  int64
+	trim  trim
 }
 
-// OpenStore creates (truncates) the store's file at path.
-func OpenStore(path string) (*Store, error) {
+// OpenStore creates (truncates) the store's file at path, keeping every
+// event.
+func OpenStore(path string) (*Store, error) { return OpenStoreRetained(path, Retention{}) }
+
+// OpenStoreRetained creates (truncates) the store's file at path; r bounds
+// what stays on disk: the first events (Head bytes) and the newest, whole
+// events only. Dropped events leave the index too.
+func OpenStoreRetained(path string, r Retention) (*Store, error) {
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_TRUNC, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open log store: %w", err)
 	}
-	return &Store{f: f}, nil
+	return &Store{f: f, trim: newTrim(r)}, nil
 }
 
 // Append stores data under ts; ts must not go backwards.
@@ -48,12 +55,51 @@ func (s *Store) Append(ts int64, data []byte) error {
 	if n := len(s.index); n > 0 && ts < s.index[n-1].ts {
 		return errors.New("log store: timestamp went backwards")
 	}
+	if s.trim.full(s.size) {
+		return nil // no hole punching here: past Max nothing more is kept
+	}
 	if _, err := s.f.WriteAt(data, s.size); err != nil {
 		return fmt.Errorf("log store: %w", err)
 	}
 	s.index = append(s.index, entry{ts: ts, off: s.size, n: int32(len(data))})
 	s.size += int64(len(data))
+	return s.trimLocked()
+}
+
+// trimLocked drops whole events from the middle once the file holds more
+// than its retention.
+func (s *Store) trimLocked() error {
+	want := s.trim.plan(s.size)
+	if want <= s.trim.dropEnd {
+		return nil
+	}
+	// Events that start inside the head stay whole: the hole starts at
+	// the first event at or after it, and ends where an event starts.
+	lo := sort.Search(len(s.index), func(i int) bool { return s.index[i].off >= s.trim.dropEnd })
+	hi := sort.Search(len(s.index), func(i int) bool { return s.index[i].off >= want })
+	if hi >= len(s.index) {
+		hi = len(s.index) - 1 // the newest event always stays
+	}
+	if hi <= lo {
+		return nil
+	}
+	// An event straddling the head's end keeps its bytes past it.
+	from, to := s.index[lo].off, s.index[hi].off
+	if err := s.trim.punch(s.f, from, to); err != nil {
+		return err
+	}
+	if s.trim.capped {
+		return nil
+	}
+	s.index = append(s.index[:lo], s.index[hi:]...)
 	return nil
+}
+
+// OnDisk is the bytes of event data the file holds.
+func (s *Store) OnDisk() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.trim.onDisk(s.size)
 }
 
 // After returns events with timestamp > after and ≤ upTo, at most maxBytes of

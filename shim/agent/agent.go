@@ -65,6 +65,9 @@ type Config struct {
 	DCGMExporterPort  int
 	VolumesRoot       string // "/mnt/disks/dstack-volumes"
 	GCPDiskByID       string // "/dev/disk/by-id"
+	// JobLogMaxBytes, JobLogHeadBytes and LogMinFreeBytes are passed to the
+	// runner (--job-log-max-bytes, ...) when set (non-zero).
+	JobLogMaxBytes, JobLogHeadBytes, LogMinFreeBytes int64
 	// IsolatedNetwork is the bridge network (no inter-container traffic)
 	// that bridge-mode tasks join; "": Docker's default bridge.
 	IsolatedNetwork string
@@ -150,6 +153,7 @@ func Run(ctx context.Context, cfg Config) error {
 		RunnerSSHPort:     cfg.RunnerSSHPort,
 		RunnerLogLevel:    cfg.RunnerLogLevel,
 		RunnerSSHLogLevel: cfg.RunnerSSHLogLevel,
+		RunnerArgs:        runnerLogArgs(cfg),
 		Env:               env,
 		Privileged:        cfg.Privileged,
 		PullStallTimeout:  cfg.PullStallTimeout,
@@ -418,4 +422,19 @@ func alive(engine *task.Engine, addr string, limit time.Duration) bool {
 	case <-time.After(limit):
 		return false
 	}
+}
+
+// runnerLogArgs are the runner flags for the job log bounds the operator
+// set; none by default (the runner's own defaults apply).
+func runnerLogArgs(cfg Config) []string {
+	var args []string
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"--job-log-max-bytes", cfg.JobLogMaxBytes}, {"--job-log-head-bytes", cfg.JobLogHeadBytes}, {"--log-min-free-bytes", cfg.LogMinFreeBytes}} {
+		if f.v != 0 {
+			args = append(args, f.name, strconv.FormatInt(f.v, 10))
+		}
+	}
+	return args
 }

@@ -111,6 +111,9 @@ func config(c *cli.Context) (agent.Config, error) {
 		APIToken:           c.String("api-token"),
 		APIAllowedHosts:    c.StringSlice("api-allowed-host"),
 		IsolatedNetwork:    c.String("task-network"),
+		JobLogMaxBytes:     c.Int64("job-log-max-bytes"),
+		JobLogHeadBytes:    c.Int64("job-log-head-bytes"),
+		LogMinFreeBytes:    c.Int64("log-min-free-bytes"),
 	}, nil
 }
 
@@ -122,6 +125,9 @@ func Flags() []cli.Flag {
 		&cli.DurationFlag{Name: "reconcile-interval", Value: 5 * time.Second, Hidden: true, Usage: "how often containers are reconciled with tasks"},
 		&cli.BoolFlag{Name: "api-allow-containers", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_CONTAINERS"}, Usage: "kill switch: serve callers inside containers too (the API is root on this host)"},
 		&cli.StringFlag{Name: "api-token", EnvVars: []string{"TANDEM_SHIM_API_TOKEN"}, Usage: "require this bearer token on every API call (a second factor; the dstack server does not send one)"},
+		&cli.Int64Flag{Name: "job-log-max-bytes", EnvVars: []string{"TANDEM_SHIM_JOB_LOG_MAX_BYTES"}, Usage: "passed to each runner: disk kept per job log file, the head and the latest output (runner default 32 MiB; -1 keeps all)"},
+		&cli.Int64Flag{Name: "job-log-head-bytes", EnvVars: []string{"TANDEM_SHIM_JOB_LOG_HEAD_BYTES"}, Usage: "passed to each runner: of --job-log-max-bytes, the start always kept (runner default 4 MiB)"},
+		&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_SHIM_LOG_MIN_FREE_BYTES"}, Usage: "passed to each runner: free space in the shim home below which job output is no longer kept (runner default: a tenth of the filesystem, at most 256 MiB; -1: none)"},
 		&cli.StringFlag{Name: "task-network", Value: netiso.DefaultName, EnvVars: []string{"TANDEM_SHIM_TASK_NETWORK"}, Usage: "bridge network (created with inter-container traffic off) that bridge-mode tasks join, so tasks cannot reach each other; \"\" for Docker's default bridge"},
 		&cli.StringSliceFlag{Name: "api-allowed-host", EnvVars: []string{"TANDEM_SHIM_API_ALLOWED_HOSTS"}, Usage: "Host header names accepted besides loopback ones (* for any)"},
 		&cli.IntFlag{Name: "shim-http-port", Value: 10998, EnvVars: []string{"DSTACK_SHIM_HTTP_PORT"}, Usage: "API port"},

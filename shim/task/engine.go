@@ -81,12 +81,16 @@ type Config struct {
 	RunnerSSHPort     int
 	RunnerLogLevel    string
 	RunnerSSHLogLevel string
-	Env               []string // pass-env values and PJRT_DEVICE, as NAME=value
-	Privileged        bool
-	VolumesRoot       string // where network volumes are mounted
-	InfinibandPath    string // "/dev/infiniband"; passed through when it exists
-	PullStallTimeout  time.Duration
-	PullTimeout       time.Duration
+	// RunnerArgs go after the runner's own `start` arguments (the job log
+	// bounds the operator set; empty: the runner's defaults, which also
+	// keeps dstack's own runner working under this shim).
+	RunnerArgs       []string
+	Env              []string // pass-env values and PJRT_DEVICE, as NAME=value
+	Privileged       bool
+	VolumesRoot      string // where network volumes are mounted
+	InfinibandPath   string // "/dev/infiniband"; passed through when it exists
+	PullStallTimeout time.Duration
+	PullTimeout      time.Duration
 	// TerminateWait bounds how long terminate waits for the pipeline to wind
 	// down after the container stopped or a pre-run stage was cancelled.
 	TerminateWait time.Duration

@@ -27,6 +27,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 	if e.cfg.RunnerSSHLogLevel != "" {
 		cmd = append(cmd, "--ssh-log-level", e.cfg.RunnerSSHLogLevel)
 	}
+	cmd = append(cmd, e.cfg.RunnerArgs...)
 	binds := []Bind{
 		{Source: dir, Target: RunnerDirInContainer},
 		{Source: e.cfg.RunnerBinary, Target: RunnerBinaryInContainer, ReadOnly: true},

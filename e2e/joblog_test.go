@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/internal/loopdev"
+	"golang.org/x/sys/unix"
+)
+
+// smallShimHome is a 128 MiB ext4 filesystem on a loop device, the shim
+// home of the issue's report.
+func smallShimHome(t *testing.T) string {
+	t.Helper()
+	dev := loopdev.New(t, 128, false)
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", dev).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs: %v %s", err, out)
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", dev, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount: %v %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	return mnt
+}
+
+func freeBytes(t *testing.T, path string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * int64(st.Bsize)
+}
+
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Blocks * 512
+}
+
+// fillTo writes a file until path's filesystem has about free bytes left.
+func fillTo(t *testing.T, file string, free int64) {
+	t.Helper()
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for freeBytes(t, filepath.Dir(file)) > free+int64(len(buf)) {
+		if _, err := f.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = f.Sync()
+}
+
+// TestJobLogsBoundedOnDisk (issue 25, item 3): on a 128 MiB shim home,
+// 200 MiB of escape sequences leave at most the raw log's cap on disk and
+// the job ends normally; escape-only output is charged to the hourly
+// quota; below the free-space floor output stops being kept (the job goes
+// on, and its log says so) and is kept again once space is back. The
+// control: a job's ordinary output below the cap arrives whole, through
+// both the pull API and the WebSocket stream.
+func TestJobLogsBoundedOnDisk(t *testing.T) {
+	home := smallShimHome(t)
+	bins := testenv.Binaries(t)
+	_, runnerPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	h := startShim(t, bins.Runner, nil, "--shim-home", home, "--runner-http-port", runnerPort, "--runner-ssh-port", sshPort)
+	h.home = home
+	logPath := func(info api.TaskInfoResponse) string {
+		return filepath.Join(home, "runners", info.ContainerName, "job.log")
+	}
+
+	// Control: 2 MiB of numbered lines arrive whole.
+	info, r, _ := bridgeRunner(t, h, runnerPort)
+	r.start(job("/bin/sh", "-c", `i=0; while [ $i -lt 20000 ]; do echo "line $i of the ordinary output pad pad pad pad pad pad pad pad pad"; i=$((i+1)); done; echo END`))
+	pulled := r.pullUntilDone(2*time.Minute, nil).logs.String()
+	if n := strings.Count(pulled, " of the ordinary output "); n != 20000 || !strings.Contains(pulled, "line 19999 of") || !strings.Contains(pulled, "END") {
+		t.Fatalf("control: pulled %d of 20000 lines", n)
+	}
+	if ws := readAllWS(t, r, time.Time{}); strings.Count(ws, " of the ordinary output ") != 20000 || strings.Contains(ws, "[tandem:") {
+		t.Fatalf("control: the stream lost lines or was trimmed (%d bytes)", len(ws))
+	}
+	t.Logf("FIGURE ordinary job: %d bytes of job.log on disk", allocated(t, logPath(info)))
+
+	// 200 MiB of \033[0m: the raw log keeps its cap, the job ends well.
+	info, r, _ = bridgeRunner(t, h, runnerPort)
+	r.start(job("/bin/sh", "-c", `yes "$(printf '\033[0m\033[0m\033[0m\033[0m\033[0m\033[0m\033[0m\033[0m')" | head -c 209715200; echo; echo ESCAPES-DONE`))
+	res := r.pullUntilDone(5*time.Minute, nil)
+	if st := res.final(); st.State != api.JobDone {
+		t.Fatalf("escape job: %+v", st)
+	}
+	onDisk := allocated(t, logPath(info))
+	t.Logf("FIGURE 200 MiB of escapes: job.log %d bytes on disk (cap %d); shim home free %d", onDisk, 32<<20, freeBytes(t, home))
+	if onDisk > 34<<20 {
+		t.Fatalf("job.log holds %d bytes on disk", onDisk)
+	}
+	if ws := readAllWS(t, r, time.Time{}); !strings.Contains(ws, "bytes of output were dropped here") || !strings.Contains(ws, "ESCAPES-DONE") {
+		t.Fatalf("the stream does not say what was dropped or lost the end (%d bytes)", len(ws))
+	}
+
+	// Escape-only output is charged to the quota.
+	_, r, _ = bridgeRunner(t, h, runnerPort)
+	b := job("/bin/sh", "-c", `yes "$(printf '\033[0m\033[0m\033[0m\033[0m')" | head -c 52428800; echo NOT-REACHED`)
+	b.LogQuotaHour = 8 << 20
+	r.start(b)
+	if st := r.pullUntilDone(2*time.Minute, nil).final(); st.State != api.JobFailed || st.TerminationReason != api.ReasonLogQuotaExceeded {
+		t.Fatalf("escape-only output past the quota: %+v", st)
+	}
+
+	// Below the floor (a tenth of 128 MiB) output is not kept; the job
+	// goes on and its log says so; records are still written.
+	_, r, _ = bridgeRunner(t, h, runnerPort)
+	filler := filepath.Join(home, "other-tenant.fill")
+	fillTo(t, filler, 6<<20)
+	freeAtStop := freeBytes(t, home)
+	r.start(job("/bin/sh", "-c", `i=0; while [ $i -lt 80 ]; do echo "tick $i"; i=$((i+1)); sleep 0.1; done; echo FLOOR-DONE`))
+	time.Sleep(2500 * time.Millisecond)
+	// A submit on the nearly full home is still saved.
+	extra := h.submit(api.TaskConfig{NetworkMode: "bridge"})
+	if _, err := os.Stat(filepath.Join(home, "tasks", extra.ID+".json")); err != nil {
+		t.Fatalf("a record on the nearly full home: %v", err)
+	}
+	_ = os.Remove(filler)
+	res = r.pullUntilDone(time.Minute, nil)
+	out := res.logs.String()
+	if st := res.final(); st.State != api.JobDone {
+		t.Fatalf("the job must go on below the floor: %+v", st)
+	}
+	if !strings.Contains(out, "output is not kept until space is freed") || !strings.Contains(out, "output is kept again") ||
+		!strings.Contains(out, "FLOOR-DONE") || strings.Count(out, "tick ") >= 80 {
+		t.Fatalf("job log across the floor: %q", out)
+	}
+	t.Logf("FIGURE floor: logging stopped with %d bytes free (floor %d); %d of 80 lines kept", freeAtStop, (128<<20)/10, strings.Count(out, "tick "))
+	runnerLog := res.runner.String()
+	if !strings.Contains(runnerLog, "no longer kept") {
+		t.Errorf("no runner log line for the stop: %q", tailStr(runnerLog, 400))
+	}
+}
