@@ -1,7 +1,10 @@
 package e2e
 
 import (
+	"context"
+	"errors"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +16,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/e2e/testenv"
 	"github.com/tandem-run/tandem/internal/loopdev"
+	"github.com/tandem-run/tandem/shim/task"
 	"golang.org/x/sys/unix"
 )
 
@@ -149,5 +153,94 @@ func TestJobLogsBoundedOnDisk(t *testing.T) {
 	runnerLog := res.runner.String()
 	if !strings.Contains(runnerLog, "no longer kept") {
 		t.Errorf("no runner log line for the stop: %q", tailStr(runnerLog, 400))
+	}
+}
+
+// fillUp writes a file until its filesystem refuses more.
+func fillUp(t *testing.T, file string) {
+	t.Helper()
+	f, err := os.Create(file)
+	if err != nil {
+		return // already full
+	}
+	defer f.Close()
+	// Ever smaller writes: the last blocks too.
+	for size := 1 << 20; size > 0; size /= 4 {
+		buf := make([]byte, size)
+		for {
+			if _, err := f.Write(buf); err != nil {
+				break
+			}
+		}
+	}
+	_ = f.Sync()
+}
+
+// TestSubmitOnFullShimHome (issue 25, item 4): a job's neighbour fills
+// the shim home. A terminate's reason still reaches the disk (the shim
+// gives back its reserve for it), so a shim killed and restarted reports
+// the same reason. Once even the reserve is used, a submit answers 507 with
+// the reason and starts nothing; once space is back a submit works (the
+// control).
+func TestSubmitOnFullShimHome(t *testing.T) {
+	home := smallShimHome(t)
+	p := newShimProc(t, runnerScript(t, "sleep 300"))
+	p.home = home
+	p.start()
+	ctx := context.Background()
+	img := testenv.Busybox(t)
+	cfg := func(prefix string) api.TaskConfig {
+		return api.TaskConfig{ID: randomID(prefix), Name: "rs-" + strings.ToLower(randomID("f")), ImageName: img}
+	}
+	a := cfg("a")
+	if err := p.client.SubmitTask(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	p.waitStatus(a.ID, running)
+	reserve := filepath.Join(home, ".state-reserve")
+	if fi, err := os.Stat(reserve); err != nil || fi.Size() == 0 {
+		t.Fatalf("no state reserve: %v", err)
+	}
+	fillUp(t, filepath.Join(home, "runners", "tenant-1.fill"))
+	t.Logf("FIGURE full home: %d bytes free", freeBytes(t, home))
+
+	if _, err := p.client.TerminateTask(ctx, a.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByServer, TerminationMessage: "by the server"}); err != nil {
+		t.Fatal(err)
+	}
+	p.waitStatus(a.ID, terminated)
+	time.Sleep(300 * time.Millisecond) // the terminal record's write
+	if _, err := os.Stat(reserve); !os.IsNotExist(err) {
+		t.Fatalf("the reserve was not given back for the record: %v", err)
+	}
+
+	// Now nothing is left, not even the reserve.
+	fillUp(t, filepath.Join(home, "runners", "tenant-2.fill"))
+	b := cfg("b")
+	err := p.client.SubmitTask(ctx, b)
+	var se *api.StatusError
+	if !errors.As(err, &se) || se.Code != http.StatusInsufficientStorage || !strings.Contains(se.Message, "cannot save the task's record") {
+		t.Fatalf("submit on a full home: %v", err)
+	}
+	if containerExists(t, task.ContainerName(b.Name, b.ID)) {
+		t.Fatal("a refused submit started a container")
+	}
+
+	p.kill9()
+	_ = os.Remove(filepath.Join(home, "runners", "tenant-1.fill"))
+	_ = os.Remove(filepath.Join(home, "runners", "tenant-2.fill"))
+	p.start()
+	if got := p.waitStatus(a.ID, terminated); got.TerminationReason != api.ReasonTerminatedByServer || got.TerminationMessage != "by the server" {
+		t.Fatalf("after a restart: %+v", got)
+	}
+	if _, err := p.client.GetTask(ctx, b.ID); !errors.Is(err, api.ErrNotFound) {
+		t.Fatalf("the refused task: %v", err)
+	}
+	c := cfg("c")
+	if err := p.client.SubmitTask(ctx, c); err != nil {
+		t.Fatalf("control: %v", err)
+	}
+	p.waitStatus(c.ID, running)
+	if fi, err := os.Stat(reserve); err != nil || fi.Size() == 0 {
+		t.Fatalf("the reserve was not taken again once space came back: %v", err)
 	}
 }

@@ -44,6 +44,7 @@ func (e *Engine) Restore(ctx context.Context) error {
 		return nil
 	}
 	began := e.now()
+	e.recs.reserve.take() // from the start, before any job can fill the home
 	loaded, err := e.recs.load()
 	if err != nil {
 		return err
