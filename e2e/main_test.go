@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +14,9 @@ import (
 // after every test's cleanup ran.
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if floodBin != "" {
+		_ = os.RemoveAll(filepath.Dir(floodBin))
+	}
 	if left := testenv.LeftoverDaemons(); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "e2e: daemons still running after the suite:\n  %s\n", strings.Join(left, "\n  "))
 		code = 1
