@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,7 +49,7 @@ func floodBinary(t testing.TB) string {
 }
 
 // waitHolding waits for the flood's "holding N" line on r.
-func waitHolding(t *testing.T, r *bufio.Reader, what string) {
+func waitHolding(t testing.TB, r *bufio.Reader, what string) {
 	t.Helper()
 	got := make(chan string, 1)
 	go func() {
@@ -66,7 +68,7 @@ func waitHolding(t *testing.T, r *bufio.Reader, what string) {
 
 // healthUnderFlood runs n healthchecks the way the dstack server does (a
 // new connection each, 9 s timeout) and returns their latencies, sorted.
-func healthUnderFlood(t *testing.T, addr string, n int) []time.Duration {
+func healthUnderFlood(t testing.TB, addr string, n int) []time.Duration {
 	t.Helper()
 	client := &http.Client{Timeout: 9 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	var lat []time.Duration
@@ -90,6 +92,71 @@ func healthUnderFlood(t *testing.T, addr string, n int) []time.Duration {
 	return lat
 }
 
+// containerFlood starts n connections from a host-network container that
+// re-open each as it is dropped, and waits until it held them all.
+func containerFlood(t testing.TB, h *shimHarness, port string, n int) {
+	t.Helper()
+	bin := floodBinary(t)
+	name := randomID("flood")
+	cmd := exec.Command("docker", "run", "--rm", "--name", name, "--network", "host", "--ulimit", "nofile=8192:8192",
+		"-v", bin+":/flood:ro", "--entrypoint", "/flood", h.image, "-addr", "127.0.0.1:"+port, "-n", strconv.Itoa(n), "-mode", "silent")
+	out, _ := cmd.StdoutPipe()
+	testenv.Isolate(cmd)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = testenv.Docker(context.Background(), "rm", "-f", name)
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	waitHolding(t, bufio.NewReader(out), "container flood")
+}
+
+// hostFlood starts two host processes: n idle keep-alive connections and n
+// slow bodies, and gives them time to fill every slot they can.
+func hostFlood(t testing.TB, addr string, n int) {
+	t.Helper()
+	bin := floodBinary(t)
+	for _, mode := range []string{"idle", "slowbody"} {
+		cmd := exec.Command(bin, "-addr", addr, "-n", strconv.Itoa(n), "-mode", mode)
+		cmd.Stdout = io.Discard
+		testenv.Isolate(cmd)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+		})
+	}
+	time.Sleep(5 * time.Second)
+}
+
+// BenchmarkShimHealthcheckUnderFlood: the latency of a host healthcheck
+// (new connection each, as the dstack server) under each flood; target:
+// under 1 s (p50-ms and max-ms are reported).
+func BenchmarkShimHealthcheckUnderFlood(b *testing.B) {
+	for _, flood := range []string{"container-2000", "host-750idle-750slow"} {
+		b.Run(flood, func(b *testing.B) {
+			h := startShimB(b, "sleep 60")
+			addr := h.addr()
+			_, port, _ := strings.Cut(addr, ":")
+			if flood == "container-2000" {
+				containerFlood(b, h, port, 2000)
+			} else {
+				hostFlood(b, addr, 750)
+			}
+			b.ResetTimer()
+			lat := healthUnderFlood(b, addr, b.N)
+			b.StopTimer()
+			b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(lat[len(lat)-1].Microseconds())/1000, "max-ms")
+			b.ReportMetric(float64(openFDs(h.cmd.Process.Pid)), "shim-fds")
+		})
+	}
+}
+
 // TestShimAPIUnderConnectionFloods (issue 25): the host keeps its API
 // while a host-network container holds 2,000 connections (re-opening each
 // as it is refused), and while a host process holds 750 idle keep-alive
@@ -102,27 +169,13 @@ func TestShimAPIUnderConnectionFloods(t *testing.T) {
 	addr := h.addr()
 	_, port, _ := strings.Cut(addr, ":")
 	pid := h.cmd.Process.Pid
-	bin := floodBinary(t)
 	before := openFDs(pid)
 	// Slots (512) + decisions in flight (256 pending + 256 waiting) +
 	// refused ones draining (64) + the shim's own.
 	const fdBound = 512 + 256 + 256 + 64 + 40
 
 	t.Run("host-network container, 2000 connections", func(t *testing.T) {
-		name := randomID("flood")
-		cmd := exec.Command("docker", "run", "--rm", "--name", name, "--network", "host", "--ulimit", "nofile=8192:8192",
-			"-v", bin+":/flood:ro", "--entrypoint", "/flood", h.image, "-addr", "127.0.0.1:"+port, "-n", "2000", "-mode", "silent")
-		out, _ := cmd.StdoutPipe()
-		testenv.Isolate(cmd)
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_, _ = testenv.Docker(context.Background(), "rm", "-f", name)
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-			_ = cmd.Wait()
-		})
-		waitHolding(t, bufio.NewReader(out), "container flood")
+		containerFlood(t, h, port, 2000)
 		lat := healthUnderFlood(t, addr, 10)
 		fds := openFDs(pid)
 		t.Logf("FIGURE container flood (2000 conns, re-opening): healthcheck p50 %s max %s; shim fds %d (idle %d)",
@@ -139,27 +192,7 @@ func TestShimAPIUnderConnectionFloods(t *testing.T) {
 	})
 
 	t.Run("host process, 750 idle keep-alive and 750 slow bodies", func(t *testing.T) {
-		var readers []*bufio.Reader
-		for _, mode := range []string{"idle", "slowbody"} {
-			cmd := exec.Command(bin, "-addr", addr, "-n", "750", "-mode", mode)
-			out, _ := cmd.StdoutPipe()
-			testenv.Isolate(cmd)
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-				_ = cmd.Wait()
-			})
-			readers = append(readers, bufio.NewReader(out))
-		}
-		// Both hold their share at some point (they evict each other: the
-		// cap is 512); give them time to fill every slot.
-		for i, r := range readers {
-			go func() { _, _ = r.ReadString('\n') }()
-			_ = i
-		}
-		time.Sleep(5 * time.Second)
+		hostFlood(t, addr, 750)
 		lat := healthUnderFlood(t, addr, 10)
 		fds := openFDs(pid)
 		t.Logf("FIGURE host flood (750 idle + 750 slow bodies): healthcheck p50 %s max %s; shim fds %d (idle %d)",

@@ -30,7 +30,6 @@ type History struct {
 	handed  bool          // a reader holds changed: the next write must close it
 	written int64         // bytes in the file (size minus the tail)
 	trim    trim          // what of the file stays on disk
-	err     error         // the first trim error (reported once by Write)
 }
 
 // OpenHistory creates (appends to) the raw log at path, keeping all of it.
