@@ -26,7 +26,7 @@ func (e *StatusError) Error() string {
 	if msg == "" {
 		msg = http.StatusText(e.Code)
 	}
-	return fmt.Sprintf("%s %s: %d: %s", e.Method, e.Path, e.Code, msg)
+	return fmt.Sprintf("%s %s: %d: %s", e.Method, e.Path, e.Code, Printable(msg))
 }
 
 // Is maps the status to the error classes above.

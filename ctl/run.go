@@ -219,7 +219,16 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	}
 	if info.Status == api.TaskTerminated {
 		res.State, res.Reason, res.Message = api.JobFailed, info.TerminationReason, info.TerminationMessage
-		return res, fmt.Errorf("task ended before the job started: %s: %s", info.TerminationReason, info.TerminationMessage)
+		hint := ""
+		if o.Network != "bridge" && strings.Contains(info.TerminationMessage, "address already in use") {
+			hint = "\nanother host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task"
+		}
+		// The message is the container's last lines: escaped per line.
+		var lines []string
+		for _, l := range strings.Split(strings.TrimSpace(info.TerminationMessage), "\n") {
+			lines = append(lines, api.Printable(l))
+		}
+		return res, fmt.Errorf("task ended before the job started: %s: %s%s", api.Printable(string(info.TerminationReason)), strings.Join(lines, "\n"), hint)
 	}
 	runner, runnerAddr, err := runnerFor(o.Shim, info, o.RunnerPort, o.Dial)
 	if err != nil {
@@ -255,7 +264,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 			return res, fmt.Errorf("task %s was terminated and removed by someone else (tandem stop or the server)", ShortID(id))
 		case gerr == nil && info.Status == api.TaskTerminated:
 			res.State, res.Reason, res.Message = api.JobTerminated, info.TerminationReason, info.TerminationMessage
-			return res, fmt.Errorf("task %s was terminated: %s %s", ShortID(id), info.TerminationReason, strings.TrimSpace(info.TerminationMessage))
+			return res, fmt.Errorf("task %s was terminated: %s %s", ShortID(id), api.Printable(string(info.TerminationReason)), api.Printable(strings.TrimSpace(info.TerminationMessage)))
 		}
 	}
 	return res, err

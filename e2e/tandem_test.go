@@ -193,8 +193,31 @@ func TestTandemOverSSH(t *testing.T) {
 	host, port, _ := net.SplitHostPort(sshd.Addr)
 	_ = os.WriteFile(bad, []byte("["+host+"]:"+port+" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl\n"), 0o644)
 	cmd, _, errb = tandem(t, "ps", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", bad, "--shim", shim)
-	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "HOST KEY MISMATCH") {
+	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "HOST KEY MISMATCH") ||
+		!strings.Contains(errb.String(), "SHA256:") || !strings.Contains(errb.String(), "ssh-keygen -R '["+host+"]:"+port+"'") {
 		t.Fatalf("wrong host key: %v %s", err, errb)
+	}
+	// The host has ed25519, ECDSA and RSA keys: whichever one known_hosts
+	// holds (as OpenSSH recorded it, hashed or not), that one is checked.
+	for i, line := range append([]string{sshd.HostPub}, sshd.OtherHostPubs...) {
+		kh := filepath.Join(t.TempDir(), "known_hosts")
+		_ = os.WriteFile(kh, []byte("["+host+"]:"+port+" "+line+"\n"), 0o644)
+		if i == 0 {
+			if out, err := exec.Command("ssh-keygen", "-H", "-f", kh).CombinedOutput(); err != nil {
+				t.Fatalf("hash known_hosts: %v %s", err, out)
+			}
+		}
+		cmd, _, errb = tandem(t, "ps", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", kh, "--shim", shim)
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("known_hosts with only %s: %v %s", strings.Fields(line)[0], err, errb)
+		}
+	}
+	// A host not on file is unknown, with its fingerprint.
+	empty := filepath.Join(t.TempDir(), "known_hosts")
+	_ = os.WriteFile(empty, nil, 0o644)
+	cmd, _, errb = tandem(t, "ps", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", empty, "--shim", shim)
+	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "is not in") || !strings.Contains(errb.String(), "SHA256:") {
+		t.Fatalf("unknown host: %v %s", err, errb)
 	}
 	wrongKey := filepath.Join(t.TempDir(), "k")
 	_ = exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", wrongKey).Run()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -66,10 +67,10 @@ func runAction(c *cli.Context) error {
 	o := ctl.RunOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
-		Out: c.App.Writer, Status: c.App.ErrWriter, StatusTTY: isTerminal(os.Stderr), Env: map[string]string{}}
+		Out: jobOutput(c), Status: c.App.ErrWriter, StatusTTY: isTerminal(os.Stderr), Env: map[string]string{}}
 	if jsonOut {
 		// Only JSON on stdout: the job's output goes to stderr.
-		o.Out, o.Status, o.StatusTTY = c.App.ErrWriter, nil, false
+		o.Out, o.Status, o.StatusTTY = ctl.LineEnds(c.App.ErrWriter), nil, false
 	}
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
 	var err error
@@ -187,7 +188,7 @@ func attachCmd() *cli.Command {
 			sigs := make(chan os.Signal, 1)
 			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 			defer signal.Stop(sigs)
-			res, err := ctl.Attach(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), sigs, c.App.Writer, c.App.ErrWriter)
+			res, err := ctl.Attach(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), sigs, jobOutput(c), c.App.ErrWriter)
 			if err != nil {
 				return exitError{ctl.ExitFailure, err.Error()}
 			}
@@ -205,4 +206,13 @@ func attachCmd() *cli.Command {
 func taskOptions(c *cli.Context, dial func(context.Context, string, string) (net.Conn, error)) ctl.TaskOptions {
 	return ctl.TaskOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"), Dial: dial,
 		Ports: ctl.Ports{HTTP: c.Int("runner-port"), SSH: c.Int("runner-ssh-port")}}
+}
+
+// jobOutput is where a job's output goes: as the job wrote it on a
+// terminal, with "\n" line ends anywhere else.
+func jobOutput(c *cli.Context) io.Writer {
+	if f, ok := c.App.Writer.(*os.File); ok && isTerminal(f) {
+		return c.App.Writer
+	}
+	return ctl.LineEnds(c.App.Writer)
 }

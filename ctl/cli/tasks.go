@@ -76,20 +76,40 @@ func psCmd() *cli.Command {
 			w := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "NAME\tID\tIMAGE\tSTATUS\tAGE\tGPUS\tEXIT")
 			for _, r := range rows {
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", dash(r.Name), ctl.ShortID(r.ID), dash(r.Image), statusText(r), age(r.Submitted), len(r.GPUs), exitText(r))
+				// Every string is the shim's or a runner's: escaped.
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", dash(api.Printable(r.Name)), api.Printable(ctl.ShortID(r.ID)), dash(api.Printable(r.Image)),
+					statusText(r), age(r.Submitted), len(r.GPUs), exitText(r))
 			}
 			return w.Flush()
 		}}
 }
 
+// statusText renders the task's and job's states; a state that is not
+// one of the known values is shown escaped as unknown.
 func statusText(r psRow) string {
 	switch {
 	case r.Job != "": // the runner's word on the job beats the container's
+		if !knownJobState(r.Job) {
+			return "job unknown (" + api.Printable(string(r.Job)) + ")"
+		}
 		return "job " + string(r.Job)
+	case !r.Status.Valid():
+		return "unknown (" + api.Printable(string(r.Status)) + ")"
 	case r.Status == api.TaskTerminated && r.Reason != "":
+		if !api.TerminationReason(r.Reason).Valid() {
+			return "terminated (unknown: " + api.Printable(r.Reason) + ")"
+		}
 		return "terminated (" + r.Reason + ")"
 	}
 	return string(r.Status)
+}
+
+func knownJobState(s api.JobState) bool {
+	switch s {
+	case api.JobRunning, api.JobDone, api.JobFailed, api.JobTerminated, api.JobTerminating:
+		return true
+	}
+	return false
 }
 
 func exitText(r psRow) string {
@@ -137,7 +157,7 @@ func logsCmd() *cli.Command {
 				return err
 			}
 			defer closeDial()
-			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), c.App.Writer); err != nil {
+			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), jobOutput(c)); err != nil {
 				return exitError{ctl.ExitFailure, err.Error()}
 			}
 			return nil

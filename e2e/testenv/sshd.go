@@ -17,8 +17,11 @@ type SSHD struct {
 	Addr       string // 127.0.0.1:port
 	User       string
 	ClientKey  string // private key file for the client
-	KnownHosts string // known_hosts file with the server's key
-	HostPub    string // the host public key line
+	KnownHosts string // known_hosts file with the server's ed25519 key only
+	HostPub    string // the host's ed25519 public key line
+	// OtherHostPubs are the host's ECDSA and RSA key lines: like most
+	// hosts it has several, and known_hosts after one `ssh` holds one.
+	OtherHostPubs []string
 }
 
 // StartSSHD runs /usr/sbin/sshd -D with a private config (Debian package
@@ -35,14 +38,18 @@ func StartSSHD(t testing.TB) *SSHD {
 		t.Fatalf("sshd missing (install openssh-server; make deps does): %v", err)
 	}
 	dir := t.TempDir()
-	keygen := func(path string) {
-		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", path).CombinedOutput(); err != nil {
+	keygen := func(path, typ string) {
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", typ, "-N", "", "-f", path).CombinedOutput(); err != nil {
 			t.Fatalf("ssh-keygen: %v %s", err, out)
 		}
 	}
 	hostKey, clientKey := filepath.Join(dir, "host_key"), filepath.Join(dir, "client_key")
-	keygen(hostKey)
-	keygen(clientKey)
+	keygen(hostKey, "ed25519")
+	keygen(clientKey, "ed25519")
+	// RSA first in the config; a client offering RSA first gets that one.
+	others := []string{filepath.Join(dir, "host_key_rsa"), filepath.Join(dir, "host_key_ecdsa")}
+	keygen(others[0], "rsa")
+	keygen(others[1], "ecdsa")
 	pub, _ := os.ReadFile(clientKey + ".pub")
 	ak := filepath.Join(dir, "authorized_keys")
 	if err := os.WriteFile(ak, pub, 0o600); err != nil {
@@ -54,6 +61,8 @@ func StartSSHD(t testing.TB) *SSHD {
 	cfg := fmt.Sprintf(`Port %s
 ListenAddress %s
 HostKey %s
+HostKey %s
+HostKey %s
 AuthorizedKeysFile %s
 PidFile none
 UsePAM no
@@ -63,7 +72,7 @@ PermitRootLogin prohibit-password
 AllowTcpForwarding yes
 StrictModes no
 LogLevel ERROR
-`, port, host, hostKey, ak)
+`, port, host, others[0], others[1], hostKey, ak)
 	cfgPath := filepath.Join(dir, "sshd_config")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
@@ -76,6 +85,11 @@ LogLevel ERROR
 	hostPub, _ := os.ReadFile(hostKey + ".pub")
 	f := strings.Fields(string(hostPub))
 	s.HostPub = f[0] + " " + f[1]
+	for _, k := range others {
+		b, _ := os.ReadFile(k + ".pub")
+		f := strings.Fields(string(b))
+		s.OtherHostPubs = append(s.OtherHostPubs, f[0]+" "+f[1])
+	}
 	s.KnownHosts = filepath.Join(dir, "known_hosts")
 	if err := os.WriteFile(s.KnownHosts, []byte(fmt.Sprintf("[%s]:%s %s\n", host, port, s.HostPub)), 0o644); err != nil {
 		t.Fatal(err)

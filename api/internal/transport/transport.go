@@ -25,6 +25,11 @@ const DefaultTimeout = 9 * time.Second
 // maxErrorBody caps how much of an error body is read into a message.
 const maxErrorBody = 64 << 10
 
+// MaxAnswer bounds a JSON answer: the largest legitimate one (a task list
+// of a busy shim, a 1 MiB pull) is far below; a hostile or broken agent
+// cannot make a client hold more.
+const MaxAnswer = 16 << 20
+
 // Client talks HTTP to one agent.
 type Client struct {
 	// BaseURL is "http://host:port" (for Unix sockets the host is a placeholder).
@@ -161,10 +166,34 @@ func (c *Client) JSON(ctx context.Context, r Request, out any) error {
 	if !IsJSON(resp) {
 		return fmt.Errorf("%s %s: expected a JSON answer, got %q", r.Method, r.Path, resp.Header.Get("Content-Type"))
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	body := &capped{r: resp.Body, left: MaxAnswer}
+	if err := json.NewDecoder(body).Decode(out); err != nil {
+		if body.over {
+			return fmt.Errorf("%s %s: the answer is larger than %d bytes: refused", r.Method, r.Path, MaxAnswer)
+		}
 		return fmt.Errorf("%s %s: decode answer: %w", r.Method, r.Path, err)
 	}
 	return nil
+}
+
+// capped reads at most left bytes, then fails.
+type capped struct {
+	r    io.Reader
+	left int64
+	over bool
+}
+
+func (c *capped) Read(p []byte) (int, error) {
+	if c.left <= 0 {
+		c.over = true
+		return 0, errors.New("answer too large")
+	}
+	if int64(len(p)) > c.left {
+		p = p[:c.left]
+	}
+	n, err := c.r.Read(p)
+	c.left -= int64(n)
+	return n, err
 }
 
 // IsJSON reports whether the answer declares a JSON body.

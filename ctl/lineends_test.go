@@ -1,0 +1,30 @@
+package ctl
+
+import (
+	"bytes"
+	"testing"
+)
+
+func TestLineEnds(t *testing.T) {
+	for _, tc := range []struct {
+		writes []string
+		want   string
+	}{
+		{[]string{"hello\r\n"}, "hello\n"},
+		{[]string{"hello\r", "\nworld\r\n"}, "hello\nworld\n"},
+		{[]string{"10%\r20%\r", "30%\r\ndone\r\n"}, "10%\r20%\r30%\ndone\n"},
+		{[]string{"a\r", "b"}, "a\rb"},
+		{[]string{"no line end"}, "no line end"},
+	} {
+		var b bytes.Buffer
+		w := LineEnds(&b)
+		for _, s := range tc.writes {
+			if n, err := w.Write([]byte(s)); err != nil || n != len(s) {
+				t.Fatal(n, err)
+			}
+		}
+		if b.String() != tc.want {
+			t.Errorf("%q: got %q, want %q", tc.writes, b.String(), tc.want)
+		}
+	}
+}
