@@ -1,0 +1,80 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// TestTandemHostileAnswers (issue 27): a shim (here a fake) whose answers
+// carry escape sequences cannot drive the user's terminal through `tandem
+// ps`, and one with a 512 MiB field cannot make tandem hold it. The
+// control: the same listing without escapes prints its values as they are.
+func TestTandemHostileAnswers(t *testing.T) {
+	huge := false
+	image, status := "evil\x1b]0;pwned\x07\x1b[2Jimage", "running\x1b[2J"
+	fake := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path == "/api/tasks" && huge:
+			fmt.Fprint(w, `{"ids":["`)
+			chunk := strings.Repeat("A", 1<<20)
+			for range 512 {
+				if _, err := fmt.Fprint(w, chunk); err != nil {
+					return
+				}
+			}
+			fmt.Fprint(w, `"]}`)
+		case r.URL.Path == "/api/tasks":
+			fmt.Fprint(w, `{"ids":["t1"],"tasks":[{"id":"t1","status":"running"}]}`)
+		case r.URL.Path == "/api/tasks/t1":
+			st, _ := json.Marshal(status)
+			img, _ := json.Marshal(image)
+			fmt.Fprintf(w, `{"id":"t1","status":%s,"termination_reason":"","termination_message":"","ports":[],"container_name":"c","container_id":"x","gpus_ids":[],
+				"tandem":{"name":"n\u001b[31m","image_name":%s,"submitted_at":1}}`, st, img)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer fake.Close()
+	shim := strings.TrimPrefix(fake.URL, "http://")
+	ps := func() (string, string, *syscall.Rusage, error) {
+		cmd, out, errb := tandem(t, "ps", "-a", "--shim", shim, "--runner-port", "1")
+		err := cmd.Run()
+		var ru *syscall.Rusage
+		if cmd.ProcessState != nil {
+			ru, _ = cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		}
+		return out.String(), errb.String(), ru, err
+	}
+	out, errOut, _, err := ps()
+	if err != nil {
+		t.Fatalf("ps: %v %s", err, errOut)
+	}
+	if strings.ContainsAny(out+errOut, "\x1b\x07") {
+		t.Fatalf("an escape sequence reached the terminal: %q", out)
+	}
+	if !strings.Contains(out, `evil\x1b]0;pwned\x07\x1b[2Jimage`) || !strings.Contains(out, `unknown (running\x1b[2J)`) {
+		t.Fatalf("escaped values missing: %q", out)
+	}
+	// Control: ordinary values print as they are.
+	image, status = "ubuntu:22.04", "running"
+	if out, _, _, err := ps(); err != nil || !strings.Contains(out, "ubuntu:22.04") || !strings.Contains(out, " running ") {
+		t.Fatalf("control: %v %q", err, out)
+	}
+	huge = true
+	_, errOut, ru, err := ps()
+	if err == nil || !strings.Contains(errOut, "larger than") {
+		t.Fatalf("a 512 MiB answer: %v %q", err, errOut)
+	}
+	if ru != nil {
+		t.Logf("FIGURE tandem ps against a 512 MiB answer: peak RSS %d MiB", ru.Maxrss>>10)
+		if ru.Maxrss > 200<<10 { // KiB
+			t.Fatalf("tandem peaked at %d MiB", ru.Maxrss>>10)
+		}
+	}
+}
