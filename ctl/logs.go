@@ -109,12 +109,9 @@ func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoRespo
 		if !force {
 			return fmt.Errorf("task %s is %s: stop it first (tandem stop) or use --force", DisplayName(info), info.Status)
 		}
-		if _, err := shim.TerminateTask(ctx, info.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout}); err != nil && !errors.Is(err, api.ErrNotFound) {
-			return fmt.Errorf("terminate %s: %w", DisplayName(info), err)
-		}
 	}
-	if err := shim.RemoveTask(ctx, info.ID); err != nil && !errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("remove %s: %w", DisplayName(info), err)
+	if err := cleanup(ctx, shim, info.ID, timeout); err != nil {
+		return fmt.Errorf("%s %s", DisplayName(info), err)
 	}
 	return nil
 }

@@ -60,6 +60,7 @@ type RunOptions struct {
 	// task's SSH config entry).
 	Started func(info api.TaskInfoResponse)
 	Out     io.Writer // job output
+	Errors  io.Writer // what must reach the user even with Status nil (nil: stderr)
 	Status  io.Writer // progress and status lines
 	// StatusTTY redraws progress in place (Status is a terminal).
 	StatusTTY bool
@@ -112,6 +113,19 @@ func newID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+}
+
+// statusAlways writes what the user must read even when progress is
+// silenced (-o json): to Status, else to Errors, else to stderr.
+func (o RunOptions) statusAlways(format string, args ...any) {
+	w := o.Status
+	if w == nil {
+		w = o.Errors
+	}
+	if w == nil {
+		w = os.Stderr
+	}
+	fmt.Fprintf(w, format+"\n", args...)
 }
 
 func (o RunOptions) status(format string, args ...any) {
@@ -181,7 +195,9 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	res := Result{TaskID: id, Name: name}
 	cfg := api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
 		ShmSize: o.ShmSize, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
-	if err := shim.SubmitTask(ctx, cfg); err != nil {
+	// A submit repeated with the same config is a no-op on the shim, so
+	// one lost to a slow or restarting shim is made again.
+	if _, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.SubmitTask(ctx, cfg) }); err != nil {
 		res.Interrupted = interrupted(ctx)
 		return res, fmt.Errorf("the shim rejected the task: %w", err)
 	}
@@ -196,13 +212,8 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 		if killNow || res.Interrupted {
 			timeout = 0
 		}
-		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer ccancel()
-		if _, err := shim.TerminateTask(cctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout}); err != nil && !errors.Is(err, api.ErrNotFound) {
-			o.status("terminate task %s: %v", id, err)
-		}
-		if err := shim.RemoveTask(cctx, id); err != nil && !errors.Is(err, api.ErrNotFound) {
-			o.status("remove task %s: %v", id, err)
+		if err := cleanup(context.WithoutCancel(ctx), shim, id, timeout); err != nil {
+			o.statusAlways("tandem: task %s was left on the shim: %v\nremove it with: tandem rm -f --shim %s %s", ShortID(id), err, o.Shim, name)
 		}
 	}()
 	fail := func(err error) (Result, error) {
@@ -257,7 +268,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	res, killNow, err = follow(ctx, runner, jobSigs, o, res)
 	if err != nil {
 		// The runner is gone: the shim knows why.
-		info, gerr := shim.GetTask(ctx, id)
+		info, gerr := retry(ctx, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
 		switch {
 		case errors.Is(gerr, api.ErrNotFound):
 			res.State = api.JobTerminated
@@ -270,6 +281,22 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	return res, err
 }
 
+// cleanup terminates and removes a task, retrying transient failures for
+// cleanupPatience; a task already gone is fine.
+func cleanup(ctx context.Context, shim *shimclient.Client, id string, timeout uint) error {
+	_, err := retry(ctx, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
+	})
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("terminate: %w", err)
+	}
+	_, err = retry(ctx, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.RemoveTask(ctx, id) })
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("remove: %w", err)
+	}
+	return nil
+}
+
 func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
 
 func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
@@ -278,7 +305,7 @@ func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOpti
 	var lastProgress time.Time
 	redrawn := false
 	for {
-		info, err := shim.GetTask(ctx, id)
+		info, err := retry(ctx, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
 		if err != nil {
 			return info, fmt.Errorf("task %s: %w", id, err)
 		}

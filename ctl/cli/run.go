@@ -71,6 +71,7 @@ func runAction(c *cli.Context) error {
 	if jsonOut {
 		// Only JSON on stdout: the job's output goes to stderr.
 		o.Out, o.Status, o.StatusTTY = ctl.LineEnds(c.App.ErrWriter), nil, false
+		o.Errors = c.App.ErrWriter
 	}
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
 	var err error
