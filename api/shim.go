@@ -173,6 +173,10 @@ type TaskDetails struct {
 	// published ones); 0 until known.
 	RunnerHTTPPort int `json:"runner_http_port,omitempty"`
 	RunnerSSHPort  int `json:"runner_ssh_port,omitempty"`
+	// Job is the job's final state as its runner left it (set once the job
+	// ended, kept after the runner and its container are gone): its exit
+	// status outlives them.
+	Job *JobStateEvent `json:"job,omitempty"`
 }
 
 // TaskSubmitResponse is the body of a successful POST /api/tasks. dstack's shim

@@ -56,6 +56,10 @@ func DisplayName(info api.TaskInfoResponse) string {
 // job's output ends.
 func Logs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.Writer) error {
 	info, r, addr, err := runnerOf(ctx, ref, o, "logs")
+	if info.ID != "" && JobEnded(info) && (err != nil || !runnerAnswers(ctx, r)) {
+		_, err := attachEnded(ctx, info, o, w, Result{})
+		return err
+	}
 	if err != nil {
 		return err
 	}
@@ -84,6 +88,11 @@ func Logs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.
 func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, interrupt <-chan os.Signal, out, status io.Writer) (Result, error) {
 	info, r, addr, err := runnerOf(ctx, ref, o, "attach")
 	res := Result{TaskID: info.ID, Name: TaskName(info)}
+	if info.ID != "" && JobEnded(info) && (err != nil || !runnerAnswers(ctx, r)) {
+		// The job ended and its runner is gone: the shim kept its output
+		// and its status.
+		return attachEnded(ctx, info, o, out, res)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -103,9 +112,34 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, int
 	return res, nil
 }
 
+func runnerAnswers(ctx context.Context, r *runnerclient.Client) bool {
+	if r == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := r.Healthcheck(ctx)
+	return err == nil
+}
+
+// attachEnded prints a finished job's kept output from the shim and
+// returns its final state.
+func attachEnded(ctx context.Context, info api.TaskInfoResponse, o TaskOptions, out io.Writer, res Result) (Result, error) {
+	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
+	if err != nil {
+		return res, err
+	}
+	if err := shim.JobLog(ctx, info.ID, out); err != nil && !errors.Is(err, api.ErrNotFound) {
+		return res, fmt.Errorf("%s: %w", DisplayName(info), err)
+	}
+	j := info.Tandem.Job
+	res.State, res.ExitStatus, res.Reason, res.Message = j.State, j.ExitStatus, j.TerminationReason, j.TerminationMessage
+	return res, nil
+}
+
 // Remove terminates (when force or already ended) and removes a task.
 func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoResponse, force bool, timeout uint) error {
-	if info.Status != api.TaskTerminated {
+	if info.Status != api.TaskTerminated && !JobEnded(info) {
 		if !force {
 			return fmt.Errorf("task %s is %s: stop it first (tandem stop) or use --force", DisplayName(info), info.Status)
 		}
@@ -114,6 +148,13 @@ func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoRespo
 		return fmt.Errorf("%s %s", DisplayName(info), err)
 	}
 	return nil
+}
+
+// JobEnded says whether the shim knows the task's job ended (its runner
+// may still linger for the logs to be collected): such a task is removed
+// without --force.
+func JobEnded(info api.TaskInfoResponse) bool {
+	return info.Tandem != nil && info.Tandem.Job != nil && info.Tandem.Job.State.Final()
 }
 
 // JobStatus asks a running task's runner how its job stands (the last job

@@ -149,6 +149,21 @@ func (c *Client) TaskMetrics(ctx context.Context, id string) (string, error) {
 	return string(b), nil
 }
 
+// JobLog copies the raw output the task's runner kept into w (Tandem's
+// shim only: also after the runner and its container are gone).
+func (c *Client) JobLog(ctx context.Context, id string, w io.Writer) error {
+	resp, cancel, err := c.t.Do(ctx, transport.Request{Method: http.MethodGet, Path: taskPath(id, "/job-log"), Timeout: 5 * time.Minute})
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("read job log: %w", err)
+	}
+	return nil
+}
+
 func taskPath(id, suffix string) string {
 	return "/api/tasks/" + url.PathEscape(id) + suffix
 }

@@ -25,6 +25,7 @@ type psRow struct {
 	Status     api.TaskStatus `json:"status"`
 	Job        api.JobState   `json:"job_state,omitempty"`
 	ExitStatus *int           `json:"exit_status,omitempty"`
+	Ended      int64          `json:"ended_at,omitempty"` // the job's end, Unix seconds
 	Submitted  int64          `json:"submitted_at,omitempty"`
 	GPUs       []string       `json:"gpus"`
 	Reason     string         `json:"termination_reason,omitempty"`
@@ -63,9 +64,18 @@ func psCmd() *cli.Command {
 				}
 				if d := info.Tandem; d != nil {
 					r.Image, r.Submitted = d.ImageName, d.SubmittedAt
+					if j := d.Job; j != nil && j.State.Final() {
+						// The shim keeps the job's end: it never goes back.
+						r.Job, r.ExitStatus, r.Ended = j.State, j.ExitStatus, j.Timestamp/1000
+					}
 				}
-				if ev, ok := ctl.JobStatus(c.Context, info, taskOptions(c, dial)); ok {
-					r.Job, r.ExitStatus = ev.State, ev.ExitStatus
+				if r.Job == "" {
+					if ev, ok := ctl.JobStatus(c.Context, info, taskOptions(c, dial)); ok {
+						r.Job, r.ExitStatus = ev.State, ev.ExitStatus
+						if ev.State.Final() {
+							r.Ended = ev.Timestamp / 1000
+						}
+					}
 				}
 				rows = append(rows, r)
 			}
@@ -91,6 +101,13 @@ func statusText(r psRow) string {
 	case r.Job != "": // the runner's word on the job beats the container's
 		if !knownJobState(r.Job) {
 			return "job unknown (" + api.Printable(string(r.Job)) + ")"
+		}
+		if r.Job.Final() && r.Job != api.JobTerminated && r.ExitStatus != nil {
+			s := fmt.Sprintf("exited (%d)", *r.ExitStatus)
+			if r.Ended > 0 {
+				s += " " + age(r.Ended) + " ago"
+			}
+			return s
 		}
 		return "job " + string(r.Job)
 	case !r.Status.Valid():

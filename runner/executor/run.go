@@ -3,6 +3,7 @@ package executor
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/atomicfile"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/logs"
@@ -84,10 +86,31 @@ func (x *Executor) openRunnerLog() *slog.Logger {
 
 // finish ends the job: state wait_logs_finished, Finished closed.
 func (x *Executor) finish() {
+	x.writeFinal()
 	x.mu.Lock()
 	x.state = WaitLogsFinished
 	x.mu.Unlock()
 	close(x.finished)
+}
+
+// FinalFile is where the runner leaves the job's final state in its temp
+// dir (the shim's runners/<container>/ on the host): the shim reads it, so
+// the job's status outlives the runner and its container.
+const FinalFile = "job_final.json"
+
+// writeFinal leaves the job's final state for the shim (atomically).
+func (x *Executor) writeFinal() {
+	ev, ok := x.journal.LastStateEvent()
+	if !ok || !ev.State.Final() {
+		return
+	}
+	b, err := json.Marshal(ev)
+	if err == nil {
+		err = atomicfile.WriteBytes(filepath.Join(x.cfg.TempDir, FinalFile), b, atomicfile.Options{Perm: 0o644, UID: -1})
+	}
+	if err != nil {
+		x.runnerLog.Warn("could not leave the job's final state for the shim", "err", err)
+	}
 }
 
 func (x *Executor) job(ctx context.Context, body api.SubmitBody, user account.JobUser, wd string) {

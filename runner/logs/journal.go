@@ -72,6 +72,16 @@ func (j *Journal) AppendState(ev api.JobStateEvent) error {
 	return err
 }
 
+// LastStateEvent is the latest recorded job state event; false before any.
+func (j *Journal) LastStateEvent() (api.JobStateEvent, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if n := len(j.states); n > 0 {
+		return j.states[n-1], true
+	}
+	return api.JobStateEvent{}, false
+}
+
 // LastState is the latest recorded job state ("" before any).
 func (j *Journal) LastState() api.JobState {
 	j.mu.Lock()

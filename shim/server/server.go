@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 
@@ -26,6 +27,9 @@ type Tasks interface {
 	List() []api.TaskListItem
 	Terminate(ctx context.Context, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error)
 	Remove(ctx context.Context, id string) error
+	// JobLog is the raw output the task's runner kept (Tandem's own route;
+	// dstack's server never calls it).
+	JobLog(id string) (io.ReadCloser, error)
 }
 
 // Components is what the API needs from a component manager.
@@ -83,6 +87,7 @@ func New(d Deps) *echo.Echo {
 	e.GET("/api/tasks/:id", s.getTask, ready)
 	e.POST("/api/tasks/:id/terminate", s.terminate, ready)
 	e.POST("/api/tasks/:id/remove", s.remove, ready)
+	e.GET("/api/tasks/:id/job-log", s.jobLog, ready)
 	e.GET("/metrics/tasks/:id", s.metrics, ready)
 	return e
 }
@@ -134,6 +139,23 @@ func trimClass(err, class error) string {
 		return msg[len(prefix):]
 	}
 	return msg
+}
+
+// jobLog streams a task's kept output, also after its runner is gone.
+func (s *srv) jobLog(c echo.Context) error {
+	id := c.Param("id")
+	if err := ident.TaskID(id); err != nil {
+		return httpapi.Errorf(http.StatusBadRequest, "%v", err)
+	}
+	rc, err := s.d.Tasks.JobLog(id)
+	if err != nil {
+		return toHTTP(err)
+	}
+	defer rc.Close()
+	c.Response().Header().Set(echo.HeaderContentType, "application/octet-stream")
+	c.Response().WriteHeader(http.StatusOK)
+	_, err = io.Copy(c.Response(), rc)
+	return err
 }
 
 func (s *srv) healthcheck(c echo.Context) error {

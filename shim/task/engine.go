@@ -143,6 +143,7 @@ type task struct {
 	stopReq   *api.TaskTerminateRequest // set by terminate
 	cancelPre context.CancelFunc        // aborts stages before running
 	done      chan struct{}             // closed when the pipeline ended
+	job       *api.JobStateEvent        // the job's final state, once its runner left it
 	keysAdded bool                      // host keys are in authorized_keys
 	volumes   []string                  // volumes that may be mounted for it
 	released  bool                      // GPUs and keys given back

@@ -101,6 +101,9 @@ func (e *Engine) watch(t *task, log *slog.Logger) {
 	id := t.contID
 	e.mu.RUnlock()
 	code, err := e.waitExit(e.life, id, log)
+	if e.life.Err() == nil {
+		e.learnJob(t) // before anything else: the job's own word on its end
+	}
 	switch {
 	case e.life.Err() != nil:
 		// The shim is shutting down: the task keeps running, and the next

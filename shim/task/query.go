@@ -12,11 +12,18 @@ import (
 // Get returns one task.
 func (e *Engine) Get(id string) (api.TaskInfoResponse, error) {
 	e.mu.RLock()
-	defer e.mu.RUnlock()
 	t, ok := e.tasks[id]
 	if !ok {
+		e.mu.RUnlock()
 		return api.TaskInfoResponse{}, ErrNotFound
 	}
+	look := t.job == nil && (t.status == api.TaskRunning || t.status == api.TaskTerminated) && t.contID != ""
+	e.mu.RUnlock()
+	if look {
+		e.learnJob(t)
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
 	return e.infoLocked(t), nil
 }
 
@@ -81,6 +88,10 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 				d.RunnerSSHPort = p.Host
 			}
 		}
+	}
+	if t.job != nil {
+		j := *t.job
+		d.Job = &j
 	}
 	info.Tandem = d
 	return info

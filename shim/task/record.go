@@ -39,6 +39,7 @@ type record struct {
 	Released      bool                      `json:"released"`          // GPUs, keys cleaned up
 	StopRequest   *api.TaskTerminateRequest `json:"stop_request,omitempty"`
 	SubmittedAt   time.Time                 `json:"submitted_at,omitzero"`
+	Job           *api.JobStateEvent        `json:"job,omitempty"` // the job's final state
 }
 
 const recordVersion = 1

@@ -123,7 +123,7 @@ func (e *Engine) restored(l loaded) *task {
 	}
 	r := l.rec
 	t.cfg, t.status, t.reason, t.message = r.Config, r.Status, r.Reason, r.Message
-	t.pwHash, t.created = r.PasswordHash, r.SubmittedAt
+	t.pwHash, t.created, t.job = r.PasswordHash, r.SubmittedAt, r.Job
 	t.name, t.contID, t.ports, t.gpuIDs = r.ContainerName, r.ContainerID, r.Ports, r.GPUIDs
 	t.keysAdded, t.released, t.stopReq, t.volumes = r.KeysAdded, r.Released, r.StopRequest, r.Volumes
 	if t.name == "" {

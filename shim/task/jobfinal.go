@@ -1,0 +1,156 @@
+package task
+
+// The job's final state, as the runner leaves it in its dir.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// jobFinalFile is the runner's FinalFile (runner/executor).
+const jobFinalFile = "job_final.json"
+
+// maxJobFinal bounds the file: a state, a reason, a message.
+const maxJobFinal = 64 << 10
+
+// readJobFinal reads the final state the runner left in dir. The dir is
+// the job's too (bind-mounted at /tmp/runner), so the file is read like
+// any input from the job: not through a link, a regular file, bounded, and
+// checked (a final state, a known reason, a bounded message).
+func readJobFinal(dir string) (*api.JobStateEvent, error) {
+	f, err := os.OpenFile(filepath.Join(dir, jobFinalFile), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() || fi.Size() > maxJobFinal {
+		return nil, fmt.Errorf("%s: not a regular file of at most %d bytes", jobFinalFile, maxJobFinal)
+	}
+	var ev api.JobStateEvent
+	if err := json.NewDecoder(io.LimitReader(f, maxJobFinal)).Decode(&ev); err != nil {
+		return nil, fmt.Errorf("%s: %w", jobFinalFile, err)
+	}
+	switch {
+	case !ev.State.Final():
+		return nil, fmt.Errorf("%s: %q is not a final job state", jobFinalFile, ev.State)
+	case ev.TerminationReason != "" && !ev.TerminationReason.Valid():
+		return nil, fmt.Errorf("%s: unknown termination reason", jobFinalFile)
+	case ev.ExitStatus != nil && (*ev.ExitStatus < 0 || *ev.ExitStatus > 255):
+		return nil, fmt.Errorf("%s: exit status %d out of range", jobFinalFile, *ev.ExitStatus)
+	}
+	if len(ev.TerminationMessage) > 4096 {
+		ev.TerminationMessage = ev.TerminationMessage[:4096]
+	}
+	return &ev, nil
+}
+
+// learnJob reads t's job final state once its runner left it, keeps it
+// and persists it: it then outlives the runner and its container.
+func (e *Engine) learnJob(t *task) {
+	dir, err := e.runnerDir(t)
+	if err != nil {
+		return
+	}
+	ev, err := readJobFinal(dir)
+	if err != nil {
+		if !errors.Is(err, os.ErrNotExist) {
+			e.log.Debug("job final state unreadable", "task_id", t.cfg.ID, "err", err)
+		}
+		return
+	}
+	e.mu.Lock()
+	first := t.job == nil
+	if first {
+		t.job = ev
+	}
+	e.mu.Unlock()
+	if first {
+		e.saveSoon(t)
+	}
+}
+
+// JobLog returns the raw output the task's runner kept (its job.log),
+// skipping what the runner's retention dropped (holes in the file) with a
+// marker line; ErrNotFound when the task or its log is unknown. The file
+// lives in the job's dir too: it is opened without following a link and
+// must be a regular file.
+func (e *Engine) JobLog(id string) (io.ReadCloser, error) {
+	e.mu.RLock()
+	t, ok := e.tasks[id]
+	e.mu.RUnlock()
+	if !ok {
+		return nil, ErrNotFound
+	}
+	dir, err := e.runnerDir(t)
+	if err != nil {
+		return nil, ErrNotFound
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "job.log"), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("%w: task %s has no job log", ErrNotFound, id)
+		}
+		return nil, fmt.Errorf("job log of %s: %w", id, err)
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%w: task %s has no job log", ErrNotFound, id)
+	}
+	return &dataReader{f: f, size: fi.Size()}, nil
+}
+
+// dataReader reads a file's data segments, a marker where a hole was.
+type dataReader struct {
+	f       *os.File
+	off     int64
+	size    int64
+	pending []byte // a marker to emit
+}
+
+func (d *dataReader) Read(p []byte) (int, error) {
+	if len(d.pending) > 0 {
+		n := copy(p, d.pending)
+		d.pending = d.pending[n:]
+		return n, nil
+	}
+	if d.off >= d.size {
+		return 0, io.EOF
+	}
+	data, err := unixSeekData(d.f, d.off)
+	if err != nil || data >= d.size {
+		d.off = d.size
+		return 0, io.EOF
+	}
+	if data > d.off {
+		d.pending = fmt.Appendf(nil, "\r\n[tandem: %d bytes of output were dropped here to bound the job's log on disk]\r\n", data-d.off)
+		d.off = data
+		return d.Read(p)
+	}
+	hole, err := unixSeekHole(d.f, d.off)
+	if err != nil {
+		hole = d.size
+	}
+	n, err := d.f.ReadAt(p[:min(int64(len(p)), hole-d.off)], d.off)
+	d.off += int64(n)
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	return n, err
+}
+
+func (d *dataReader) Close() error { return d.f.Close() }
+
+func unixSeekData(f *os.File, off int64) (int64, error) { return f.Seek(off, 3) } // SEEK_DATA
+func unixSeekHole(f *os.File, off int64) (int64, error) { return f.Seek(off, 4) } // SEEK_HOLE
