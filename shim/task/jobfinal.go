@@ -37,8 +37,18 @@ func readJobFinal(dir string) (*api.JobStateEvent, error) {
 	if !fi.Mode().IsRegular() || fi.Size() > maxJobFinal {
 		return nil, fmt.Errorf("%s: not a regular file of at most %d bytes", jobFinalFile, maxJobFinal)
 	}
+	b, err := io.ReadAll(io.LimitReader(f, maxJobFinal))
+	if err != nil {
+		return nil, err
+	}
+	return parseJobFinal(b)
+}
+
+// parseJobFinal decodes and checks a final state the job could have
+// written itself.
+func parseJobFinal(b []byte) (*api.JobStateEvent, error) {
 	var ev api.JobStateEvent
-	if err := json.NewDecoder(io.LimitReader(f, maxJobFinal)).Decode(&ev); err != nil {
+	if err := json.Unmarshal(b, &ev); err != nil {
 		return nil, fmt.Errorf("%s: %w", jobFinalFile, err)
 	}
 	switch {
@@ -111,43 +121,78 @@ func (e *Engine) JobLog(id string) (io.ReadCloser, error) {
 	return &dataReader{f: f, size: fi.Size()}, nil
 }
 
-// dataReader reads a file's data segments, a marker where a hole was.
+// dataReader reads a file's data segments, a marker where a hole was. A
+// hole is punched in whole blocks: the zeros left in the partial blocks at
+// its edges are not output and are dropped too. It reads through its own
+// buffer so that an edge is trimmed whatever the caller's buffer size.
 type dataReader struct {
-	f       *os.File
-	off     int64
-	size    int64
-	pending []byte // a marker to emit
+	f         *os.File
+	off       int64
+	size      int64
+	pending   []byte // ready to hand out
+	buf       []byte
+	afterHole bool // off starts a segment that follows a hole
 }
 
 func (d *dataReader) Read(p []byte) (int, error) {
-	if len(d.pending) > 0 {
-		n := copy(p, d.pending)
-		d.pending = d.pending[n:]
-		return n, nil
+	for len(d.pending) == 0 {
+		if err := d.fill(); err != nil {
+			return 0, err
+		}
 	}
+	n := copy(p, d.pending)
+	d.pending = d.pending[n:]
+	return n, nil
+}
+
+// fill puts the next piece of output (or a marker) in pending.
+func (d *dataReader) fill() error {
 	if d.off >= d.size {
-		return 0, io.EOF
+		return io.EOF
 	}
 	data, err := unixSeekData(d.f, d.off)
 	if err != nil || data >= d.size {
 		d.off = d.size
-		return 0, io.EOF
+		return io.EOF
 	}
 	if data > d.off {
-		d.pending = fmt.Appendf(nil, "\r\n[tandem: %d bytes of output were dropped here to bound the job's log on disk]\r\n", data-d.off)
-		d.off = data
-		return d.Read(p)
+		d.pending = []byte("\r\n[tandem: output was dropped here to bound the job's log on disk]\r\n")
+		d.off, d.afterHole = data, true
+		return nil
 	}
 	hole, err := unixSeekHole(d.f, d.off)
 	if err != nil {
 		hole = d.size
 	}
-	n, err := d.f.ReadAt(p[:min(int64(len(p)), hole-d.off)], d.off)
-	d.off += int64(n)
-	if errors.Is(err, io.EOF) {
-		err = nil
+	if d.buf == nil {
+		d.buf = make([]byte, 64<<10)
 	}
-	return n, err
+	n, err := d.f.ReadAt(d.buf[:min(int64(len(d.buf)), hole-d.off)], d.off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if n == 0 {
+		d.off = d.size
+		return io.EOF
+	}
+	b := d.buf[:n]
+	d.off += int64(n)
+	if d.afterHole { // zeros before the first byte kept
+		k := 0
+		for k < len(b) && k < 4096 && b[k] == 0 {
+			k++
+		}
+		b, d.afterHole = b[k:], false
+	}
+	if d.off == hole && hole < d.size { // zeros after the last byte kept
+		k := len(b)
+		for k > 0 && len(b)-k < 4096 && b[k-1] == 0 {
+			k--
+		}
+		b = b[:k]
+	}
+	d.pending = b
+	return nil
 }
 
 func (d *dataReader) Close() error { return d.f.Close() }

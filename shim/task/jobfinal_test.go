@@ -1,0 +1,89 @@
+package task
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// The runner dir is the job's too: what it leaves there is read as hostile.
+func TestReadJobFinalRefusesWhatTheJobCouldForge(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, jobFinalFile)
+	if _, err := readJobFinal(dir); !os.IsNotExist(err) {
+		t.Fatalf("no file: %v", err)
+	}
+	_ = os.WriteFile(path, []byte(`{"state":"failed","timestamp":1700000000000,"termination_reason":"container_exited_with_error","exit_status":3}`), 0o644)
+	ev, err := readJobFinal(dir)
+	if err != nil || ev.State != api.JobFailed || ev.ExitStatus == nil || *ev.ExitStatus != 3 {
+		t.Fatalf("control: %+v %v", ev, err)
+	}
+	secret := filepath.Join(t.TempDir(), "host-secret")
+	_ = os.WriteFile(secret, []byte(`{"state":"done","exit_status":0}`), 0o600)
+	_ = os.Remove(path)
+	_ = os.Symlink(secret, path)
+	if _, err := readJobFinal(dir); err == nil {
+		t.Fatal("followed a link out of the runner dir")
+	}
+	_ = os.Remove(path)
+	for _, bad := range []string{`{"state":"running"}`, `{"state":"done","exit_status":9999}`, `{"state":"done","termination_reason":"x\u001b"}`,
+		`{"state":"done"` + strings.Repeat(" ", maxJobFinal) + `}`, `not json`} {
+		_ = os.WriteFile(path, []byte(bad), 0o644)
+		if ev, err := readJobFinal(dir); err == nil {
+			t.Errorf("accepted %.40q: %+v", bad, ev)
+		}
+	}
+	_ = os.Remove(path)
+	_ = os.Mkdir(path, 0o755)
+	if _, err := readJobFinal(dir); err == nil {
+		t.Fatal("a directory was read")
+	}
+}
+
+func TestJobLogSkipsHolesAndRefusesLinks(t *testing.T) {
+	e, _ := newEngine(t, newStepRuntime())
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "t", api.TaskRunning)
+	e.mu.RLock()
+	dir, _ := e.runnerDir(e.tasks["t"])
+	e.mu.RUnlock()
+	_ = os.MkdirAll(dir, 0o755)
+	log := filepath.Join(dir, "job.log")
+	f, _ := os.Create(log)
+	_, _ = f.WriteString("head\n")
+	_, _ = f.WriteAt([]byte("tail\n"), 8<<20) // a hole in between
+	f.Close()
+	rc, err := e.JobLog("t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if !strings.HasPrefix(string(b), "head\n") || !strings.HasSuffix(string(b), "tail\n") || !strings.Contains(string(b), "output was dropped here") || len(b) > 4096 {
+		t.Fatalf("job log with a hole: %d bytes %.200q", len(b), b)
+	}
+	_ = os.Remove(log)
+	_ = os.Symlink("/etc/passwd", log)
+	if _, err := e.JobLog("t"); err == nil {
+		t.Fatal("followed a link")
+	}
+}
+
+func FuzzParseJobFinal(f *testing.F) {
+	f.Add([]byte(`{"state":"failed","exit_status":3,"termination_message":"m"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		ev, err := parseJobFinal(b)
+		if err != nil {
+			return
+		}
+		if !ev.State.Final() || len(ev.TerminationMessage) > 4096 || ev.ExitStatus != nil && (*ev.ExitStatus < 0 || *ev.ExitStatus > 255) {
+			t.Fatalf("accepted %+v", ev)
+		}
+	})
+}
