@@ -26,7 +26,8 @@ func TestTandemFinishedTasks(t *testing.T) {
 	if _, errOut, code := run("run", "-d", "--image", h.image, "--name", "fin-a", "--", "/bin/sh", "-c", "echo out-a; exit 3"); code != 0 {
 		t.Fatalf("run -d: %d %s", code, errOut)
 	}
-	if out, errOut, code := run("attach", "fin-a"); code != 3 || !strings.Contains(out, "out-a") {
+	// stdout is a pipe: lines end in "\n", as dstack logs prints them.
+	if out, errOut, code := run("attach", "fin-a"); code != 3 || !strings.Contains(out, "out-a\n") || strings.Contains(out, "\r") {
 		t.Fatalf("attach: %d %q %s", code, out, errOut)
 	}
 	if _, errOut, code := run("rm", "fin-a"); code != 0 {
