@@ -72,7 +72,7 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	for {
 		ps, psOut, _ = tandemIn(t, dir, nil, "ps", "--shim", shim)
 		_ = ps.Run()
-		if strings.Contains(psOut.String(), "job failed") {
+		if strings.Contains(psOut.String(), "exited (4)") {
 			if !strings.Contains(psOut.String(), " 4\n") {
 				t.Fatalf("ps of a failed job shows no exit status:\n%s", psOut)
 			}
