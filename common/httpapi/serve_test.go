@@ -3,7 +3,6 @@ package httpapi
 import (
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -13,16 +12,8 @@ import (
 
 func serve(t *testing.T, h http.Handler, lim Limits) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := NewServer(h, lim)
-	g := NewGate(ln, lim, nil, slog.New(slog.DiscardHandler))
-	g.Attach(hs)
-	go func() { _ = hs.Serve(g) }()
-	t.Cleanup(func() { _ = hs.Close() })
-	return ln.Addr().String()
+	addr, _ := gated(t, h, lim, nil)
+	return addr
 }
 
 func dial(t *testing.T, addr string) net.Conn {

@@ -40,9 +40,11 @@ func TestSameProcessIsFromHost(t *testing.T) {
 	}
 }
 
-// TestOtherMountNamespaceIsNot: a client in its own mount namespace (what
-// every container has), on the same loopback, is not the host.
-func TestOtherMountNamespaceIsNot(t *testing.T) {
+// namespacedClient connects to ln's port from busybox nc in its own mount
+// namespace (what every container has), on the same loopback; it lives as
+// long as the test.
+func namespacedClient(t *testing.T, ln net.Listener) {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("unshare needs root")
 	}
@@ -50,11 +52,6 @@ func TestOtherMountNamespaceIsNot(t *testing.T) {
 	if err != nil {
 		t.Skip("busybox missing")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	cmd := exec.Command("unshare", "--mount", bb, "nc", "127.0.0.1", port)
 	stdin, _ := cmd.StdinPipe()
@@ -67,6 +64,17 @@ func TestOtherMountNamespaceIsNot(t *testing.T) {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		_ = cmd.Wait()
 	})
+}
+
+// TestOtherMountNamespaceIsNot: a client in its own mount namespace, on the
+// same loopback, is not the host.
+func TestOtherMountNamespaceIsNot(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	namespacedClient(t, ln)
 	c := accepted(t, ln)
 	v := Checker{}.Check(c.LocalAddr(), c.RemoteAddr())
 	if v.FromHost || !strings.Contains(v.Reason, "another mount namespace") || !strings.Contains(v.Peer, "nc") && !strings.Contains(v.Peer, "busybox") {
@@ -109,34 +117,16 @@ func TestDiagAgreesWithScan(t *testing.T) {
 // process and from a client in its own mount namespace gets each verdict
 // right, with one walk.
 func TestCheckBatchMixesHostAndNamespaced(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("unshare needs root")
-	}
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox missing")
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	var pairs []Pair
 	var want []bool
 	for i := range 40 {
 		if i%4 == 3 {
-			cmd := exec.Command("unshare", "--mount", bb, "nc", "127.0.0.1", port)
-			stdin, _ := cmd.StdinPipe()
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				stdin.Close()
-				_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-				_ = cmd.Wait()
-			})
+			namespacedClient(t, ln)
 			want = append(want, false)
 		} else {
 			cl, err := net.Dial("tcp", ln.Addr().String())
