@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -24,8 +23,9 @@ import (
 // a scan of /proc/net/tcp{,6} (about a millisecond: the kernel walks every
 // hash bucket to print it).
 type inodeLookup struct {
-	c  Checker
-	fd int // the netlink socket; -1: none
+	c   Checker
+	fd  int    // the netlink socket; -1: none
+	seq uint32 // numbers its questions, so an answer is matched to its own
 }
 
 func (c Checker) inodeLookup() *inodeLookup {
@@ -49,7 +49,8 @@ func (l *inodeLookup) close() {
 
 func (l *inodeLookup) inode(local, remote *net.TCPAddr) (uint64, error) {
 	if l.fd >= 0 {
-		inode, err := diagInode(l.fd, remote, local)
+		l.seq++
+		inode, err := diagInode(l.fd, l.seq, remote, local)
 		if err == nil || errors.Is(err, ErrNotFound) {
 			// The kernel's answer is exact: a socket it does not find (a
 			// client that already closed, one in another namespace) is
@@ -61,9 +62,10 @@ func (l *inodeLookup) inode(local, remote *net.TCPAddr) (uint64, error) {
 	return l.c.scanInode(local, remote)
 }
 
-// diagInode asks NETLINK_SOCK_DIAG (on fd) for the TCP socket whose local
-// end is src and whose remote end is dst, and returns its inode.
-func diagInode(fd int, src, dst *net.TCPAddr) (uint64, error) {
+// diagInode asks NETLINK_SOCK_DIAG (on fd, question number seq) for the
+// TCP socket whose local end is src and whose remote end is dst, and
+// returns its inode.
+func diagInode(fd int, seq uint32, src, dst *net.TCPAddr) (uint64, error) {
 	family := uint8(unix.AF_INET)
 	s4, d4 := src.IP.To4(), dst.IP.To4()
 	if s4 == nil || d4 == nil {
@@ -75,7 +77,6 @@ func diagInode(fd int, src, dst *net.TCPAddr) (uint64, error) {
 	ne.PutUint32(req[0:], 72)
 	ne.PutUint16(req[4:], unix.SOCK_DIAG_BY_FAMILY)
 	ne.PutUint16(req[6:], unix.NLM_F_REQUEST)
-	seq := diagSeq.Add(1)
 	ne.PutUint32(req[8:], seq)
 	r := req[16:]
 	r[0], r[1] = family, unix.IPPROTO_TCP
@@ -116,10 +117,6 @@ func diagInode(fd int, src, dst *net.TCPAddr) (uint64, error) {
 		}
 	}
 }
-
-// diagSeq numbers netlink questions, so that an answer is matched to its
-// question on a socket used for a batch.
-var diagSeq atomic.Uint32
 
 func putIP(dst []byte, ip net.IP, family uint8) {
 	if family == unix.AF_INET {

@@ -99,16 +99,16 @@ func TestDiagAgreesWithScan(t *testing.T) {
 	if look.fd < 0 {
 		t.Fatal("no netlink socket")
 	}
-	a, err1 := diagInode(look.fd, r, l)
+	a, err1 := diagInode(look.fd, 1, r, l)
 	b, err2 := Checker{}.scanInode(l, r)
 	if err1 != nil || err2 != nil || a != b || a == 0 {
 		t.Fatalf("diag %d %v, scan %d %v", a, err1, b, err2)
 	}
-	if _, err := diagInode(look.fd, &net.TCPAddr{IP: r.IP, Port: 1}, l); err == nil {
+	if _, err := diagInode(look.fd, 2, &net.TCPAddr{IP: r.IP, Port: 1}, l); err == nil {
 		t.Fatal("a tuple with no socket was found")
 	}
 	// The socket answers again after a miss (answers matched by sequence).
-	if a2, err := diagInode(look.fd, r, l); err != nil || a2 != a {
+	if a2, err := diagInode(look.fd, 3, r, l); err != nil || a2 != a {
 		t.Fatalf("after a miss: %d %v", a2, err)
 	}
 }
