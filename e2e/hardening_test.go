@@ -115,6 +115,10 @@ func TestShimRefusesHostileIDsAndNames(t *testing.T) {
 		{task("ok-id", "bad name\n", ""), "task name"},
 		{task("ok-id", "n", `,"volumes":[{"backend":"gcp","name":"`+rel+`","volume_id":"v","device_name":"d"}]`), "volumes[0]: volume name"},
 		{task("ok-id", "n", `,"volume_mounts":[{"name":"../x","path":"/data"}]`), "volume_mounts[0]: volume name"},
+		// Issue 25: control characters in image_name reached every
+		// client's terminal; container:<another task> joined its network.
+		{`{"id":"ok-id","name":"n","image_name":"ubuntu\u001b]0;pwned\u0007"}`, "not a valid image reference"},
+		{task("ok-id", "n", `,"network_mode":"container:victim"`), "network_mode"},
 	}
 	for _, tc := range cases {
 		code, msg := rawRequest(t, "POST", base+"/api/tasks", tc.body)
