@@ -76,13 +76,14 @@ type Gate struct {
 	errMu     sync.Mutex
 	err       error // the listener's permanent error
 
-	mu     sync.Mutex // guards the fields below and every gateConn's state
-	conns  map[*gateConn]struct{}
-	used   int
-	held   map[string]int // slots per Admission.Key (non-empty keys)
-	queued map[string]int // waiters per key; owned by admitLoop
 	keyCap int            // slots one key may hold
-	stats  GateStats
+	queued map[string]int // waiters per key; admitLoop's alone
+
+	mu    sync.Mutex // guards the fields below and every gateConn's state
+	conns map[*gateConn]struct{}
+	used  int
+	held  map[string]int // slots per Admission.Key (non-empty keys only)
+	stats GateStats
 	// refusal log rate limit
 	lastLog    time.Time
 	suppressed int
@@ -263,7 +264,7 @@ func (g *Gate) admitLoop() {
 				continue
 			}
 			if v.Key != "" && g.queued[v.Key] >= keyWaiting {
-				g.shed(c, v)
+				g.shed(c)
 				continue
 			}
 			if v.Key != "" {
@@ -330,7 +331,7 @@ func (g *Gate) unqueue(key string) {
 }
 
 // shed closes a connection whose client already waits with its share.
-func (g *Gate) shed(c net.Conn, v Admission) {
+func (g *Gate) shed(c net.Conn) {
 	g.mu.Lock()
 	g.stats.Shed++
 	g.mu.Unlock()
@@ -473,16 +474,10 @@ func (g *Gate) victimLocked(trusted bool, key string) *gateConn {
 	return best
 }
 
-// before orders victims of one tier: the bigger holder, then the older.
+// before orders victims of one tier: the bigger holder (connections
+// without a key count as holding none), then the older.
 func (g *Gate) before(a, b *gateConn) bool {
-	ha, hb := g.held[a.adm.Key], g.held[b.adm.Key]
-	if a.adm.Key == "" {
-		ha = 0
-	}
-	if b.adm.Key == "" {
-		hb = 0
-	}
-	if ha != hb {
+	if ha, hb := g.held[a.adm.Key], g.held[b.adm.Key]; ha != hb {
 		return ha > hb
 	}
 	return a.key().Before(b.key())

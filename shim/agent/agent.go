@@ -244,7 +244,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
 	access := server.Access{AllowContainers: cfg.APIAllowContainers, Token: cfg.APIToken, AllowedHosts: cfg.APIAllowedHosts,
-		Check: origin.Checker{}.Check, Log: log}
+		Check: origin.Checker{}.CheckBatch, Log: log}
 	e.Pre(access.Middleware())
 	if cfg.APIAllowContainers {
 		log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
@@ -253,7 +253,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// Who a connection is, is decided when it is accepted, before it holds
 	// one of the API's slots: a container's connections are refused at
 	// once, and the reserve is for the host.
-	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, access.Admit(origin.Checker{}.CheckBatch), log)
+	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, access.Admit(), log)
 	gate.Attach(hs)
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(gate) }()

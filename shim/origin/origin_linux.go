@@ -202,6 +202,7 @@ func (c Checker) socketOwners(want map[uint64]struct{}) (map[uint64]owner, error
 	slices.SortFunc(pids, func(a, b int) int { return b - a })
 	link := make([]byte, 64)
 	for _, pid := range pids {
+		comm := "" // read once per process, at its first match
 		dir := filepath.Join(c.proc(), strconv.Itoa(pid), "fd")
 		dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -224,8 +225,11 @@ func (c Checker) socketOwners(want map[uint64]struct{}) (map[uint64]owner, error
 			if _, dup := found[inode]; dup {
 				continue
 			}
-			comm, _ := os.ReadFile(filepath.Join(c.proc(), strconv.Itoa(pid), "comm"))
-			found[inode] = owner{pid: pid, comm: strings.TrimSpace(string(comm))}
+			if comm == "" {
+				b, _ := os.ReadFile(filepath.Join(c.proc(), strconv.Itoa(pid), "comm"))
+				comm = strings.TrimSpace(string(b))
+			}
+			found[inode] = owner{pid: pid, comm: comm}
 		}
 		f.Close()
 		if len(found) == len(want) {

@@ -1,14 +1,12 @@
 package server
 
 import (
-	"context"
 	"crypto/subtle"
 	"log/slog"
 	"mime"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 
 	"github.com/labstack/echo/v4"
 
@@ -32,23 +30,10 @@ type Access struct {
 	// ("*" accepts any). A browser tricked by DNS rebinding sends its own
 	// domain there.
 	AllowedHosts []string
-	// Check resolves a connection's origin (origin.Checker.Check).
-	Check func(local, remote net.Addr) origin.Verdict
+	// Check resolves connections' origins (origin.Checker.CheckBatch); the
+	// API's httpapi.Gate calls it through Admit when it accepts them.
+	Check func([]origin.Pair) []origin.Verdict
 	Log   *slog.Logger
-}
-
-type verdictKey struct{}
-
-// connVerdict caches the origin of one connection for its keep-alive
-// requests: the lookup runs once per connection, not per request.
-type connVerdict struct {
-	once sync.Once
-	v    origin.Verdict
-}
-
-// ConnContext is http.Server.ConnContext for the shim's server.
-func ConnContext(ctx context.Context, _ net.Conn) context.Context {
-	return context.WithValue(ctx, verdictKey{}, &connVerdict{})
 }
 
 func loopbackHost(h string) bool {
@@ -126,17 +111,17 @@ func (a Access) Middleware() echo.MiddlewareFunc {
 	}
 }
 
-// Admit decides connections for the API's httpapi.Gate with check (the
-// origin checker's batch form): a container's connection is refused when
-// it is accepted, before it holds a slot, unless AllowContainers; only the
-// host's connections are trusted with the reserved slots.
-func (a Access) Admit(check func([]origin.Pair) []origin.Verdict) httpapi.Admit {
+// Admit decides connections for the API's httpapi.Gate with Check: a
+// container's connection is refused when it is accepted, before it holds a
+// slot, unless AllowContainers; only the host's connections are trusted
+// with the reserved slots.
+func (a Access) Admit() httpapi.Admit {
 	return func(conns []net.Conn) []httpapi.Admission {
 		pairs := make([]origin.Pair, len(conns))
 		for i, c := range conns {
 			pairs[i] = origin.Pair{Local: c.LocalAddr(), Remote: c.RemoteAddr()}
 		}
-		vs := check(pairs)
+		vs := a.Check(pairs)
 		out := make([]httpapi.Admission, len(conns))
 		for i, v := range vs {
 			out[i] = httpapi.Admission{Trusted: v.FromHost, Peer: v.Peer, Reason: v.Reason,
@@ -146,19 +131,11 @@ func (a Access) Admit(check func([]origin.Pair) []origin.Verdict) httpapi.Admit 
 	}
 }
 
+// verdict is the origin the gate decided for the request's connection;
+// a connection that did not come through the gate is not the host's.
 func (a Access) verdict(r *http.Request) origin.Verdict {
 	if adm, ok := httpapi.ConnAdmission(r.Context()); ok {
 		return origin.Verdict{FromHost: adm.Trusted, Peer: adm.Peer, Reason: adm.Reason}
 	}
-	local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
-	remote, err := net.ResolveTCPAddr("tcp", r.RemoteAddr)
-	if local == nil || err != nil {
-		return origin.Verdict{Peer: r.RemoteAddr, Reason: "the connection's addresses are unknown"}
-	}
-	cv, ok := r.Context().Value(verdictKey{}).(*connVerdict)
-	if !ok {
-		return a.Check(local, remote)
-	}
-	cv.once.Do(func() { cv.v = a.Check(local, remote) })
-	return cv.v
+	return origin.Verdict{Peer: r.RemoteAddr, Reason: "the connection was not decided by the API's gate"}
 }

@@ -30,8 +30,9 @@ func accessServer(t *testing.T, a Access) string {
 		t.Fatal(err)
 	}
 	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
-	hs.ConnContext = ConnContext
-	go func() { _ = hs.Serve(ln) }()
+	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, a.Admit(), a.Log)
+	gate.Attach(hs)
+	go func() { _ = hs.Serve(gate) }()
 	t.Cleanup(func() { _ = hs.Close() })
 	return ln.Addr().String()
 }
@@ -62,7 +63,7 @@ func call(t *testing.T, method, url, host, ctype, token, body string) (int, stri
 }
 
 func TestAccessRules(t *testing.T) {
-	addr := accessServer(t, Access{Check: origin.Checker{}.Check, Token: "s3cret", AllowedHosts: []string{"shim.internal"}})
+	addr := accessServer(t, Access{Check: origin.Checker{}.CheckBatch, Token: "s3cret", AllowedHosts: []string{"shim.internal"}})
 	u := "http://" + addr + "/api/tasks"
 	tests := []struct {
 		name, method, host, ctype, token, body string
@@ -99,7 +100,7 @@ func TestAccessRefusesOtherMountNamespace(t *testing.T) {
 		t.Skip("busybox missing")
 	}
 	for _, allow := range []bool{false, true} {
-		addr := accessServer(t, Access{Check: origin.Checker{}.Check, AllowContainers: allow})
+		addr := accessServer(t, Access{Check: origin.Checker{}.CheckBatch, AllowContainers: allow})
 		out, _ := exec.Command("unshare", "--mount", bb, "wget", "-q", "-O", "-", "http://"+addr+"/api/tasks").CombinedOutput()
 		refused := strings.Contains(string(out), "403")
 		if refused == allow {
@@ -107,7 +108,7 @@ func TestAccessRefusesOtherMountNamespace(t *testing.T) {
 		}
 	}
 	// The host itself is served.
-	addr := accessServer(t, Access{Check: origin.Checker{}.Check})
+	addr := accessServer(t, Access{Check: origin.Checker{}.CheckBatch})
 	if code, msg := call(t, "GET", "http://"+addr+"/api/tasks", "", "", "", ""); code != 200 {
 		t.Fatalf("host caller: %d %q", code, msg)
 	}
