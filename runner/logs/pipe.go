@@ -3,6 +3,7 @@ package logs
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -67,14 +68,18 @@ type Pipe struct {
 	guard    *Guard
 	quotaHit chan struct{}
 	hitOnce  sync.Once
-	err      error // the first history write error
-	notKept  int64 // bytes dropped since the guard stopped logging
+	err      error        // the first history write error
+	notKept  int64        // bytes dropped since the guard stopped logging
+	log      *slog.Logger // hears the guard's stops and starts
 }
 
 // Pipe starts the output pipeline of a job into j and hist; guard (may be
 // nil) stops keeping output while the disk under the logs runs low.
 func (j *Journal) Pipe(hist *History, quota *Quota, guard *Guard) *Pipe {
-	p := &Pipe{j: j, hist: hist, quota: quota, guard: guard, quotaHit: make(chan struct{})}
+	p := &Pipe{j: j, hist: hist, quota: quota, guard: guard, quotaHit: make(chan struct{}), log: j.log}
+	if guard != nil && guard.Log != nil {
+		p.log = guard.Log
+	}
 	p.stripper = NewStripper(func(b []byte) {
 		if !quota.Charge(len(b)) {
 			p.hit()
@@ -98,20 +103,16 @@ func (p *Pipe) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	ok, changed := p.guard.Allow(len(b))
-	log := p.j.log
-	if p.guard != nil && p.guard.Log != nil {
-		log = p.guard.Log
-	}
 	if !ok {
 		if changed {
-			log.Warn("job output is no longer kept: the disk under the logs is nearly full", "free_bytes", p.guard.Free(), "floor_bytes", p.guard.MinFree)
+			p.log.Warn("job output is no longer kept: the disk under the logs is nearly full", "free_bytes", p.guard.Free(), "floor_bytes", p.guard.MinFree)
 			p.note(fmt.Sprintf("[tandem: the disk under this job's log has %d bytes free, under the floor of %d: output is not kept until space is freed; the job goes on]", p.guard.Free(), p.guard.MinFree))
 		}
 		p.notKept += int64(len(b))
 		return len(b), nil
 	}
 	if changed {
-		log.Info("job output is kept again", "free_bytes", p.guard.Free(), "not_kept_bytes", p.notKept)
+		p.log.Info("job output is kept again", "free_bytes", p.guard.Free(), "not_kept_bytes", p.notKept)
 		p.note(fmt.Sprintf("[tandem: output is kept again; %d bytes of it were not]", p.notKept))
 		p.notKept = 0
 	}

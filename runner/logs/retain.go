@@ -49,13 +49,9 @@ func newTrim(r Retention) trim {
 	return trim{r: r, dropEnd: r.Head}
 }
 
-// onDisk is how many bytes of a file of logical size the disk holds.
-func (t *trim) onDisk(size int64) int64 {
-	if t.dropEnd <= t.r.Head {
-		return size
-	}
-	return size - (t.dropEnd - t.r.Head)
-}
+// onDisk is how many bytes of a file of logical size the disk holds
+// (dropEnd starts at Head and only grows).
+func (t *trim) onDisk(size int64) int64 { return size - (t.dropEnd - t.r.Head) }
 
 // plan returns the end of the hole to punch for a file of logical size
 // (≤ dropEnd: nothing to do yet). The hole starts at dropEnd.
