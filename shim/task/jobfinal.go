@@ -9,7 +9,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
 )
@@ -25,23 +26,41 @@ const maxJobFinal = 64 << 10
 // any input from the job: not through a link, a regular file, bounded, and
 // checked (a final state, a known reason, a bounded message).
 func readJobFinal(dir string) (*api.JobStateEvent, error) {
-	f, err := os.OpenFile(filepath.Join(dir, jobFinalFile), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	f, fi, err := openJobFile(dir, jobFinalFile)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() || fi.Size() > maxJobFinal {
-		return nil, fmt.Errorf("%s: not a regular file of at most %d bytes", jobFinalFile, maxJobFinal)
+	if fi.Size() > maxJobFinal {
+		return nil, fmt.Errorf("%s: larger than %d bytes", jobFinalFile, maxJobFinal)
 	}
 	b, err := io.ReadAll(io.LimitReader(f, maxJobFinal))
 	if err != nil {
 		return nil, err
 	}
 	return parseJobFinal(b)
+}
+
+// errNotRegular is a file in the runner dir that is not a regular file.
+var errNotRegular = errors.New("not a regular file")
+
+// openJobFile opens name in a runner dir, which the job can write too:
+// never through a link (O_NOFOLLOW), never blocking on a FIFO, and only a
+// regular file.
+func openJobFile(dir, name string) (*os.File, os.FileInfo, error) {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s: %w", name, errNotRegular)
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, fi, nil
 }
 
 // parseJobFinal decodes and checks a final state the job could have
@@ -106,17 +125,12 @@ func (e *Engine) JobLog(id string) (io.ReadCloser, error) {
 	if err != nil {
 		return nil, ErrNotFound
 	}
-	f, err := os.OpenFile(filepath.Join(dir, "job.log"), os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%w: task %s has no job log", ErrNotFound, id)
-		}
-		return nil, fmt.Errorf("job log of %s: %w", id, err)
-	}
-	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() {
-		f.Close()
+	f, fi, err := openJobFile(dir, "job.log")
+	switch {
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, errNotRegular):
 		return nil, fmt.Errorf("%w: task %s has no job log", ErrNotFound, id)
+	case err != nil:
+		return nil, fmt.Errorf("job log of %s: %w", id, err)
 	}
 	return &dataReader{f: f, size: fi.Size()}, nil
 }
@@ -150,7 +164,7 @@ func (d *dataReader) fill() error {
 	if d.off >= d.size {
 		return io.EOF
 	}
-	data, err := unixSeekData(d.f, d.off)
+	data, err := d.f.Seek(d.off, unix.SEEK_DATA)
 	if err != nil || data >= d.size {
 		d.off = d.size
 		return io.EOF
@@ -160,7 +174,7 @@ func (d *dataReader) fill() error {
 		d.off, d.afterHole = data, true
 		return nil
 	}
-	hole, err := unixSeekHole(d.f, d.off)
+	hole, err := d.f.Seek(d.off, unix.SEEK_HOLE)
 	if err != nil {
 		hole = d.size
 	}
@@ -196,6 +210,3 @@ func (d *dataReader) fill() error {
 }
 
 func (d *dataReader) Close() error { return d.f.Close() }
-
-func unixSeekData(f *os.File, off int64) (int64, error) { return f.Seek(off, 3) } // SEEK_DATA
-func unixSeekHole(f *os.File, off int64) (int64, error) { return f.Seek(off, 4) } // SEEK_HOLE
