@@ -88,7 +88,11 @@ func Logs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.
 func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, interrupt <-chan os.Signal, out, status io.Writer) (Result, error) {
 	info, r, addr, err := runnerOf(ctx, ref, o, "attach")
 	res := Result{TaskID: info.ID, Name: TaskName(info)}
-	if info.ID != "" && JobEnded(info) && (err != nil || !runnerAnswers(ctx, r)) {
+	var hcErr error
+	if err == nil {
+		_, hcErr = r.Healthcheck(ctx)
+	}
+	if info.ID != "" && JobEnded(info) && (err != nil || hcErr != nil) {
 		// The job ended and its runner is gone: the shim kept its output
 		// and its status.
 		return attachEnded(ctx, info, o, out, res)
@@ -96,8 +100,8 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, int
 	if err != nil {
 		return res, err
 	}
-	if _, err := r.Healthcheck(ctx); err != nil {
-		return res, fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", DisplayName(info), addr, err)
+	if hcErr != nil {
+		return res, fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", DisplayName(info), addr, hcErr)
 	}
 	err = watchJob(ctx, r, since, out, status, interrupt, &res, func() bool {
 		res.Detached, res.Interrupted = true, true
