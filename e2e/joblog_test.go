@@ -15,6 +15,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/internal/diskfill"
 	"github.com/tandem-run/tandem/internal/loopdev"
 	"github.com/tandem-run/tandem/shim/task"
 	"golang.org/x/sys/unix"
@@ -156,26 +157,6 @@ func TestJobLogsBoundedOnDisk(t *testing.T) {
 	}
 }
 
-// fillUp writes a file until its filesystem refuses more.
-func fillUp(t *testing.T, file string) {
-	t.Helper()
-	f, err := os.Create(file)
-	if err != nil {
-		return // already full
-	}
-	defer f.Close()
-	// Ever smaller writes: the last blocks too.
-	for size := 1 << 20; size > 0; size /= 4 {
-		buf := make([]byte, size)
-		for {
-			if _, err := f.Write(buf); err != nil {
-				break
-			}
-		}
-	}
-	_ = f.Sync()
-}
-
 // TestSubmitOnFullShimHome (issue 25, item 4): a job's neighbour fills
 // the shim home. A terminate's reason still reaches the disk (the shim
 // gives back its reserve for it), so a shim killed and restarted reports
@@ -201,7 +182,7 @@ func TestSubmitOnFullShimHome(t *testing.T) {
 	if fi, err := os.Stat(reserve); err != nil || fi.Size() == 0 {
 		t.Fatalf("no state reserve: %v", err)
 	}
-	fillUp(t, filepath.Join(home, "runners", "tenant-1.fill"))
+	diskfill.Full(t, filepath.Join(home, "runners", "tenant-1.fill"))
 	t.Logf("FIGURE full home: %d bytes free", freeBytes(t, home))
 
 	if _, err := p.client.TerminateTask(ctx, a.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByServer, TerminationMessage: "by the server"}); err != nil {
@@ -214,7 +195,7 @@ func TestSubmitOnFullShimHome(t *testing.T) {
 	}
 
 	// Now nothing is left, not even the reserve.
-	fillUp(t, filepath.Join(home, "runners", "tenant-2.fill"))
+	diskfill.Full(t, filepath.Join(home, "runners", "tenant-2.fill"))
 	b := cfg("b")
 	err := p.client.SubmitTask(ctx, b)
 	var se *api.StatusError

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/internal/diskfill"
 	"github.com/tandem-run/tandem/shim/gpu"
 )
 
@@ -26,28 +27,6 @@ func smallHome(t *testing.T, size string) string {
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", dir).Run() })
 	return dir
-}
-
-// fill writes a file until the filesystem is full.
-func fill(t *testing.T, path string) {
-	t.Helper()
-	f, err := os.Create(path)
-	if err != nil && !noSpace(err) {
-		t.Fatal(err)
-	}
-	if f == nil {
-		return
-	}
-	defer f.Close()
-	buf := make([]byte, 64<<10)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !noSpace(err) {
-				t.Fatal(err)
-			}
-			return
-		}
-	}
 }
 
 func storageEngine(t *testing.T, home string, rt Runtime) *Engine {
@@ -70,7 +49,7 @@ func TestSubmitOnFullHomeIsRefusedAndStartsNothing(t *testing.T) {
 	if e.recs.reserve.held {
 		t.Fatal("a reserve must not be taken where the filesystem has no room for it four times over")
 	}
-	fill(t, filepath.Join(home, "filler"))
+	diskfill.Full(t, filepath.Join(home, "filler"))
 	_, err := e.Submit(api.TaskConfig{ID: "full", Name: "n", ImageName: "img"})
 	if !errors.Is(err, ErrStorage) {
 		t.Fatalf("submit on a full home: %v", err)
@@ -103,7 +82,7 @@ func TestReserveKeepsTerminalStateOnFullHome(t *testing.T) {
 	if fi, err := os.Stat(filepath.Join(home, ".state-reserve")); err != nil || fi.Size() != defaultReserve {
 		t.Fatalf("reserve after the first record: %v %v", fi, err)
 	}
-	fill(t, filepath.Join(home, "runners", "job-filler"))
+	diskfill.Full(t, filepath.Join(home, "runners", "job-filler"))
 	if _, err := e.Terminate(context.Background(), "a", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByServer, TerminationMessage: "bye"}); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +113,7 @@ func TestTerminalStateIsRetriedUntilPersisted(t *testing.T) {
 	waitStatus(t, e, "a", api.TaskRunning)
 	e.Sync()
 	filler := filepath.Join(home, "filler")
-	fill(t, filler)
+	diskfill.Full(t, filler)
 	if _, err := e.Terminate(context.Background(), "a", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByServer}); err != nil {
 		t.Fatal(err)
 	}
