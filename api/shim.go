@@ -50,6 +50,15 @@ type InstanceInfoResponse struct {
 	GPUDriverVersion string    `json:"gpu_driver_version,omitempty"`
 }
 
+// InstanceAddressesResponse answers GET /api/instance/addresses (Tandem's
+// own route; the dstack server never calls it): the host's name and its
+// non-loopback addresses in CIDR form, for picking the addresses the nodes
+// of a multi-node job reach each other at.
+type InstanceAddressesResponse struct {
+	Hostname  string   `json:"hostname"`
+	Addresses []string `json:"addresses"`
+}
+
 // ComponentInfo is one entry of GET /api/components.
 type ComponentInfo struct {
 	Name    ComponentName   `json:"name"`

@@ -150,35 +150,10 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	// Signals: before the job runs the first one cancels everything; once it
-	// runs they go to follow (stop, then kill).
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	jobSigs := make(chan os.Signal, 4)
-	var jobRunning atomic.Bool
-	sigDone := make(chan struct{})
-	defer close(sigDone)
-	go func() {
-		for {
-			select {
-			case <-sigDone:
-				return
-			case sig, ok := <-o.Interrupt:
-				if !ok {
-					return
-				}
-				if !jobRunning.Load() {
-					cancel(ErrInterrupted)
-					continue
-				}
-				select {
-				case jobSigs <- sig:
-				case <-sigDone:
-					return
-				}
-			}
-		}
-	}()
+	sigs := routeSignals(o.Interrupt, cancel)
+	defer sigs.close()
 	hc, err := shim.Healthcheck(ctx)
 	if err != nil {
 		return Result{Interrupted: interrupted(ctx)}, fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", o.Shim, err)
@@ -254,7 +229,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	if err := submitJob(ctx, runner, o, id, name); err != nil {
 		return fail(err)
 	}
-	jobRunning.Store(true)
+	sigs.running.Store(true)
 	if interrupted(ctx) { // a signal between the job's start and the switch
 		return fail(ErrInterrupted)
 	}
@@ -265,7 +240,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 		res.Detached, res.State = true, api.JobRunning
 		return res, nil
 	}
-	res, killNow, err = follow(ctx, runner, jobSigs, o, res)
+	res, killNow, err = follow(ctx, runner, sigs.job, o, res)
 	if err != nil {
 		// The runner is gone: the shim knows why.
 		info, gerr := retry(ctx, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
@@ -296,6 +271,43 @@ func cleanup(ctx context.Context, shim *shimclient.Client, id string, timeout ui
 	}
 	return nil
 }
+
+// signalRouter sends the user's signals where they belong: before the job
+// runs the first one cancels everything; once it runs they go to job (stop,
+// then kill).
+type signalRouter struct {
+	running atomic.Bool
+	job     chan os.Signal
+	done    chan struct{}
+}
+
+func routeSignals(in <-chan os.Signal, cancel context.CancelCauseFunc) *signalRouter {
+	s := &signalRouter{job: make(chan os.Signal, 4), done: make(chan struct{})}
+	go func() {
+		for {
+			select {
+			case <-s.done:
+				return
+			case sig, ok := <-in:
+				if !ok {
+					return
+				}
+				if !s.running.Load() {
+					cancel(ErrInterrupted)
+					continue
+				}
+				select {
+				case s.job <- sig:
+				case <-s.done:
+					return
+				}
+			}
+		}
+	}()
+	return s
+}
+
+func (s *signalRouter) close() { close(s.done) }
 
 func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
 
@@ -376,6 +388,15 @@ func waitRunner(ctx context.Context, r *runnerclient.Client) error {
 }
 
 func submitJob(ctx context.Context, r *runnerclient.Client, o RunOptions, id, name string) error {
+	if err := prepareJob(ctx, r, o, jobBody(o, id, name)); err != nil {
+		return err
+	}
+	return startJob(ctx, r, o)
+}
+
+// jobBody is the runner's submit body for a one-node run, shaped as the
+// dstack server's.
+func jobBody(o RunOptions, id, name string) api.SubmitBody {
 	repoData := &api.RepoData{RepoType: api.RepoVirtual}
 	body := api.SubmitBody{
 		Run: api.Run{ID: id, RunSpec: api.RunSpec{RunName: name, RepoID: "tandem-code", RepoData: repoData}},
@@ -391,6 +412,11 @@ func submitJob(ctx context.Context, r *runnerclient.Client, o RunOptions, id, na
 	}
 	body.JobSpec.WorkingDir = &wd
 	body.JobSpec.RepoDir = &wd
+	return body
+}
+
+// prepareJob submits the job and uploads the code.
+func prepareJob(ctx context.Context, r *runnerclient.Client, o RunOptions, body api.SubmitBody) error {
 	if err := r.Submit(ctx, body); err != nil {
 		if o.Network == "host" && strings.Contains(err.Error(), "409") {
 			return fmt.Errorf("submit job: %w: the runner at this port already has a job: another host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task", err)
@@ -406,6 +432,11 @@ func submitJob(ctx context.Context, r *runnerclient.Client, o RunOptions, id, na
 			return fmt.Errorf("upload code from %s: %w", o.CodeDir, err)
 		}
 	}
+	return nil
+}
+
+// startJob starts the submitted job.
+func startJob(ctx context.Context, r *runnerclient.Client, o RunOptions) error {
 	rr, _, err := r.Run(ctx)
 	if err != nil {
 		return fmt.Errorf("start job: %w", err)

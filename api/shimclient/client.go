@@ -71,6 +71,14 @@ func (c *Client) InstanceInfo(ctx context.Context) (api.InstanceInfoResponse, er
 	return out, err
 }
 
+// InstanceAddresses returns the host's name and addresses (Tandem's shim
+// only: dstack's answers 404).
+func (c *Client) InstanceAddresses(ctx context.Context) (api.InstanceAddressesResponse, error) {
+	var out api.InstanceAddressesResponse
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: "/api/instance/addresses"}, &out)
+	return out, err
+}
+
 // Components lists the runner and shim binaries and their install status.
 func (c *Client) Components(ctx context.Context) ([]api.ComponentInfo, error) {
 	var out api.ComponentListResponse

@@ -45,10 +45,15 @@ func connFlags() []cli.Flag {
 // dialer returns the SSH tunnel's dial function (nil without --ssh) and a
 // closer for it.
 func dialer(c *cli.Context) (func(context.Context, string, string) (net.Conn, error), func(), error) {
-	if c.String("ssh") == "" {
+	return dialTo(c, c.String("ssh"))
+}
+
+// dialTo is dialer for the SSH target given ("" : direct).
+func dialTo(c *cli.Context, target string) (func(context.Context, string, string) (net.Conn, error), func(), error) {
+	if target == "" {
 		return nil, func() {}, nil
 	}
-	t, err := ctl.DialSSH(c.Context, ctl.SSHTarget{Target: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts")})
+	t, err := ctl.DialSSH(c.Context, ctl.SSHTarget{Target: target, Identity: c.String("identity"), KnownHosts: c.String("known-hosts")})
 	if err != nil {
 		return nil, nil, exitError{ctl.ExitFailure, err.Error()}
 	}

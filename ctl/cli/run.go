@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -29,9 +30,25 @@ func runCmd() *cli.Command {
 when the container's memory limit did), 125 when tandem could not run it (shim
 unreachable, image pull failed, bad flags), 126/127 when the command cannot run
 or is not found, 124 when --max-duration ended it, 130 when Ctrl-C (or SIGTERM)
-ended the run, 143 when someone else stopped the task.`,
-		Flags: append(connFlags(),
+ended the run, 143 when someone else stopped the task.
+
+Multi-node (--nodes N): one job per host, as dstack runs a multi-node task: host
+networking, the same commands on every node, node 0 (the first --ssh or --shim)
+the master. Each node gets DSTACK_NODE_RANK, DSTACK_NODES_IPS,
+DSTACK_MASTER_NODE_IP, the MPI hostfile $DSTACK_MPI_HOSTFILE and an SSH key
+that reaches every other node's runner (ssh <node ip>, mpirun, torchrun).
+The nodes' addresses are found on the network they share (--node-ip to give
+them). The run ends with the master's job and exits with its status; a worker
+that fails or dies first fails the run (with its exit status, 125 when it died
+without one) and every node is stopped. The master's output is shown as is,
+the workers' with a [node N] prefix on stderr.
+
+  tandem run --nodes 2 --ssh root@10.0.0.5 --ssh root@10.0.0.6 --image my/mpi -- \
+    sh -c 'if [ $DSTACK_NODE_RANK = 0 ]; then mpirun -np 2 --hostfile $DSTACK_MPI_HOSTFILE hostname; else sleep infinity; fi'`,
+		Flags: append(runConnFlags(),
 			runnerPortFlag,
+			&cli.IntFlag{Name: "nodes", Value: 1, Usage: "hosts to run the job on (one --ssh or --shim each; node 0 is the master)"},
+			&cli.StringSliceFlag{Name: "node-ip", Usage: "with --nodes: each node's address on the network the nodes share, in node order (default: found from the shims)"},
 			&cli.StringFlag{Name: "image", Value: "ubuntu:22.04", Usage: "container image"},
 			&cli.StringFlag{Name: "registry-username", EnvVars: []string{"TANDEM_REGISTRY_USERNAME"}, Usage: "registry login for the image"},
 			&cli.StringFlag{Name: "registry-password", EnvVars: []string{"TANDEM_REGISTRY_PASSWORD"}, Usage: "registry password or token (prefer the env var: argv is visible to other users)"},
@@ -64,7 +81,11 @@ func runAction(c *cli.Context) error {
 		return exitError{ctl.ExitFailure, "no command: tandem run [flags] -- COMMAND"}
 	}
 	jsonOut := c.String("output") == "json"
-	o := ctl.RunOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
+	nodes, err := runNodes(c)
+	if err != nil {
+		return err
+	}
+	o := ctl.RunOptions{Shim: nodes[0].shim, ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
 		Out: jobOutput(c), Status: c.App.ErrWriter, StatusTTY: isTerminal(os.Stderr), Env: map[string]string{}}
@@ -74,7 +95,6 @@ func runAction(c *cli.Context) error {
 		o.Errors = c.App.ErrWriter
 	}
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
-	var err error
 	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
 		return bad(err.Error())
 	}
@@ -112,15 +132,26 @@ func runAction(c *cli.Context) error {
 				" create one with `ssh-keygen -t ed25519` or pass --authorized-key")
 		}
 	}
-	dial, closeDial, err := dialer(c)
-	if err != nil {
-		return err
+	var cluster []ctl.Node
+	for i := range nodes {
+		dial, closeDial, err := dialTo(c, nodes[i].ssh)
+		if err != nil {
+			return err
+		}
+		defer closeDial()
+		nodes[i].dial = dial
+		label, target := nodes[i].shim, hostPart(nodes[i].shim)
+		if nodes[i].ssh != "" {
+			label = nodes[i].ssh
+			_, target, _ = strings.Cut(nodes[i].ssh, "@")
+			target = hostPart(target)
+		}
+		cluster = append(cluster, ctl.Node{Shim: nodes[i].shim, Dial: dial, Label: label, IP: nodes[i].ip, Target: targetIP(target)})
 	}
-	defer closeDial()
-	o.Dial = dial
+	o.Dial = nodes[0].dial
 	if !c.Bool("no-ssh-config") {
 		o.Started = func(info api.TaskInfoResponse) {
-			if err := updateSSHConfig(c, info); err != nil {
+			if err := updateSSHConfig(c, nodes[0].shim, nodes[0].ssh, info); err != nil {
 				fmt.Fprintln(c.App.ErrWriter, "tandem: warning: ssh config:", err)
 			}
 		}
@@ -129,7 +160,12 @@ func runAction(c *cli.Context) error {
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	o.Interrupt = sigs
-	res, err := ctl.Run(context.Background(), o)
+	var res ctl.Result
+	if len(cluster) > 1 {
+		res, err = ctl.RunCluster(context.Background(), o, cluster)
+	} else {
+		res, err = ctl.Run(context.Background(), o)
+	}
 	code := res.ExitCode()
 	switch {
 	case errors.Is(err, ctl.ErrInterrupted):
@@ -167,6 +203,83 @@ func runAction(c *cli.Context) error {
 	}
 	fmt.Fprintln(c.App.ErrWriter, ctl.Describe(res))
 	return nil
+}
+
+// runConnFlags are connFlags with --shim and --ssh repeatable, one per node.
+func runConnFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringSliceFlag{Name: "shim", EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host:port (with --ssh: as seen on the host; default 127.0.0.1:10998); with --nodes, one per node or one for all"},
+		&cli.StringFlag{Name: "shim-token", EnvVars: []string{"TANDEM_SHIM_API_TOKEN"}, Usage: "bearer token for a shim started with --api-token"},
+		&cli.StringSliceFlag{Name: "ssh", EnvVars: []string{"TANDEM_SSH"}, Usage: "reach the host over SSH: user@host[:port]; with --nodes, one per node"},
+		&cli.StringFlag{Name: "identity", Aliases: []string{"i"}, Usage: "SSH private key (default ~/.ssh/id_ed25519, id_rsa)"},
+		&cli.StringFlag{Name: "known-hosts", Usage: "known_hosts file (default ~/.ssh/known_hosts)"},
+	}
+}
+
+// runNode is where one node of a run is reached.
+type runNode struct {
+	shim, ssh, ip string
+	dial          func(context.Context, string, string) (net.Conn, error)
+}
+
+// runNodes pairs the --shim, --ssh and --node-ip values into --nodes nodes.
+func runNodes(c *cli.Context) ([]runNode, error) {
+	bad := func(format string, args ...any) error {
+		return exitError{ctl.ExitFailure, fmt.Sprintf(format, args...)}
+	}
+	n := c.Int("nodes")
+	shims, sshs, ips := c.StringSlice("shim"), c.StringSlice("ssh"), c.StringSlice("node-ip")
+	if n < 1 {
+		return nil, bad("--nodes %d: want 1 or more", n)
+	}
+	if n == 1 && (len(shims) > 1 || len(sshs) > 1) {
+		return nil, bad("several --shim or --ssh hosts: give --nodes with their number")
+	}
+	if len(ips) != 0 && len(ips) != n {
+		return nil, bad("--node-ip given %d times for %d nodes: give one per node, in node order", len(ips), n)
+	}
+	if n > 1 && len(sshs) == 0 && len(shims) != n {
+		return nil, bad("--nodes %d: give %d hosts (--ssh or --shim, one per node, the master first)", n, n)
+	}
+	if len(sshs) > 0 && len(sshs) != n {
+		return nil, bad("--nodes %d with %d --ssh hosts: give one per node", n, len(sshs))
+	}
+	if len(sshs) > 0 && len(shims) > 1 && len(shims) != n {
+		return nil, bad("--nodes %d with %d --shim addresses: give one for all nodes or one per node", n, len(shims))
+	}
+	nodes := make([]runNode, n)
+	for i := range nodes {
+		nodes[i].shim = "127.0.0.1:10998"
+		switch {
+		case len(shims) == n:
+			nodes[i].shim = shims[i]
+		case len(shims) == 1:
+			nodes[i].shim = shims[0]
+		}
+		if len(sshs) > 0 {
+			nodes[i].ssh = sshs[i]
+		}
+		if len(ips) > 0 {
+			nodes[i].ip = ips[i]
+		}
+	}
+	return nodes, nil
+}
+
+// hostPart is host of host:port, or s when it has no port.
+func hostPart(s string) string {
+	if h, _, err := net.SplitHostPort(s); err == nil {
+		return h
+	}
+	return s
+}
+
+// targetIP is host as an IP address when it is one, else "".
+func targetIP(host string) string {
+	if ip, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return ip.String()
+	}
+	return ""
 }
 
 func attachCmd() *cli.Command {

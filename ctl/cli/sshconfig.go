@@ -80,14 +80,14 @@ func entryTask(entry string) (id, shim string) {
 	return "", ""
 }
 
-func sshEndpoint(c *cli.Context, info api.TaskInfoResponse) (ctl.SSHEndpoint, error) {
+func sshEndpoint(c *cli.Context, shim, jump string, info api.TaskInfoResponse) (ctl.SSHEndpoint, error) {
 	identity := c.String("identity")
 	if identity == "" {
 		if _, pub := ctl.DefaultPublicKey(""); pub != "" {
 			identity = strings.TrimSuffix(pub, ".pub")
 		}
 	}
-	return ctl.Endpoint(info, ctl.SSHOptions{Shim: c.String("shim"), Jump: c.String("ssh"), Identity: identity,
+	return ctl.Endpoint(info, ctl.SSHOptions{Shim: shim, Jump: jump, Identity: identity,
 		KnownHosts: c.String("known-hosts"), RunnerSSHPort: c.Int("runner-ssh-port")})
 }
 
@@ -101,12 +101,12 @@ func alias(info api.TaskInfoResponse) string {
 }
 
 // updateSSHConfig adds (or refreshes) the task's entry.
-func updateSSHConfig(c *cli.Context, info api.TaskInfoResponse) error {
-	ep, err := sshEndpoint(c, info)
+func updateSSHConfig(c *cli.Context, shim, jump string, info api.TaskInfoResponse) error {
+	ep, err := sshEndpoint(c, shim, jump, info)
 	if err != nil {
 		return err
 	}
-	entry, err := ctl.SSHConfigEntry(alias(info), info.ID, c.String("shim"), ep)
+	entry, err := ctl.SSHConfigEntry(alias(info), info.ID, shim, ep)
 	if err != nil {
 		return err
 	}
@@ -162,7 +162,7 @@ func sshConfigCmd() *cli.Command {
 				if info.Status != api.TaskRunning {
 					continue
 				}
-				ep, err := sshEndpoint(c, info)
+				ep, err := sshEndpoint(c, c.String("shim"), c.String("ssh"), info)
 				var entry string
 				if err == nil {
 					entry, err = ctl.SSHConfigEntry(alias(info), info.ID, c.String("shim"), ep)

@@ -11,7 +11,7 @@ import (
 
 // setupClusterSSH lets the nodes of a multi-node job reach each other
 // (runner-protocol.md 9.3): the job key in ~/.ssh/dstack_job, a ~/.ssh/config
-// entry per node, and the public key authorized on this node.
+// entry per node (its public key is authorized at submit).
 func (x *Executor) setupClusterSSH(b api.SubmitBody, user account.JobUser) error {
 	key := b.JobSpec.SSHKey
 	if key == nil || len(b.ClusterInfo.JobIPs) < 2 || !user.ProvisionHome {
@@ -33,11 +33,6 @@ func (x *Executor) setupClusterSSH(b api.SubmitBody, user account.JobUser) error
 		}
 		fmt.Fprintf(&cfg, "\nHost %s\n    Port %d\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n    IdentityFile %s\n", ip, x.cfg.SSHPort, keyPath)
 	}
-	if err := homeFile(user.Home, filepath.Join(".ssh", "config"), []byte(cfg.String()), 0o600, uid, user.GID, true); err != nil {
-		return err
-	}
-	if x.cfg.AuthorizeKey != nil && key.Public != "" {
-		return x.cfg.AuthorizeKey(key.Public)
-	}
-	return nil
+	// The public key was authorized at submit.
+	return homeFile(user.Home, filepath.Join(".ssh", "config"), []byte(cfg.String()), 0o600, uid, user.GID, true)
 }

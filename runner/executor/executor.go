@@ -215,6 +215,14 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 	default:
 		return fmt.Errorf("%w: submit in state %s", ErrState, x.state)
 	}
+	// The cluster key is authorized now, not when the job starts: the
+	// master's launcher (mpirun, torchrun) may reach this node before its
+	// own /api/run arrives, and every node is submitted before any runs.
+	if k := b.JobSpec.SSHKey; k != nil && k.Public != "" && len(b.ClusterInfo.JobIPs) >= 2 && x.cfg.AuthorizeKey != nil {
+		if err := x.cfg.AuthorizeKey(k.Public); err != nil {
+			return fmt.Errorf("%w: job_spec.ssh_key.public: %v", ErrBadInput, err)
+		}
+	}
 	x.body = &b
 	x.submitAt = x.cfg.Now()
 	x.state = WaitRun

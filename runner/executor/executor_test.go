@@ -175,6 +175,39 @@ func TestGitCredentials(t *testing.T) {
 	}
 }
 
+// TestClusterKeyAuthorizedAtSubmit: a multi-node job's key is accepted by
+// this node's SSH server from its submit on, before its own /api/run, so a
+// master that starts first can reach it; a malformed key fails the submit.
+func TestClusterKeyAuthorizedAtSubmit(t *testing.T) {
+	var authorized []string
+	x, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(l string) error {
+		if !strings.HasPrefix(l, "ssh-") {
+			return errors.New("not a key")
+		}
+		authorized = append(authorized, l)
+		return nil
+	}})
+	b := api.SubmitBody{JobSpec: api.JobSpec{SSHKey: &api.SSHKey{Private: "PRIVATE", Public: "ssh-ed25519 AAAA job"}},
+		ClusterInfo: api.ClusterInfo{JobIPs: []string{"10.0.0.1", "10.0.0.2"}}}
+	if err := x.Submit(b); err != nil {
+		t.Fatal(err)
+	}
+	if len(authorized) != 1 || authorized[0] != "ssh-ed25519 AAAA job" {
+		t.Fatalf("authorized %v", authorized)
+	}
+	y, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(string) error { return errors.New("not a key") }})
+	b.JobSpec.SSHKey.Public = "garbage"
+	if err := y.Submit(b); !errors.Is(err, ErrBadInput) || y.State() != WaitSubmit {
+		t.Fatalf("malformed key: %v, state %s", err, y.State())
+	}
+	// Single node: no key to authorize.
+	z, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(l string) error { t.Fatalf("authorized %q", l); return nil }})
+	b.ClusterInfo.JobIPs = []string{"10.0.0.1"}
+	if err := z.Submit(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestClusterSSH(t *testing.T) {
 	home := t.TempDir()
 	var authorized []string
@@ -190,8 +223,8 @@ func TestClusterSSH(t *testing.T) {
 		!strings.Contains(string(cfg), "IdentityFile "+filepath.Join(home, ".ssh", "dstack_job")) {
 		t.Fatalf("key %q config:\n%s", key, cfg)
 	}
-	if len(authorized) != 1 || authorized[0] != "ssh-ed25519 AAAA job" {
-		t.Fatalf("authorized %v", authorized)
+	if len(authorized) != 0 {
+		t.Fatalf("the job start authorized %v again (submit does it)", authorized)
 	}
 	// Single node: nothing.
 	other := t.TempDir()

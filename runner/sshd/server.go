@@ -17,6 +17,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,7 +120,9 @@ func (k *KeySet) Add(lines ...string) error {
 			return fmt.Errorf("authorized key %.40q: %w", l, err)
 		}
 		k.mu.Lock()
-		k.keys = append(k.keys, authKey{key: pk, options: opts})
+		if !slices.ContainsFunc(k.keys, func(a authKey) bool { return gssh.KeysEqual(a.key, pk) && slices.Equal(a.options, opts) }) {
+			k.keys = append(k.keys, authKey{key: pk, options: opts})
+		}
 		k.mu.Unlock()
 	}
 	return nil

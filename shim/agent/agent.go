@@ -220,6 +220,11 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return api.InstanceInfoResponse{GPUVendor: gpus[0].Vendor, GPUDriverVersion: gpus[0].DriverVersion}
 		},
+		Addresses: func() (api.InstanceAddressesResponse, error) {
+			name, _ := os.Hostname()
+			addrs, err := hostinfo.Addresses()
+			return api.InstanceAddressesResponse{Hostname: name, Addresses: addrs}, err
+		},
 		GPUIDs:            engine.GPUIDs,
 		Health:            health,
 		TaskMetrics:       taskMetrics,

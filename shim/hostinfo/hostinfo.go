@@ -32,12 +32,24 @@ func Collect(gpus []gpu.GPU, diskPath string) (api.HostInfo, error) {
 		return info, fmt.Errorf("statfs %s: %w", diskPath, err)
 	}
 	info.DiskSize = st.Bavail * uint64(st.Bsize)
+	addrs, err := Addresses()
+	if err != nil {
+		return info, err
+	}
+	info.Addresses = addrs
+	return info, nil
+}
+
+// Addresses lists the host's non-loopback interface addresses in CIDR form
+// ("10.0.0.5/24"), interfaces in the kernel's order.
+func Addresses() ([]string, error) {
 	ifaces, err := net.Interfaces()
 	if err != nil {
-		return info, fmt.Errorf("interfaces: %w", err)
+		return nil, fmt.Errorf("interfaces: %w", err)
 	}
+	out := []string{}
 	for _, ifc := range ifaces {
-		if ifc.Flags&net.FlagLoopback != 0 {
+		if ifc.Flags&net.FlagLoopback != 0 || ifc.Flags&net.FlagUp == 0 {
 			continue
 		}
 		addrs, err := ifc.Addrs()
@@ -46,11 +58,11 @@ func Collect(gpus []gpu.GPU, diskPath string) (api.HostInfo, error) {
 		}
 		for _, a := range addrs {
 			if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() {
-				info.Addresses = append(info.Addresses, ipn.String())
+				out = append(out, ipn.String())
 			}
 		}
 	}
-	return info, nil
+	return out, nil
 }
 
 // WriteOnce writes info to path atomically unless the file exists (the

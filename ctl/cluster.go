@@ -1,0 +1,467 @@
+package ctl
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
+	"github.com/tandem-run/tandem/api/shimclient"
+)
+
+// Node is one host of a multi-node run.
+type Node struct {
+	Shim string // shim address (as seen from the far end with Dial)
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Label names the node in messages (its SSH target or shim address).
+	Label string
+	// IP is the address the other nodes reach this one at; "" picks it from
+	// the addresses the shims report (a subnet all nodes share).
+	IP string
+	// Target is the address the node was dialed at, preferred when it lies
+	// on the shared network ("" when not an IP).
+	Target string
+}
+
+// clusterNode is a node during the run.
+type clusterNode struct {
+	Node
+	rank   int
+	shim   *shimclient.Client
+	id     string
+	name   string
+	info   api.TaskInfoResponse
+	runner *runnerclient.Client
+}
+
+func (n *clusterNode) String() string { return fmt.Sprintf("node %d (%s)", n.rank, n.Label) }
+
+// onEach runs f for every node at once and joins the errors.
+func onEach(nodes []*clusterNode, f func(n *clusterNode) error) error {
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(n); err != nil {
+				errs[i] = fmt.Errorf("%s: %w", n, err)
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// clusterKey is the job's SSH key pair, as the dstack server makes one per
+// multi-node replica: the private key in OpenSSH form, the public one as an
+// authorized_keys line.
+func clusterKey(comment string) (*api.SSHKey, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	block, err := ssh.MarshalPrivateKey(priv, comment)
+	if err != nil {
+		return nil, err
+	}
+	spub, err := ssh.NewPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	return &api.SSHKey{Private: string(pem.EncodeToMemory(block)), Public: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(spub))) + " " + comment}, nil
+}
+
+// RunCluster runs one job on every node as the dstack server runs a
+// multi-node task: host networking, the same commands everywhere, node 0 the
+// master. Every node gets cluster_info (the nodes' addresses, master first),
+// its rank and the job's SSH key pair, so mpirun and torchrun reach the
+// other nodes through their runners' SSH servers. The run ends with the
+// master (the others are stopped then: dstack's master-done); a worker that
+// fails or dies first fails the run and stops the rest. Every task is
+// removed at the end.
+func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error) {
+	switch {
+	case len(nodes) < 2:
+		return Result{}, errors.New("a multi-node run needs at least two nodes")
+	case len(o.Commands) == 0:
+		return Result{}, errors.New("no command given: tandem run [flags] -- COMMAND")
+	case o.Detach:
+		return Result{}, errors.New("--detach runs one node; a multi-node run is followed to its end")
+	case o.Network != "" && o.Network != "host":
+		return Result{}, errors.New("a multi-node run uses host networking (the nodes reach each other at the hosts' addresses), as dstack's does")
+	}
+	o.Network = "host"
+	o.StatusTTY = false // several nodes report at once: no redrawing
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	sigs := routeSignals(o.Interrupt, cancel)
+	defer sigs.close()
+
+	runID := newID()
+	name := o.Name
+	if name == "" {
+		name = "tandem-" + runID[:8]
+	}
+	res := Result{TaskID: runID, Name: name}
+	cs := make([]*clusterNode, len(nodes))
+	for i, n := range nodes {
+		if n.Label == "" {
+			n.Label = n.Shim
+		}
+		cs[i] = &clusterNode{Node: n, rank: i, id: newID(), name: fmt.Sprintf("%s-%d", name, i)}
+	}
+	if err := onEach(cs, func(n *clusterNode) error {
+		s, err := newShimClient(n.Shim, n.Dial, o.ShimToken)
+		if err != nil {
+			return err
+		}
+		n.shim = s
+		hc, err := s.Healthcheck(ctx)
+		if err != nil {
+			return fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", n.Shim, err)
+		}
+		if hc.Service != api.ServiceShim {
+			return fmt.Errorf("%s answers as %q, not dstack-shim", n.Shim, hc.Service)
+		}
+		o.status("%s: shim %s (%s)", n, n.Shim, hc.Version)
+		return nil
+	}); err != nil {
+		return Result{Interrupted: interrupted(ctx)}, err
+	}
+	ips, err := clusterIPs(ctx, cs)
+	if err != nil {
+		return res, err
+	}
+	o.status("nodes: %s (master %s)", strings.Join(ips, " "), ips[0])
+	key, err := clusterKey("tandem-" + runID[:8])
+	if err != nil {
+		return res, fmt.Errorf("job key: %w", err)
+	}
+
+	// From the first submit on, every task is taken down at the end.
+	killNow := false
+	defer func() {
+		timeout := uint(5)
+		if killNow || res.Interrupted {
+			timeout = 0
+		}
+		_ = onEach(cs, func(n *clusterNode) error {
+			if err := cleanup(context.WithoutCancel(ctx), n.shim, n.id, timeout); err != nil {
+				o.statusAlways("tandem: %s: task %s was left on the shim: %v\nremove it with: tandem rm -f --shim %s %s", n, ShortID(n.id), err, n.Shim, n.name)
+			}
+			return nil
+		})
+	}()
+	fail := func(err error) (Result, error) {
+		if interrupted(ctx) {
+			res.Interrupted, res.State = true, api.JobTerminated
+			o.status("interrupted: removing the run's tasks")
+			return res, ErrInterrupted
+		}
+		return res, err
+	}
+	if err := onEach(cs, func(n *clusterNode) error {
+		cfg := api.TaskConfig{ID: n.id, Name: n.name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword,
+			GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory, ShmSize: o.ShmSize, NetworkMode: "host", InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
+		_, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, n.shim.SubmitTask(ctx, cfg) })
+		if err != nil {
+			return fmt.Errorf("the shim rejected the task: %w", err)
+		}
+		info, err := waitTask(ctx, n.shim, n.id, o)
+		if err != nil {
+			return err
+		}
+		if info.Status == api.TaskTerminated {
+			return fmt.Errorf("task ended before the job started: %s: %s", api.Printable(string(info.TerminationReason)), api.Printable(strings.TrimSpace(info.TerminationMessage)))
+		}
+		n.info = info
+		r, addr, err := runnerFor(n.Shim, info, o.RunnerPort, n.Dial)
+		if err != nil {
+			return err
+		}
+		if err := waitRunner(ctx, r); err != nil {
+			return fmt.Errorf("runner at %s did not answer: %w", addr, err)
+		}
+		n.runner = r
+		return nil
+	}); err != nil {
+		return fail(err)
+	}
+	// Every node has its job before any starts: a master's launcher finds
+	// the others' SSH servers taking the job key.
+	if err := onEach(cs, func(n *clusterNode) error {
+		return prepareJob(ctx, n.runner, o, clusterBody(o, runID, name, n, ips, key))
+	}); err != nil {
+		return fail(err)
+	}
+	if err := onEach(cs[1:], func(n *clusterNode) error { return startJob(ctx, n.runner, RunOptions{}) }); err != nil {
+		return fail(err)
+	}
+	if err := startJob(ctx, cs[0].runner, o); err != nil {
+		return fail(fmt.Errorf("%s: %w", cs[0], err))
+	}
+	sigs.running.Store(true)
+	if interrupted(ctx) {
+		return fail(ErrInterrupted)
+	}
+	if o.Started != nil {
+		o.Started(cs[0].info)
+	}
+	res, killNow = followCluster(ctx, cs, sigs.job, o, res)
+	return res, nil
+}
+
+// clusterIPs finds each node's address on the network the nodes share.
+func clusterIPs(ctx context.Context, cs []*clusterNode) ([]string, error) {
+	addrs := make([][]string, len(cs))
+	fixed := make([]string, len(cs))
+	targets := make([]string, len(cs))
+	for i, n := range cs {
+		fixed[i], targets[i] = n.IP, n.Target
+	}
+	err := onEach(cs, func(n *clusterNode) error {
+		if n.IP != "" {
+			return nil
+		}
+		a, err := n.shim.InstanceAddresses(ctx)
+		if errors.Is(err, api.ErrNotFound) {
+			// dstack's own shim: the address it was dialed at is all we know.
+			if n.Target == "" {
+				return errors.New("its shim does not list the host's addresses; give them with --node-ip")
+			}
+			a.Addresses = []string{n.Target + "/32"}
+		} else if err != nil {
+			return fmt.Errorf("host addresses: %w", err)
+		}
+		addrs[n.rank] = a.Addresses
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return pickNodeIPs(addrs, fixed, targets)
+}
+
+// clusterBody is node n's submit body, as the dstack server's for job n of
+// a multi-node replica.
+func clusterBody(o RunOptions, runID, name string, n *clusterNode, ips []string, key *api.SSHKey) api.SubmitBody {
+	b := jobBody(o, runID, name)
+	b.JobSubmission.ID = n.id
+	b.JobSpec.JobNum = n.rank
+	b.JobSpec.JobsPerReplica = len(ips)
+	b.JobSpec.SSHKey = key
+	gpus := max(o.GPUs, 0)
+	perNode := make([]int, len(ips))
+	for i := range perNode {
+		perNode[i] = gpus
+	}
+	b.ClusterInfo = api.ClusterInfo{JobIPs: ips, MasterJobIP: ips[0], GPUsPerJob: gpus, GPUsPerNode: perNode}
+	return b
+}
+
+// nodeEnd is how one node's job ended.
+type nodeEnd struct {
+	node *clusterNode
+	res  Result
+	err  error // the node died: its runner or task is gone
+}
+
+// followCluster streams the master's output (and the workers', prefixed)
+// and waits for the run's end: the master's, a worker's failure, or the
+// user's signals (the first stops every job, the second kills).
+func followCluster(ctx context.Context, cs []*clusterNode, sigs <-chan os.Signal, o RunOptions, res Result) (Result, bool) {
+	wctx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	ends := make(chan nodeEnd, len(cs))
+	var outMu sync.Mutex
+	for _, n := range cs {
+		out := io.Writer(&lockedWriter{mu: &outMu, w: o.Out})
+		var pw *prefixWriter
+		if n.rank > 0 {
+			pw = &prefixWriter{prefix: fmt.Sprintf("[node %d] ", n.rank), w: &lockedWriter{mu: &outMu, w: o.workerOut()}}
+			out = pw
+		}
+		go func() {
+			var r Result
+			err := watchNode(wctx, n, out, o, &r)
+			if pw != nil {
+				pw.flush()
+			}
+			ends <- nodeEnd{node: n, res: r, err: err}
+		}()
+	}
+	stopAll := func(why string) {
+		o.status("%s: stopping every node", why)
+		_ = onEach(cs, func(n *clusterNode) error { return n.runner.Stop(context.WithoutCancel(ctx)) })
+	}
+	pending, interrupts := len(cs), 0
+	var first *nodeEnd // what decided the run
+	var settle <-chan time.Time
+	for pending > 0 {
+		select {
+		case e := <-ends:
+			pending--
+			switch {
+			case first != nil:
+			case e.node.rank == 0 && e.err == nil:
+				first = &e
+				if pending > 0 {
+					stopAll(fmt.Sprintf("the master's job %s", strings.TrimPrefix(Describe(e.res), "job ")))
+					settle = time.After(30 * time.Second)
+				}
+			case e.err == nil && e.res.State == api.JobDone:
+				o.status("%s: job done", e.node)
+			default:
+				first = &e
+				if pending > 0 {
+					stopAll(fmt.Sprintf("%s %s", e.node, nodeFailure(e)))
+					settle = time.After(30 * time.Second)
+				}
+			}
+		case <-sigs:
+			interrupts++
+			if interrupts == 1 {
+				res.Interrupted = true
+				stopAll("interrupted (Ctrl-C again to kill)")
+				settle = time.After(30 * time.Second)
+				continue
+			}
+			o.status("killing every node")
+			res.State, res.Interrupted = api.JobTerminated, true
+			return res, true
+		case <-settle:
+			o.status("%d node(s) did not stop in 30s; removing their tasks", pending)
+			pending = 0
+		}
+	}
+	if first == nil { // interrupted and every node stopped
+		res.State = api.JobTerminated
+		return res, false
+	}
+	e := *first
+	if e.node.rank == 0 && e.err == nil {
+		r := e.res
+		r.TaskID, r.Name, r.Interrupted = res.TaskID, res.Name, res.Interrupted
+		return r, false
+	}
+	res.State, res.Reason = api.JobFailed, e.res.Reason
+	if e.res.ExitStatus != nil && *e.res.ExitStatus != 0 {
+		res.ExitStatus = e.res.ExitStatus
+	}
+	res.Message = fmt.Sprintf("%s %s; the other nodes were stopped", e.node, nodeFailure(e))
+	return res, false
+}
+
+// nodeFailure says how a node's job ended, for the run's message.
+func nodeFailure(e nodeEnd) string {
+	if e.err != nil {
+		return "died: " + e.err.Error()
+	}
+	return "ended first: " + Describe(e.res)
+}
+
+// watchNode follows one node's job to its end. A runner that stops
+// answering is asked about through its shim: a task that is gone or
+// terminated is the node's death; otherwise the watch resumes.
+func watchNode(ctx context.Context, n *clusterNode, out io.Writer, o RunOptions, res *Result) error {
+	since := time.Time{}
+	for {
+		err := watchJob(ctx, n.runner, since, out, nil, nil, res, nil)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		since = time.Now()
+		info, gerr := retry(ctx, 15*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return n.shim.GetTask(ctx, n.id) })
+		switch {
+		case errors.Is(gerr, api.ErrNotFound):
+			return errors.New("its task was removed")
+		case gerr != nil:
+			return fmt.Errorf("its runner (%v) and shim (%v) stopped answering", err, gerr)
+		case info.Status == api.TaskTerminated:
+			msg := strings.TrimSpace(info.TerminationMessage)
+			if msg == "" {
+				msg = "no message"
+			}
+			return fmt.Errorf("its task was terminated: %s: %s", api.Printable(string(info.TerminationReason)), api.Printable(msg))
+		}
+		// The task runs on: give its runner 15 s to answer again.
+		if _, herr := retry(ctx, 15*time.Second, func(ctx context.Context) (api.HealthcheckResponse, error) { return n.runner.Healthcheck(ctx) }); herr != nil {
+			return fmt.Errorf("its runner stopped answering: %w", err)
+		}
+	}
+}
+
+// workerOut is where the workers' output goes: beside the progress lines.
+func (o RunOptions) workerOut() io.Writer {
+	switch {
+	case o.Status != nil:
+		return o.Status
+	case o.Errors != nil:
+		return o.Errors
+	}
+	return os.Stderr
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// prefixWriter writes whole lines, each after prefix; a line longer than
+// 4 KiB is cut there, so an endless line cannot grow memory.
+type prefixWriter struct {
+	prefix string
+	w      io.Writer
+	buf    []byte
+}
+
+const prefixLineMax = 4 << 10
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		seg := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			seg = b[:i+1]
+		}
+		seg = seg[:min(len(seg), prefixLineMax-len(p.buf))]
+		p.buf = append(p.buf, seg...)
+		b = b[len(seg):]
+		if p.buf[len(p.buf)-1] == '\n' || len(p.buf) >= prefixLineMax {
+			p.flush()
+		}
+	}
+	return n, nil
+}
+
+// flush writes what is buffered as one line.
+func (p *prefixWriter) flush() {
+	if len(p.buf) == 0 {
+		return
+	}
+	if p.buf[len(p.buf)-1] != '\n' {
+		p.buf = append(p.buf, '\n')
+	}
+	_, _ = p.w.Write(append([]byte(p.prefix), p.buf...))
+	p.buf = p.buf[:0]
+}

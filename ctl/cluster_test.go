@@ -1,0 +1,95 @@
+package ctl
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"golang.org/x/crypto/ssh"
+)
+
+func TestPickNodeIPs(t *testing.T) {
+	cases := []struct {
+		name           string
+		addrs          [][]string
+		fixed, targets []string
+		want           string // joined, or "error"
+	}{
+		{"the shared private network, not each host's docker0 or its own uplink",
+			[][]string{{"172.17.0.1/16", "192.168.7.2/30", "10.213.1.2/24"}, {"172.17.0.1/16", "192.168.7.6/30", "10.213.1.3/24"}},
+			[]string{"", ""}, []string{"192.168.7.2", "192.168.7.6"}, "10.213.1.2 10.213.1.3"},
+		{"two shared networks: the one the nodes were dialed at",
+			[][]string{{"10.0.0.2/24", "10.1.0.2/24"}, {"10.0.0.3/24", "10.1.0.3/24"}},
+			[]string{"", ""}, []string{"10.1.0.2", "10.1.0.3"}, "10.1.0.2 10.1.0.3"},
+		{"IPv4 before IPv6",
+			[][]string{{"fd00::2/64", "10.0.0.2/24"}, {"fd00::3/64", "10.0.0.3/24"}},
+			[]string{"", ""}, []string{"", ""}, "10.0.0.2 10.0.0.3"},
+		{"link-local never",
+			[][]string{{"fe80::1/64"}, {"fe80::2/64"}},
+			[]string{"", ""}, []string{"", ""}, "error"},
+		{"no shared subnet",
+			[][]string{{"10.0.0.2/24"}, {"10.9.0.3/24"}},
+			[]string{"", ""}, []string{"", ""}, "error"},
+		{"the same address on both is no network",
+			[][]string{{"172.17.0.1/16"}, {"172.17.0.1/16"}},
+			[]string{"", ""}, []string{"", ""}, "error"},
+		{"--node-ip for every node wins",
+			[][]string{nil, nil}, []string{"1.2.3.4", "1.2.3.5"}, []string{"", ""}, "1.2.3.4 1.2.3.5"},
+		{"--node-ip for one: the others on its subnet",
+			[][]string{nil, {"10.0.0.3/24", "10.1.0.3/24"}, {"10.0.0.4/24", "10.1.0.4/24"}},
+			[]string{"10.1.0.2", "", ""}, []string{"", "", ""}, "error"},
+		{"--node-ip loopback refused",
+			[][]string{nil, nil}, []string{"127.0.0.1", "10.0.0.1"}, []string{"", ""}, "error"},
+	}
+	for _, c := range cases {
+		got, err := pickNodeIPs(c.addrs, c.fixed, c.targets)
+		s := strings.Join(got, " ")
+		if err != nil {
+			s = "error"
+		}
+		if s != c.want {
+			t.Errorf("%s: got %q (%v), want %q", c.name, s, err, c.want)
+		}
+	}
+	// The mixed case works when the master's own list has the subnet.
+	got, err := pickNodeIPs([][]string{{"10.1.0.2/24"}, {"10.0.0.3/24", "10.1.0.3/24"}}, []string{"10.1.0.2", ""}, []string{"", ""})
+	if err != nil || strings.Join(got, " ") != "10.1.0.2 10.1.0.3" {
+		t.Fatalf("mixed: %v %v", got, err)
+	}
+}
+
+func TestPrefixWriter(t *testing.T) {
+	var out bytes.Buffer
+	p := &prefixWriter{prefix: "[node 1] ", w: &out}
+	_, _ = p.Write([]byte("a\nb"))
+	_, _ = p.Write([]byte("c\n\nd"))
+	p.flush()
+	if want := "[node 1] a\n[node 1] bc\n[node 1] \n[node 1] d\n"; out.String() != want {
+		t.Fatalf("got %q want %q", out.String(), want)
+	}
+	out.Reset()
+	_, _ = p.Write(bytes.Repeat([]byte("x"), 3*prefixLineMax+5))
+	p.flush()
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 4 || len(lines[0]) != len("[node 1] ")+prefixLineMax || len(p.buf) != 0 {
+		t.Fatalf("endless line: %d lines, first %d bytes", len(lines), len(lines[0]))
+	}
+}
+
+func TestClusterKey(t *testing.T) {
+	k, err := clusterKey("tandem-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.ParsePrivateKey([]byte(k.Private))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _, _, _, err := ssh.ParseAuthorizedKey([]byte(k.Public))
+	if err != nil || !bytes.Equal(pub.Marshal(), signer.PublicKey().Marshal()) {
+		t.Fatalf("public key %q does not match the private one (%v)", k.Public, err)
+	}
+	if !strings.HasPrefix(k.Private, "-----BEGIN OPENSSH PRIVATE KEY-----") {
+		t.Fatalf("not OpenSSH form: %.40q", k.Private)
+	}
+}
