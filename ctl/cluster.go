@@ -317,6 +317,7 @@ func followCluster(ctx context.Context, cs []*clusterNode, sigs <-chan os.Signal
 			pending--
 			switch {
 			case first != nil:
+			case res.Interrupted: // the user's stop: every node ends now
 			case e.node.rank == 0 && e.err == nil:
 				first = &e
 				if pending > 0 {
@@ -374,9 +375,10 @@ func nodeFailure(e nodeEnd) string {
 	return "ended first: " + Describe(e.res)
 }
 
-// watchNode follows one node's job to its end. A runner that stops
-// answering is asked about through its shim: a task that is gone or
-// terminated is the node's death; otherwise the watch resumes.
+// watchNode follows one node's job to its end. When its runner stops
+// answering, the node's shim is asked for up to nodeGrace: a task that is
+// gone or terminated is the node's death (with the shim's reason); a
+// runner that answers again is followed on.
 func watchNode(ctx context.Context, n *clusterNode, out io.Writer, o RunOptions, res *Result) error {
 	since := time.Time{}
 	for {
@@ -385,24 +387,59 @@ func watchNode(ctx context.Context, n *clusterNode, out io.Writer, o RunOptions,
 			return err
 		}
 		since = time.Now()
-		info, gerr := retry(ctx, 15*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return n.shim.GetTask(ctx, n.id) })
-		switch {
-		case errors.Is(gerr, api.ErrNotFound):
-			return errors.New("its task was removed")
-		case gerr != nil:
-			return fmt.Errorf("its runner (%v) and shim (%v) stopped answering", err, gerr)
-		case info.Status == api.TaskTerminated:
-			msg := strings.TrimSpace(info.TerminationMessage)
-			if msg == "" {
-				msg = "no message"
-			}
-			return fmt.Errorf("its task was terminated: %s: %s", api.Printable(string(info.TerminationReason)), api.Printable(msg))
-		}
-		// The task runs on: give its runner 15 s to answer again.
-		if _, herr := retry(ctx, 15*time.Second, func(ctx context.Context) (api.HealthcheckResponse, error) { return n.runner.Healthcheck(ctx) }); herr != nil {
-			return fmt.Errorf("its runner stopped answering: %w", err)
+		if derr := nodeFate(ctx, n, err); derr != nil {
+			return derr
 		}
 	}
+}
+
+// nodeGrace is how long a node's runner may stay silent while its task
+// still runs.
+const nodeGrace = 15 * time.Second
+
+// nodeFate decides whether a node whose runner failed (runnerErr) is dead:
+// nil when its runner answers again.
+func nodeFate(ctx context.Context, n *clusterNode, runnerErr error) error {
+	deadline := time.Now().Add(nodeGrace)
+	status := "unknown"
+	for {
+		info, err := n.shim.GetTask(ctx, n.id)
+		switch {
+		case errors.Is(err, api.ErrNotFound):
+			return errors.New("its task was removed")
+		case err == nil && info.Status == api.TaskTerminated:
+			return fmt.Errorf("its task was terminated: %s%s", api.Printable(string(info.TerminationReason)), lastLine(info.TerminationMessage))
+		case err == nil:
+			status = string(info.Status)
+		}
+		if _, herr := n.runner.Healthcheck(ctx); herr == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("its runner stopped answering %s ago (%v); its task is %s", nodeGrace, runnerErr, api.Printable(status))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// lastLine is ": " and the last line of a termination message (the
+// container's last output), at most 200 bytes, or "".
+func lastLine(msg string) string {
+	msg = strings.TrimSpace(msg)
+	if i := strings.LastIndexByte(msg, '\n'); i >= 0 {
+		msg = msg[i+1:]
+	}
+	if msg == "" {
+		return ""
+	}
+	if len(msg) > 200 {
+		msg = msg[len(msg)-200:]
+	}
+	return ": " + api.Printable(strings.ToValidUTF8(msg, ""))
 }
 
 // workerOut is where the workers' output goes: beside the progress lines.

@@ -2,10 +2,13 @@ package ctl
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"testing"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/tandem-run/tandem/api"
 )
 
 func TestPickNodeIPs(t *testing.T) {
@@ -91,5 +94,34 @@ func TestClusterKey(t *testing.T) {
 	}
 	if !strings.HasPrefix(k.Private, "-----BEGIN OPENSSH PRIVATE KEY-----") {
 		t.Fatalf("not OpenSSH form: %.40q", k.Private)
+	}
+}
+
+// TestClusterBody: each node's submit body is the dstack server's for job
+// n of a multi-node replica: its rank, the node count, the same key and
+// cluster_info (every node's address, master first) on every node.
+func TestClusterBody(t *testing.T) {
+	key := &api.SSHKey{Private: "k", Public: "ssh-ed25519 AAAA x"}
+	ips := []string{"10.0.0.2", "10.0.0.3"}
+	o := RunOptions{Commands: []string{"hostname"}, GPUs: 2}
+	for rank := range 2 {
+		n := &clusterNode{rank: rank, id: fmt.Sprintf("id-%d", rank)}
+		b := clusterBody(o, "run-id", "mn", n, ips, key)
+		ci := b.ClusterInfo
+		if b.JobSpec.JobNum != rank || b.JobSpec.JobsPerReplica != 2 || b.JobSpec.SSHKey != key || b.Run.ID != "run-id" || b.JobSubmission.ID != n.id ||
+			strings.Join(ci.JobIPs, " ") != "10.0.0.2 10.0.0.3" || ci.MasterJobIP != "10.0.0.2" || ci.GPUsPerJob != 2 || fmt.Sprint(ci.GPUsPerNode) != "[2 2]" {
+			t.Fatalf("rank %d: %+v", rank, b)
+		}
+	}
+}
+
+func TestLastLine(t *testing.T) {
+	for in, want := range map[string]string{"": "", "a\nb\n": ": b", "x\x1b[31m": ": x\\x1b[31m"} {
+		if got := lastLine(in); got != want {
+			t.Errorf("lastLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+	if got := lastLine(strings.Repeat("y", 500)); len(got) != 202 {
+		t.Errorf("long line: %d bytes", len(got))
 	}
 }

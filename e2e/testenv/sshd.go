@@ -28,6 +28,13 @@ type SSHD struct {
 // openssh-server); it stops with the test.
 func StartSSHD(t testing.TB) *SSHD {
 	t.Helper()
+	return StartSSHDAt(t, FreeAddr(t), nil)
+}
+
+// StartSSHDAt is StartSSHD listening on addr, started through wrap (e.g.
+// a Host's Wrap, to run inside its network namespace).
+func StartSSHDAt(t testing.TB, addr string, wrap []string) *SSHD {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		if InCI() {
 			t.Fatal("sshd tests need root (CI runs as root)")
@@ -56,7 +63,7 @@ func StartSSHD(t testing.TB) *SSHD {
 		t.Fatal(err)
 	}
 	_ = os.MkdirAll("/run/sshd", 0o755)
-	s := &SSHD{Addr: FreeAddr(t), User: "root", ClientKey: clientKey}
+	s := &SSHD{Addr: addr, User: "root", ClientKey: clientKey}
 	host, port, _ := net.SplitHostPort(s.Addr)
 	cfg := fmt.Sprintf(`Port %s
 ListenAddress %s
@@ -77,7 +84,8 @@ LogLevel ERROR
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("/usr/sbin/sshd", "-D", "-e", "-f", cfgPath)
+	argv := append(append([]string{}, wrap...), "/usr/sbin/sshd", "-D", "-e", "-f", cfgPath)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	logf, _ := os.Create(filepath.Join(dir, "sshd.log"))
 	cmd.Stdout, cmd.Stderr = logf, logf
 	t.Cleanup(func() { logf.Close() })

@@ -31,7 +31,7 @@ func (x *Executor) setupClusterSSH(b api.SubmitBody, user account.JobUser) error
 		if ip == "" {
 			continue
 		}
-		fmt.Fprintf(&cfg, "\nHost %s\n    Port %d\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n    IdentityFile %s\n", ip, x.cfg.SSHPort, keyPath)
+		fmt.Fprintf(&cfg, "\nHost %s\n    Port %d\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n    IdentityFile %s\n    LogLevel ERROR\n", ip, x.cfg.SSHPort, keyPath)
 	}
 	// The public key was authorized at submit.
 	return homeFile(user.Home, filepath.Join(".ssh", "config"), []byte(cfg.String()), 0o600, uid, user.GID, true)
