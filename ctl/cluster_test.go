@@ -3,6 +3,7 @@ package ctl
 import (
 	"bytes"
 	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -124,4 +125,36 @@ func TestLastLine(t *testing.T) {
 	if got := lastLine(strings.Repeat("y", 500)); len(got) != 202 {
 		t.Errorf("long line: %d bytes", len(got))
 	}
+}
+
+// FuzzPickNodeIPs: the shims' address lists are network input; whatever
+// they hold, picking never panics and a pick is one address per node, all
+// different, each from that node's own list.
+func FuzzPickNodeIPs(f *testing.F) {
+	f.Add("10.0.0.2/24 172.17.0.1/16", "10.0.0.3/24 172.17.0.1/16", "", "10.0.0.3")
+	f.Add("fd00::2/64", "fd00::3/64 junk", "::1", "")
+	f.Fuzz(func(t *testing.T, a, b, fixedA, targetB string) {
+		addrs := [][]string{strings.Fields(a), strings.Fields(b)}
+		got, err := pickNodeIPs(addrs, []string{fixedA, ""}, []string{"", targetB})
+		if err != nil {
+			return
+		}
+		if len(got) != 2 || got[0] == got[1] {
+			t.Fatalf("pick %v from %v", got, addrs)
+		}
+		for i, ip := range got {
+			if i == 0 && fixedA != "" {
+				continue
+			}
+			found := false
+			for _, cidr := range addrs[i] {
+				if p, err := netip.ParsePrefix(cidr); err == nil && p.Addr().String() == ip {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("node %d: %s is not in %v", i, ip, addrs[i])
+			}
+		}
+	})
 }
