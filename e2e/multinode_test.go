@@ -204,15 +204,7 @@ python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DST
 		// wait in gloo for its 30-minute timeout.
 		cmd, _, _ := c.run(t, `python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DSTACK_NODE_RANK" \
   --master_addr "$DSTACK_MASTER_NODE_IP" --master_port 29500 --redirects 1 --tee 1 allreduce.py`, "--env", "GLOO_SOCKET_IFNAME=eth0", "--env", "STEPS=600")
-		var errBuf, outBuf syncBuffer
-		cmd.Stdout, cmd.Stderr = &outBuf, &errBuf
-		out := &outBuf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		out, errBuf, done := startAsync(t, cmd)
 		deadline := time.Now().Add(3 * time.Minute)
 		step3 := regexp.MustCompile(`(?m)^\[node 1\] .*step 3 rank=1 sum=2`)
 		for !step3.MatchString(errBuf.String()) {
@@ -250,15 +242,7 @@ python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DST
 
 	t.Run("stopping the run stops both nodes", func(t *testing.T) {
 		cmd, _, _ := c.run(t, `echo "ready $DSTACK_NODE_RANK"; trap 'echo "stopped $DSTACK_NODE_RANK"; exit 0' INT TERM; sleep 600 & wait`)
-		var errBuf, outBuf syncBuffer
-		cmd.Stdout, cmd.Stderr = &outBuf, &errBuf
-		out := &outBuf
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		t.Cleanup(func() { _ = cmd.Process.Kill() })
+		out, errBuf, done := startAsync(t, cmd)
 		deadline := time.Now().Add(2 * time.Minute)
 		for !strings.Contains(errBuf.String(), "[node 1] ready 1") || !strings.Contains(out.String(), "ready 0") {
 			if time.Now().After(deadline) {
@@ -282,6 +266,21 @@ python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DST
 			t.Fatalf("tasks left:\n%s", left)
 		}
 	})
+}
+
+// startAsync starts cmd with its output readable while it runs; done gets
+// its end. It is killed with the test.
+func startAsync(t *testing.T, cmd *exec.Cmd) (out, errb *syncBuffer, done <-chan error) {
+	t.Helper()
+	out, errb = &syncBuffer{}, &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := make(chan error, 1)
+	go func() { ch <- cmd.Wait() }()
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	return out, errb, ch
 }
 
 // syncBuffer is a bytes.Buffer safe to read while a process writes it.
