@@ -50,13 +50,15 @@ type InstanceInfoResponse struct {
 	GPUDriverVersion string    `json:"gpu_driver_version,omitempty"`
 }
 
-// InstanceAddressesResponse answers GET /api/instance/addresses (Tandem's
-// own route; the dstack server never calls it): the host's name and its
-// non-loopback addresses in CIDR form, for picking the addresses the nodes
-// of a multi-node job reach each other at.
-type InstanceAddressesResponse struct {
+// InstanceHostResponse answers GET /api/instance/host (Tandem's own route;
+// the dstack server never calls it): the host's name, its non-loopback
+// addresses in CIDR form and its GPU count, for the cluster_info of a
+// multi-node run (the addresses the nodes reach each other at, the GPUs
+// per node).
+type InstanceHostResponse struct {
 	Hostname  string   `json:"hostname"`
 	Addresses []string `json:"addresses"`
+	GPUCount  int      `json:"gpu_count"`
 }
 
 // ComponentInfo is one entry of GET /api/components.

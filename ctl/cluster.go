@@ -142,7 +142,7 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 	}); err != nil {
 		return Result{Interrupted: interrupted(ctx)}, err
 	}
-	ips, err := clusterIPs(ctx, cs)
+	ips, gpus, err := clusterFacts(ctx, cs, o.GPUs)
 	if err != nil {
 		return res, err
 	}
@@ -204,7 +204,7 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 	// Every node has its job before any starts: a master's launcher finds
 	// the others' SSH servers taking the job key.
 	if err := onEach(cs, func(n *clusterNode) error {
-		return prepareJob(ctx, n.runner, o, clusterBody(o, runID, name, n, ips, key))
+		return prepareJob(ctx, n.runner, o, clusterBody(o, runID, name, n, ips, gpus, key))
 	}); err != nil {
 		return fail(err)
 	}
@@ -225,51 +225,54 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 	return res, nil
 }
 
-// clusterIPs finds each node's address on the network the nodes share.
-func clusterIPs(ctx context.Context, cs []*clusterNode) ([]string, error) {
+// clusterFacts finds each node's address on the network the nodes share
+// and its GPU count for the job: --gpus, or with --gpus all the host's
+// count as its shim reports it.
+func clusterFacts(ctx context.Context, cs []*clusterNode, gpus int) (ips []string, perNode []int, err error) {
 	addrs := make([][]string, len(cs))
 	fixed := make([]string, len(cs))
 	targets := make([]string, len(cs))
+	perNode = make([]int, len(cs))
 	for i, n := range cs {
-		fixed[i], targets[i] = n.IP, n.Target
+		fixed[i], targets[i], perNode[i] = n.IP, n.Target, max(gpus, 0)
 	}
-	err := onEach(cs, func(n *clusterNode) error {
-		if n.IP != "" {
-			return nil
-		}
-		a, err := n.shim.InstanceAddresses(ctx)
-		if errors.Is(err, api.ErrNotFound) {
+	err = onEach(cs, func(n *clusterNode) error {
+		h, err := n.shim.InstanceHost(ctx)
+		switch {
+		case errors.Is(err, api.ErrNotFound):
 			// dstack's own shim: the address it was dialed at is all we know.
-			if n.Target == "" {
+			if n.IP == "" && n.Target == "" {
 				return errors.New("its shim does not list the host's addresses; give them with --node-ip")
 			}
-			a.Addresses = []string{n.Target + "/32"}
-		} else if err != nil {
-			return fmt.Errorf("host addresses: %w", err)
+			if n.IP == "" {
+				fixed[n.rank] = n.Target
+			}
+			return nil
+		case err != nil:
+			return fmt.Errorf("host facts: %w", err)
 		}
-		addrs[n.rank] = a.Addresses
+		addrs[n.rank] = h.Addresses
+		if gpus < 0 {
+			perNode[n.rank] = h.GPUCount
+		}
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return pickNodeIPs(addrs, fixed, targets)
+	ips, err = pickNodeIPs(addrs, fixed, targets)
+	return ips, perNode, err
 }
 
 // clusterBody is node n's submit body, as the dstack server's for job n of
 // a multi-node replica.
-func clusterBody(o RunOptions, runID, name string, n *clusterNode, ips []string, key *api.SSHKey) api.SubmitBody {
+func clusterBody(o RunOptions, runID, name string, n *clusterNode, ips []string, gpus []int, key *api.SSHKey) api.SubmitBody {
 	b := jobBody(o, runID, name)
 	b.JobSubmission.ID = n.id
 	b.JobSpec.JobNum = n.rank
 	b.JobSpec.JobsPerReplica = len(ips)
 	b.JobSpec.SSHKey = key
-	gpus := max(o.GPUs, 0)
-	perNode := make([]int, len(ips))
-	for i := range perNode {
-		perNode[i] = gpus
-	}
-	b.ClusterInfo = api.ClusterInfo{JobIPs: ips, MasterJobIP: ips[0], GPUsPerJob: gpus, GPUsPerNode: perNode}
+	b.ClusterInfo = api.ClusterInfo{JobIPs: ips, MasterJobIP: ips[0], GPUsPerJob: gpus[n.rank], GPUsPerNode: gpus}
 	return b
 }
 

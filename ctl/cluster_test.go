@@ -2,7 +2,10 @@ package ctl
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -10,6 +13,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/shimclient"
 )
 
 func TestPickNodeIPs(t *testing.T) {
@@ -104,13 +108,14 @@ func TestClusterKey(t *testing.T) {
 func TestClusterBody(t *testing.T) {
 	key := &api.SSHKey{Private: "k", Public: "ssh-ed25519 AAAA x"}
 	ips := []string{"10.0.0.2", "10.0.0.3"}
-	o := RunOptions{Commands: []string{"hostname"}, GPUs: 2}
+	o := RunOptions{Commands: []string{"hostname"}, GPUs: -1}
+	gpus := []int{8, 4} // --gpus all: each host's own count
 	for rank := range 2 {
 		n := &clusterNode{rank: rank, id: fmt.Sprintf("id-%d", rank)}
-		b := clusterBody(o, "run-id", "mn", n, ips, key)
+		b := clusterBody(o, "run-id", "mn", n, ips, gpus, key)
 		ci := b.ClusterInfo
 		if b.JobSpec.JobNum != rank || b.JobSpec.JobsPerReplica != 2 || b.JobSpec.SSHKey != key || b.Run.ID != "run-id" || b.JobSubmission.ID != n.id ||
-			strings.Join(ci.JobIPs, " ") != "10.0.0.2 10.0.0.3" || ci.MasterJobIP != "10.0.0.2" || ci.GPUsPerJob != 2 || fmt.Sprint(ci.GPUsPerNode) != "[2 2]" {
+			strings.Join(ci.JobIPs, " ") != "10.0.0.2 10.0.0.3" || ci.MasterJobIP != "10.0.0.2" || ci.GPUsPerJob != gpus[rank] || fmt.Sprint(ci.GPUsPerNode) != "[8 4]" {
 			t.Fatalf("rank %d: %+v", rank, b)
 		}
 	}
@@ -157,4 +162,45 @@ func FuzzPickNodeIPs(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestClusterFacts: with Tandem's shims the addresses and (--gpus all) the
+// GPU counts come from each host; a dstack shim (404) is reached at the
+// address it was dialed at.
+func TestClusterFacts(t *testing.T) {
+	host := func(body string) *shimclient.Client {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path != "/api/instance/host" || body == "" {
+				http.NotFound(w, r)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(body))
+		}))
+		t.Cleanup(srv.Close)
+		c, err := shimclient.New(strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cs := []*clusterNode{
+		{rank: 0, shim: host(`{"hostname":"a","addresses":["172.17.0.1/16","10.0.0.2/24"],"gpu_count":8}`)},
+		{rank: 1, shim: host(`{"hostname":"b","addresses":["172.17.0.1/16","10.0.0.3/24"],"gpu_count":4}`)},
+	}
+	ips, gpus, err := clusterFacts(context.Background(), cs, -1)
+	if err != nil || fmt.Sprint(ips, gpus) != "[10.0.0.2 10.0.0.3] [8 4]" {
+		t.Fatalf("--gpus all: %v %v %v", ips, gpus, err)
+	}
+	if _, gpus, _ := clusterFacts(context.Background(), cs, 2); fmt.Sprint(gpus) != "[2 2]" {
+		t.Fatalf("--gpus 2: %v", gpus)
+	}
+	dstack := []*clusterNode{{rank: 0, shim: host(""), Node: Node{Target: "192.168.1.5"}}, {rank: 1, shim: host(""), Node: Node{Target: "192.168.1.6"}}}
+	if ips, _, err := clusterFacts(context.Background(), dstack, 0); err != nil || fmt.Sprint(ips) != "[192.168.1.5 192.168.1.6]" {
+		t.Fatalf("dstack shims: %v %v", ips, err)
+	}
+	dstack[1].Target = ""
+	if _, _, err := clusterFacts(context.Background(), dstack, 0); err == nil || !strings.Contains(err.Error(), "--node-ip") {
+		t.Fatalf("dstack shim dialed by name: %v", err)
+	}
 }

@@ -73,9 +73,9 @@ func (c *Client) InstanceInfo(ctx context.Context) (api.InstanceInfoResponse, er
 
 // InstanceAddresses returns the host's name and addresses (Tandem's shim
 // only: dstack's answers 404).
-func (c *Client) InstanceAddresses(ctx context.Context) (api.InstanceAddressesResponse, error) {
-	var out api.InstanceAddressesResponse
-	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: "/api/instance/addresses"}, &out)
+func (c *Client) InstanceHost(ctx context.Context) (api.InstanceHostResponse, error) {
+	var out api.InstanceHostResponse
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: "/api/instance/host"}, &out)
 	return out, err
 }
 

@@ -220,10 +220,10 @@ func Run(ctx context.Context, cfg Config) error {
 			}
 			return api.InstanceInfoResponse{GPUVendor: gpus[0].Vendor, GPUDriverVersion: gpus[0].DriverVersion}
 		},
-		Addresses: func() (api.InstanceAddressesResponse, error) {
+		Host: func() (api.InstanceHostResponse, error) {
 			name, _ := os.Hostname()
 			addrs, err := hostinfo.Addresses()
-			return api.InstanceAddressesResponse{Hostname: name, Addresses: addrs}, err
+			return api.InstanceHostResponse{Hostname: name, Addresses: addrs, GPUCount: len(gpus)}, err
 		},
 		GPUIDs:            engine.GPUIDs,
 		Health:            health,

@@ -47,8 +47,8 @@ type Deps struct {
 	// InstallCtx is cancelled on shutdown, ending background installs.
 	InstallCtx   context.Context
 	InstanceInfo func() api.InstanceInfoResponse
-	// Addresses lists the host's name and addresses (nil: 404).
-	Addresses func() (api.InstanceAddressesResponse, error)
+	// Host says the host's name, addresses and GPU count (nil: 404).
+	Host func() (api.InstanceHostResponse, error)
 	// Health returns the DCGM health, nil when not available.
 	Health func(ctx context.Context) *api.DCGMHealth
 	// TaskMetrics returns the filtered exporter text; ok=false when there is
@@ -81,7 +81,7 @@ func New(d Deps) *echo.Echo {
 	e.POST("/api/shutdown", s.shutdown)
 	e.GET("/api/instance/health", s.instanceHealth)
 	e.GET("/api/instance/info", s.instanceInfo)
-	e.GET("/api/instance/addresses", s.addresses)
+	e.GET("/api/instance/host", s.host)
 	e.GET("/api/components", s.components)
 	e.POST("/api/components/install", s.install)
 	ready := s.ready
@@ -196,13 +196,13 @@ func (s *srv) instanceInfo(c echo.Context) error {
 	return httpapi.JSON(c, info)
 }
 
-func (s *srv) addresses(c echo.Context) error {
-	if s.d.Addresses == nil {
+func (s *srv) host(c echo.Context) error {
+	if s.d.Host == nil {
 		return echo.ErrNotFound
 	}
-	a, err := s.d.Addresses()
+	a, err := s.d.Host()
 	if err != nil {
-		return fmt.Errorf("host addresses: %w", err)
+		return fmt.Errorf("host facts: %w", err)
 	}
 	return httpapi.JSON(c, a)
 }
