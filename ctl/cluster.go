@@ -130,12 +130,9 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 			return err
 		}
 		n.shim = s
-		hc, err := s.Healthcheck(ctx)
+		hc, err := helloShim(ctx, s, n.Shim)
 		if err != nil {
-			return fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", n.Shim, err)
-		}
-		if hc.Service != api.ServiceShim {
-			return fmt.Errorf("%s answers as %q, not dstack-shim", n.Shim, hc.Service)
+			return err
 		}
 		o.status("%s: shim %s (%s)", n, n.Shim, hc.Version)
 		return nil
@@ -175,8 +172,7 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 		return res, err
 	}
 	if err := onEach(cs, func(n *clusterNode) error {
-		cfg := api.TaskConfig{ID: n.id, Name: n.name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword,
-			GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory, ShmSize: o.ShmSize, NetworkMode: "host", InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
+		cfg := taskConfig(o, n.id, n.name)
 		_, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, n.shim.SubmitTask(ctx, cfg) })
 		if err != nil {
 			return fmt.Errorf("the shim rejected the task: %w", err)
@@ -186,18 +182,11 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 			return err
 		}
 		if info.Status == api.TaskTerminated {
-			return fmt.Errorf("task ended before the job started: %s: %s", api.Printable(string(info.TerminationReason)), api.Printable(strings.TrimSpace(info.TerminationMessage)))
+			return taskEnded(info, o.Network)
 		}
 		n.info = info
-		r, addr, err := runnerFor(n.Shim, info, o.RunnerPort, n.Dial)
-		if err != nil {
-			return err
-		}
-		if err := waitRunner(ctx, r); err != nil {
-			return fmt.Errorf("runner at %s did not answer: %w", addr, err)
-		}
-		n.runner = r
-		return nil
+		n.runner, err = readyRunner(ctx, n.Shim, info, o.RunnerPort, n.Dial)
+		return err
 	}); err != nil {
 		return fail(err)
 	}

@@ -154,12 +154,9 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	defer cancel(nil)
 	sigs := routeSignals(o.Interrupt, cancel)
 	defer sigs.close()
-	hc, err := shim.Healthcheck(ctx)
+	hc, err := helloShim(ctx, shim, o.Shim)
 	if err != nil {
-		return Result{Interrupted: interrupted(ctx)}, fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", o.Shim, err)
-	}
-	if hc.Service != api.ServiceShim {
-		return Result{}, fmt.Errorf("%s answers as %q, not dstack-shim", o.Shim, hc.Service)
+		return Result{Interrupted: interrupted(ctx)}, err
 	}
 	o.status("shim %s (%s)", o.Shim, hc.Version)
 	id := newID()
@@ -168,8 +165,7 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 		name = "tandem-" + id[:8]
 	}
 	res := Result{TaskID: id, Name: name}
-	cfg := api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
-		ShmSize: o.ShmSize, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
+	cfg := taskConfig(o, id, name)
 	// A submit repeated with the same config is a no-op on the shim, so
 	// one lost to a slow or restarting shim is made again.
 	if _, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.SubmitTask(ctx, cfg) }); err != nil {
@@ -205,26 +201,14 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 	}
 	if info.Status == api.TaskTerminated {
 		res.State, res.Reason, res.Message = api.JobFailed, info.TerminationReason, info.TerminationMessage
-		hint := ""
-		if o.Network != "bridge" && strings.Contains(info.TerminationMessage, "address already in use") {
-			hint = "\nanother host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task"
-		}
-		// The message is the container's last lines: escaped per line.
-		var lines []string
-		for _, l := range strings.Split(strings.TrimSpace(info.TerminationMessage), "\n") {
-			lines = append(lines, api.Printable(l))
-		}
-		return res, fmt.Errorf("task ended before the job started: %s: %s%s", api.Printable(string(info.TerminationReason)), strings.Join(lines, "\n"), hint)
+		return res, taskEnded(info, o.Network)
 	}
-	runner, runnerAddr, err := runnerFor(o.Shim, info, o.RunnerPort, o.Dial)
+	runner, err := readyRunner(ctx, o.Shim, info, o.RunnerPort, o.Dial)
 	if err != nil {
-		return res, err
-	}
-	if err := waitRunner(ctx, runner); err != nil {
 		if interrupted(ctx) {
 			return fail(err)
 		}
-		return res, fmt.Errorf("runner at %s did not answer: %w (if the shim runs it elsewhere, give --runner-port)", runnerAddr, err)
+		return res, err
 	}
 	if err := submitJob(ctx, runner, o, id, name); err != nil {
 		return fail(err)
@@ -254,6 +238,51 @@ func Run(ctx context.Context, o RunOptions) (Result, error) {
 		}
 	}
 	return res, err
+}
+
+// helloShim checks that addr answers as a dstack-shim.
+func helloShim(ctx context.Context, shim *shimclient.Client, addr string) (api.HealthcheckResponse, error) {
+	hc, err := shim.Healthcheck(ctx)
+	if err != nil {
+		return hc, fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", addr, err)
+	}
+	if hc.Service != api.ServiceShim {
+		return hc, fmt.Errorf("%s answers as %q, not dstack-shim", addr, hc.Service)
+	}
+	return hc, nil
+}
+
+// taskConfig is the shim task of a run's job.
+func taskConfig(o RunOptions, id, name string) api.TaskConfig {
+	return api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
+		ShmSize: o.ShmSize, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
+}
+
+// taskEnded says why a task ended before its job started: the shim's
+// reason and the container's last lines (escaped per line), with a hint
+// for the host-network port clash.
+func taskEnded(info api.TaskInfoResponse, network string) error {
+	hint := ""
+	if network != "bridge" && strings.Contains(info.TerminationMessage, "address already in use") {
+		hint = "\nanother host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task"
+	}
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(info.TerminationMessage), "\n") {
+		lines = append(lines, api.Printable(l))
+	}
+	return fmt.Errorf("task ended before the job started: %s: %s%s", api.Printable(string(info.TerminationReason)), strings.Join(lines, "\n"), hint)
+}
+
+// readyRunner is a client of the task's runner once it answers.
+func readyRunner(ctx context.Context, shimAddr string, info api.TaskInfoResponse, port int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, error) {
+	r, addr, err := runnerFor(shimAddr, info, port, dial)
+	if err != nil {
+		return nil, err
+	}
+	if err := waitRunner(ctx, r); err != nil {
+		return nil, fmt.Errorf("runner at %s did not answer: %w (if the shim runs it elsewhere, give --runner-port)", addr, err)
+	}
+	return r, nil
 }
 
 // cleanup terminates and removes a task, retrying transient failures for
