@@ -197,43 +197,5 @@ func MPIRootfs(t testing.TB) string {
 	t.Helper()
 	unlock := lockImages(t)
 	defer unlock()
-	cacheDir := os.Getenv("TANDEM_E2E_CACHE")
-	if cacheDir == "" {
-		cacheDir = "/var/cache/tandem-e2e"
-	}
-	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
-		t.Fatalf("cache dir: %v", err)
-	}
-	const packages = "openmpi-bin,openssh-client,python3-torch"
-	tarball := filepath.Join(cacheDir, "debian-bookworm-mpi.tar")
-	if _, err := os.Stat(tarball); err == nil {
-		return tarball
-	}
-	mirror := os.Getenv("TANDEM_DEBIAN_MIRROR")
-	if mirror == "" {
-		mirror = "http://deb.debian.org/debian"
-	}
-	rootfs := filepath.Join(cacheDir, "mpi-rootfs.tmp")
-	_ = os.RemoveAll(rootfs)
-	defer os.RemoveAll(rootfs)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	t.Logf("debootstrap bookworm with %s from %s (one-time, cached in %s)", packages, mirror, cacheDir)
-	start := time.Now()
-	out, err := exec.CommandContext(ctx, "debootstrap", "--variant=minbase", "--include="+packages, "bookworm", rootfs, mirror).CombinedOutput()
-	if err != nil {
-		t.Fatalf("debootstrap: %v\n%s", err, tail(out, 20))
-	}
-	for _, junk := range []string{"usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt", "var/lib/apt/lists"} {
-		_ = os.RemoveAll(filepath.Join(rootfs, junk))
-	}
-	tmp := tarball + ".tmp"
-	if out, err := exec.CommandContext(ctx, "tar", "-C", rootfs, "--numeric-owner", "-cf", tmp, ".").CombinedOutput(); err != nil {
-		t.Fatalf("tar rootfs: %v: %s", err, out)
-	}
-	if err := os.Rename(tmp, tarball); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("MPI rootfs built in %s", time.Since(start).Round(time.Second))
-	return tarball
+	return debootstrapTarball(t, "debian-bookworm-mpi.tar", "openmpi-bin,openssh-client,python3-torch", true)
 }

@@ -151,6 +151,20 @@ func Debian(t testing.TB) string {
 	if imageExists(ctx, DebianImage) {
 		return DebianImage
 	}
+	tarball := debootstrapTarball(t, "debian-bookworm-minbase.tar", "", false)
+	if _, err := Docker(ctx, "import", "--change", `CMD ["/bin/bash"]`, tarball, DebianImage); err != nil {
+		t.Fatalf("import debian image: %v", err)
+	}
+	return DebianImage
+}
+
+// debootstrapTarball returns the cached tarball name of a Debian bookworm
+// minbase rootfs with the include packages (comma-separated, "" for none),
+// running debootstrap once (the cache: $TANDEM_E2E_CACHE, else
+// /var/cache/tandem-e2e; the mirror: $TANDEM_DEBIAN_MIRROR). prune leaves
+// out docs, manuals, locales and apt's caches. Callers hold lockImages.
+func debootstrapTarball(t testing.TB, name, include string, prune bool) string {
+	t.Helper()
 	cacheDir := os.Getenv("TANDEM_E2E_CACHE")
 	if cacheDir == "" {
 		cacheDir = "/var/cache/tandem-e2e"
@@ -158,34 +172,43 @@ func Debian(t testing.TB) string {
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		t.Fatalf("cache dir: %v", err)
 	}
-	tarball := filepath.Join(cacheDir, "debian-bookworm-minbase.tar")
-	if _, err := os.Stat(tarball); err != nil {
-		mirror := os.Getenv("TANDEM_DEBIAN_MIRROR")
-		if mirror == "" {
-			mirror = "http://deb.debian.org/debian"
-		}
-		rootfs := filepath.Join(cacheDir, "rootfs.tmp")
-		_ = os.RemoveAll(rootfs)
-		dctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
-		defer cancel()
-		t.Logf("debootstrap bookworm from %s (one-time, cached in %s)", mirror, cacheDir)
-		out, err := exec.CommandContext(dctx, "debootstrap", "--variant=minbase", "bookworm", rootfs, mirror).CombinedOutput()
-		if err != nil {
-			t.Fatalf("debootstrap: %v\n%s", err, tail(out, 20))
-		}
-		tmp := tarball + ".tmp"
-		if out, err := exec.CommandContext(ctx, "tar", "-C", rootfs, "--numeric-owner", "-cf", tmp, ".").CombinedOutput(); err != nil {
-			t.Fatalf("tar rootfs: %v: %s", err, out)
-		}
-		if err := os.Rename(tmp, tarball); err != nil {
-			t.Fatal(err)
-		}
-		_ = os.RemoveAll(rootfs)
+	tarball := filepath.Join(cacheDir, name)
+	if _, err := os.Stat(tarball); err == nil {
+		return tarball
 	}
-	if _, err := Docker(ctx, "import", "--change", `CMD ["/bin/bash"]`, tarball, DebianImage); err != nil {
-		t.Fatalf("import debian image: %v", err)
+	mirror := os.Getenv("TANDEM_DEBIAN_MIRROR")
+	if mirror == "" {
+		mirror = "http://deb.debian.org/debian"
 	}
-	return DebianImage
+	rootfs := tarball + ".rootfs.tmp"
+	_ = os.RemoveAll(rootfs)
+	defer os.RemoveAll(rootfs)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	args := []string{"--variant=minbase"}
+	if include != "" {
+		args = append(args, "--include="+include)
+	}
+	t.Logf("debootstrap bookworm minbase%s from %s (one-time, cached in %s)", strings.TrimRight(" +"+include, " +"), mirror, cacheDir)
+	start := time.Now()
+	out, err := exec.CommandContext(ctx, "debootstrap", append(args, "bookworm", rootfs, mirror)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("debootstrap: %v\n%s", err, tail(out, 20))
+	}
+	if prune {
+		for _, junk := range []string{"usr/share/doc", "usr/share/man", "usr/share/locale", "var/cache/apt", "var/lib/apt/lists"} {
+			_ = os.RemoveAll(filepath.Join(rootfs, junk))
+		}
+	}
+	tmp := tarball + ".tmp"
+	if out, err := exec.CommandContext(ctx, "tar", "-C", rootfs, "--numeric-owner", "-cf", tmp, ".").CombinedOutput(); err != nil {
+		t.Fatalf("tar rootfs: %v: %s", err, out)
+	}
+	if err := os.Rename(tmp, tarball); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s built in %s", name, time.Since(start).Round(time.Second))
+	return tarball
 }
 
 func tail(b []byte, n int) string {
