@@ -32,11 +32,6 @@ func privateDockerd(t *testing.T) (string, int) {
 		}
 		t.Skip("dockerd needs root")
 	}
-	dir, err := os.MkdirTemp("", "tandem-dockerd-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-R", "-l", dir).Run(); _ = os.RemoveAll(dir) })
 	t.Cleanup(func() {
 		// dockerd must never take the machine daemon's bridge with it.
 		if exec.Command("ip", "link", "show", "docker0").Run() != nil {
@@ -50,27 +45,9 @@ func privateDockerd(t *testing.T) (string, int) {
 		}
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", br).Run() })
-	sock := "unix://" + filepath.Join(dir, "d.sock")
-	cmd := exec.Command("dockerd", "--host", sock, "--data-root", filepath.Join(dir, "root"), "--exec-root", filepath.Join(dir, "exec"),
-		"--pidfile", filepath.Join(dir, "d.pid"), "--bridge", br, "--iptables=false", "--ip-masq=false")
-	logf, _ := os.Create(filepath.Join(dir, "dockerd.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	t.Cleanup(func() { logf.Close() })
-	testenv.StartDaemon(t, cmd)
-	t.Cleanup(func() { _ = syscall.Kill(cmd.Process.Pid, syscall.SIGCONT) }) // never leave it frozen
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c := exec.Command("docker", "info")
-		c.Env = append(os.Environ(), "DOCKER_HOST="+sock)
-		if c.Run() == nil {
-			return sock, cmd.Process.Pid
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(filepath.Join(dir, "dockerd.log"))
-			t.Fatalf("private dockerd did not start:\n%s", tailStr(string(b), 2000))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	d := testenv.StartDockerd(t, nil, 30*time.Second, "--bridge", br)
+	t.Cleanup(func() { _ = syscall.Kill(d.Pid, syscall.SIGCONT) }) // never leave it frozen
+	return d.Host, d.Pid
 }
 
 // TestShimServesWhileDockerIsFrozen (issue 16): with dockerd stopped by

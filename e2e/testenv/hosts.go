@@ -108,20 +108,8 @@ func Hosts(t *testing.T) []*Host {
 
 func (h *Host) startDockerd(t *testing.T) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "tandem-host-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.dir = dir
-	t.Cleanup(func() { _ = exec.Command("umount", "-R", "-l", dir).Run(); _ = os.RemoveAll(dir) })
-	h.DockerHost = "unix://" + filepath.Join(dir, "d.sock")
-	argv := append(h.Wrap(), "dockerd", "--host", h.DockerHost, "--data-root", filepath.Join(dir, "root"), "--exec-root", filepath.Join(dir, "exec"),
-		"--pidfile", filepath.Join(dir, "d.pid"), "--iptables=false", "--ip-masq=false")
-	cmd := exec.Command(argv[0], argv[1:]...)
-	logf, _ := os.Create(filepath.Join(dir, "dockerd.log"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	t.Cleanup(func() { logf.Close() })
-	StartDaemon(t, cmd)
+	d := StartDockerd(t, h.Wrap(), time.Minute)
+	h.dir, h.DockerHost = d.Dir, d.Host
 	// Before the daemon dies: its containers (their runc shims live on
 	// outside its process group).
 	t.Cleanup(func() {
@@ -131,17 +119,6 @@ func (h *Host) startDockerd(t *testing.T) {
 			_, _ = h.Docker(ctx, append([]string{"rm", "-f"}, strings.Fields(out)...)...)
 		}
 	})
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		if _, err := h.Docker(context.Background(), "info"); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(filepath.Join(dir, "dockerd.log"))
-			t.Fatalf("%s: dockerd did not start:\n%s", h.Name, tail(b, 30))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 // StartShim runs the shim inside the host on its default port 10998 (as
