@@ -5,8 +5,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Dockerd is a dockerd of a test's own: its socket, data and exec roots in
@@ -28,7 +32,7 @@ func StartDockerd(t testing.TB, wrap []string, wait time.Duration, extra ...stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = exec.Command("umount", "-R", "-l", dir).Run(); _ = os.RemoveAll(dir) })
+	t.Cleanup(func() { unmountUnder(dir); _ = os.RemoveAll(dir) })
 	d := &Dockerd{Dir: dir, Host: "unix://" + filepath.Join(dir, "d.sock")}
 	argv := append(append([]string{}, wrap...), "dockerd", "--host", d.Host, "--data-root", filepath.Join(dir, "root"), "--exec-root", filepath.Join(dir, "exec"),
 		"--pidfile", filepath.Join(dir, "d.pid"), "--iptables=false", "--ip-masq=false")
@@ -50,5 +54,27 @@ func StartDockerd(t testing.TB, wrap []string, wait time.Duration, extra ...stri
 			t.Fatalf("dockerd did not start:\n%s", tail(b, 30))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first: dockerd
+// bind-mounts its data root onto itself and keeps netns files under its
+// exec root, and `umount -R dir` does nothing when dir itself is no mount
+// point, which left each test's dockerd dir behind.
+func unmountUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var points []string
+	for _, line := range strings.Split(string(b), "\n") {
+		// id parent major:minor root mountpoint ...
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			points = append(points, f[4])
+		}
+	}
+	slices.SortFunc(points, func(a, b string) int { return len(b) - len(a) })
+	for _, p := range points {
+		_ = unix.Unmount(p, unix.MNT_DETACH)
 	}
 }
