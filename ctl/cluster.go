@@ -289,7 +289,7 @@ func followCluster(ctx context.Context, cs []*clusterNode, sigs <-chan os.Signal
 		}
 		go func() {
 			var r Result
-			err := watchNode(wctx, n, out, o, &r)
+			err := watchNode(wctx, n, out, &r)
 			if pw != nil {
 				pw.flush()
 			}
@@ -371,7 +371,7 @@ func nodeFailure(e nodeEnd) string {
 // answering, the node's shim is asked for up to nodeGrace: a task that is
 // gone or terminated is the node's death (with the shim's reason); a
 // runner that answers again is followed on.
-func watchNode(ctx context.Context, n *clusterNode, out io.Writer, o RunOptions, res *Result) error {
+func watchNode(ctx context.Context, n *clusterNode, out io.Writer, res *Result) error {
 	since := time.Time{}
 	for {
 		err := watchJob(ctx, n.runner, since, out, nil, nil, res, nil)
