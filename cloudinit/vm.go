@@ -34,6 +34,10 @@ type VM struct {
 	AllowCIDRs     []string
 	AuthorizedKeys []string // for the default (provisioning) user
 	Env            map[string]string
+	// InstallDocker: install docker.io with apt when the image has no
+	// Docker; without it such an image gets a running shim that reports
+	// the instance unhealthy, and cloud-init reports the error.
+	InstallDocker bool
 }
 
 const (
@@ -124,16 +128,20 @@ func (v VM) Validate() error {
 	return nil
 }
 
-// unitFor is the systemd service for layout l: restarted forever (no
-// start limit, so a crash loop while Docker comes up never leaves it dead),
-// after Docker and the network.
+// unitFor is the systemd service for layout l: after Docker and the
+// network, restarted on failure but not forever.
 func unitFor(l Layout) string {
 	return `[Unit]
 Description=dstack-shim (Tandem): runs dstack tasks as Docker containers
 Documentation=https://github.com/tandem-run/tandem
 After=network-online.target docker.service
 Wants=network-online.target docker.service
-StartLimitIntervalSec=0
+# A binary that is not there is not started (no restart loop); one that
+# keeps failing is given up on after 20 tries in 10 minutes (see
+# systemctl status); a Docker that comes up late does not stop the shim.
+ConditionFileIsExecutable=` + l.ShimBin() + `
+StartLimitIntervalSec=600
+StartLimitBurst=20
 
 [Service]
 # notify: active once the API serves and tasks are recovered; the watchdog
@@ -196,33 +204,81 @@ func (v VM) envLinesFor(l Layout) string {
 }
 
 // installer downloads (with retries and checksums) or reuses the binaries,
-// then optionally sets up the firewall. Idempotent.
+// checks Docker (installing it when asked), optionally sets up the
+// firewall, then enables and starts the shim. Idempotent. Every failure
+// exits non-zero with what failed and how to fix it, on stderr (cloud-init's
+// log and `cloud-init status`) and in the journal, and leaves the unit
+// disabled: a host that cannot run the shim never restart-loops it.
 var installerTmpl = template.Must(template.New("i").Parse(`#!/bin/bash
-# Installs Tandem's dstack-shim and dstack-runner (rendered by tandem cloudinit).
+# Installs and starts Tandem's dstack-shim and dstack-runner (rendered by
+# tandem cloudinit). Run it again after fixing what it reported.
 set -euo pipefail
+self={{.Self}}
+fail() {
+  echo "tandem: $*" >&2
+  logger -p user.err -t tandem-install -- "$*" 2>/dev/null || true
+  exit 1
+}
+warn() {
+  echo "tandem: $*" >&2
+  logger -p user.warning -t tandem-install -- "$*" 2>/dev/null || true
+}
+download() { # url dest
+  if command -v curl >/dev/null; then
+    curl -fsSL --connect-timeout 10 -m 600 -o "$2" "$1"
+  elif command -v wget >/dev/null; then
+    wget -q -T 10 -O "$2" "$1"
+  else
+    fail "cannot download $1: this image has neither curl nor wget. Install curl (apt-get install -y curl), or use an image with the agents baked in (packer/), then run $self again."
+  fi
+}
 fetch() { # url dest sha256
-  local url=$1 dest=$2 sum=$3 tmp i
+  local url=$1 dest=$2 sum=$3 tmp i err
   tmp=$(mktemp "${dest}.XXXXXX")
   for i in 1 2 3 4 5 6; do
-    if curl -fsSL --connect-timeout 10 -m 600 -o "$tmp" "$url"; then break; fi
-    if [ "$i" = 6 ]; then rm -f "$tmp"; echo "tandem: cannot download $url" >&2; exit 1; fi
+    if err=$(download "$url" "$tmp" 2>&1); then break; fi
+    if [ "$i" = 6 ]; then
+      rm -f "$tmp"
+      fail "cannot download $url after 6 tries (${err:-no error text}). Check that this host reaches it, then run $self again."
+    fi
     sleep $((i * 2))
   done
   if [ -n "$sum" ] && ! echo "$sum  $tmp" | sha256sum -c - >/dev/null; then
-    rm -f "$tmp"; echo "tandem: checksum mismatch for $url" >&2; exit 1
+    rm -f "$tmp"; fail "checksum mismatch for $url: the file is not the release it should be; check the URL and its SHA-256"
   fi
   chmod 0755 "$tmp"
   mv -f "$tmp" "$dest"
 }
 have() { [ -x "$1" ] && "$1" --version >/dev/null 2>&1; }
+runs() { # bin: it must run here (a too-old glibc shows up now, not as a restart loop)
+  local out
+  out=$("$1" --version 2>&1) || fail "$1 does not run on this host: ${out}. dstack-shim needs glibc 2.31 or newer (Ubuntu 20.04, Debian 11)."
+}
 mkdir -p /usr/local/bin {{printf "%q" .ShimHome}}
 {{- if .Baked}}
-have {{.ShimBin}} || {{if .ShimURL}}fetch '{{.ShimURL}}' {{.ShimBin}} '{{.ShimSHA256}}'{{else}}{ echo "tandem: {{.ShimBin}} is not baked into this image" >&2; exit 1; }{{end}}
-have {{.RunnerBin}} || {{if .RunnerURL}}fetch '{{.RunnerURL}}' {{.RunnerBin}} '{{.RunnerSHA256}}'{{else}}{ echo "tandem: {{.RunnerBin}} is not baked into this image" >&2; exit 1; }{{end}}
+have {{.ShimBin}} || {{if .ShimURL}}fetch '{{.ShimURL}}' {{.ShimBin}} '{{.ShimSHA256}}'{{else}}fail "{{.ShimBin}} is not baked into this image; build it with packer/ or render the payload with --shim-url"{{end}}
+have {{.RunnerBin}} || {{if .RunnerURL}}fetch '{{.RunnerURL}}' {{.RunnerBin}} '{{.RunnerSHA256}}'{{else}}fail "{{.RunnerBin}} is not baked into this image; build it with packer/ or render the payload with --runner-url"{{end}}
 {{- else}}
 fetch '{{.ShimURL}}' {{.ShimBin}} '{{.ShimSHA256}}'
 fetch '{{.RunnerURL}}' {{.RunnerBin}} '{{.RunnerSHA256}}'
 {{- end}}
+runs {{.ShimBin}}
+runs {{.RunnerBin}}
+docker_missing=
+if ! command -v dockerd >/dev/null; then
+{{- if .InstallDocker}}
+  command -v apt-get >/dev/null || fail "Docker is missing and this image has no apt-get to install it; use an image with Docker, then run $self again."
+  echo "tandem: installing Docker (docker.io)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get -q -o APT::Update::Error-Mode=any update >&2 || fail "cannot install Docker: apt-get update failed (see above). Check this host's package mirror, then run $self again."
+  apt-get -q -y install docker.io >&2 || fail "cannot install Docker: apt-get install docker.io failed (see above), then run $self again."
+{{- else}}
+  docker_missing=1
+{{- end}}
+fi
+if [ -z "$docker_missing" ]; then
+  systemctl enable --now docker.service >/dev/null 2>&1 || warn "Docker is installed but did not start: see systemctl status docker"
+fi
 {{- if .Firewall}}
 if command -v ufw >/dev/null; then
   ufw --force reset >/dev/null
@@ -234,19 +290,24 @@ if command -v ufw >/dev/null; then
 {{- end}}
   ufw --force enable
 else
-  echo "tandem: ufw not found; firewall left as is" >&2
+  warn "ufw not found; firewall left as is"
 fi
 {{- end}}
+systemctl daemon-reload
+systemctl enable --now dstack-shim.service || fail "dstack-shim did not start: see journalctl -u dstack-shim"
+if [ -n "$docker_missing" ]; then
+  fail "Docker is not installed, so no task can start; the shim runs and reports the instance unhealthy. Install it (apt-get install -y docker.io) or render the payload with tandem cloudinit --install-docker."
+fi
 `))
 
 type installerData struct {
 	VM
-	ShimBin, RunnerBin string
+	ShimBin, RunnerBin, Self string
 }
 
 func (v VM) installer() (string, error) {
 	var b bytes.Buffer
-	err := installerTmpl.Execute(&b, installerData{VM: v, ShimBin: shimBin, RunnerBin: runnerBin})
+	err := installerTmpl.Execute(&b, installerData{VM: v, ShimBin: shimBin, RunnerBin: runnerBin, Self: installBin})
 	return b.String(), err
 }
 
@@ -263,7 +324,9 @@ type cloudConfig struct {
 	Runcmd            [][]string  `yaml:"runcmd"`
 }
 
-var startCmds = [][]string{{installBin}, {"systemctl", "daemon-reload"}, {"systemctl", "enable", "--now", "dstack-shim.service"}}
+// startCmds: the installer alone, which enables the unit last, so that a
+// failed install leaves nothing enabled and fails cloud-init's runcmd.
+var startCmds = [][]string{{installBin}}
 
 // prepared fills defaults, validates, and renders the installer both
 // payloads carry.

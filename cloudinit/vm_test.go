@@ -61,7 +61,7 @@ func TestScriptAndUnit(t *testing.T) {
 	if !strings.Contains(s, "is not baked into this image") || strings.Contains(s, "fetch '") {
 		t.Fatalf("baked images use their binaries:\n%s", s)
 	}
-	for _, want := range []string{"Restart=always", "StartLimitIntervalSec=0", "After=network-online.target docker.service", "EnvironmentFile=/etc/dstack/shim.env"} {
+	for _, want := range []string{"Restart=always", "ConditionFileIsExecutable=/usr/local/bin/dstack-shim", "StartLimitBurst=20", "After=network-online.target docker.service", "EnvironmentFile=/etc/dstack/shim.env"} {
 		if !strings.Contains(unit, want) {
 			t.Fatalf("unit misses %s", want)
 		}
@@ -124,5 +124,47 @@ func TestPackerUnitIsTheSame(t *testing.T) {
 	baked.defaults()
 	if string(env) != baked.envLines() {
 		t.Fatalf("packer/files/shim.env differs from a baked VM's env:\n%s\nwant:\n%s", env, baked.envLines())
+	}
+}
+
+// The installer is one script that fails loudly: a missing downloader, a
+// missing Docker or a binary that does not run stop it before the unit is
+// enabled; --install-docker installs Docker with apt.
+func TestInstallerFailsLoudly(t *testing.T) {
+	v := sampleVM()
+	ud, err := v.UserData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(ud, "runcmd:\n    - - /usr/local/lib/tandem/install-agents.sh\n") {
+		t.Fatalf("runcmd must be the installer alone:\n%s", ud)
+	}
+	inst, err := v.installer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shellcheck(t, inst, "bash")
+	enable := strings.Index(inst, "systemctl enable --now dstack-shim.service")
+	for _, before := range []string{"fetch '", "runs /usr/local/bin/dstack-shim"} {
+		if i := strings.Index(inst, before); i < 0 || i > enable {
+			t.Fatalf("%q must come before the unit is enabled:\n%s", before, inst)
+		}
+	}
+	for _, want := range []string{"neither curl nor wget", "logger -p user.err -t tandem-install", "Docker is not installed", "glibc 2.31"} {
+		if !strings.Contains(inst, want) {
+			t.Fatalf("installer lacks %q", want)
+		}
+	}
+	if strings.Contains(inst, "apt-get -q -y install docker.io") {
+		t.Fatal("Docker is installed only when asked")
+	}
+	v.InstallDocker = true
+	inst, err = v.installer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	shellcheck(t, inst, "bash")
+	if !strings.Contains(inst, "apt-get -q -y install docker.io") || !strings.Contains(inst, "APT::Update::Error-Mode=any") {
+		t.Fatalf("--install-docker:\n%s", inst)
 	}
 }

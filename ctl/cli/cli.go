@@ -15,6 +15,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"golang.org/x/term"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/shimclient"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/ctl"
@@ -207,6 +208,9 @@ func infoCmd() *cli.Command {
 				if comps, err := s.Components(c.Context); err == nil {
 					out["components"] = comps
 				}
+				if h, err := s.InstanceHealth(c.Context); err == nil {
+					out["health"] = h
+				}
 				return writeJSON(c, out)
 			}
 			fmt.Fprintf(c.App.Writer, "shim:      %s %s (tandem %s)\n", hc.Service, hc.Version, cmp.Or(hc.TandemVersion, "unknown: not a Tandem shim"))
@@ -226,6 +230,29 @@ func infoCmd() *cli.Command {
 					fmt.Fprintf(c.App.Writer, "component: %s %s (%s)\n", cp.Name, cp.Version, cp.Status)
 				}
 			}
+			if h, err := s.InstanceHealth(c.Context); err == nil {
+				fmt.Fprintln(c.App.Writer, "health:    "+healthLine(h.DCGM))
+			}
 			return nil
 		}}
+}
+
+// healthLine is the instance health as the dstack server grades it, with
+// the first incident's message, the one the server shows.
+func healthLine(h *api.DCGMHealth) string {
+	if h == nil {
+		return "ok"
+	}
+	grade := map[int]string{0: "ok", 10: "warning", 20: "failure"}[h.OverallHealth]
+	if grade == "" {
+		grade = fmt.Sprintf("unknown (%d)", h.OverallHealth)
+	}
+	if len(h.Incidents) == 0 {
+		return grade
+	}
+	line := grade + ": " + h.Incidents[0].ErrorMessage
+	if n := len(h.Incidents) - 1; n > 0 {
+		line += fmt.Sprintf(" (and %d more)", n)
+	}
+	return line
 }

@@ -21,6 +21,7 @@ func cloudinitCmd() *cli.Command {
 			&cli.StringFlag{Name: "shim-sha256", Usage: "expected SHA-256 of dstack-shim"},
 			&cli.StringFlag{Name: "runner-sha256", Usage: "expected SHA-256 of dstack-runner"},
 			&cli.BoolFlag{Name: "baked", Usage: "the image has the binaries (Packer); URLs only fill gaps"},
+			&cli.BoolFlag{Name: "install-docker", Usage: "install docker.io with apt when the image has no Docker (otherwise the instance reports unhealthy)"},
 			&cli.StringFlag{Name: "shim-home", Value: "/root/.dstack", Usage: "DSTACK_SHIM_HOME"},
 			&cli.StringFlag{Name: "log-level", Value: "5", Usage: "shim and runner log level"},
 			&cli.BoolFlag{Name: "privileged", Usage: "run every container privileged"},
@@ -34,7 +35,8 @@ func cloudinitCmd() *cli.Command {
 			v := cloudinit.VM{ShimURL: c.String("shim-url"), RunnerURL: c.String("runner-url"), ShimSHA256: c.String("shim-sha256"),
 				RunnerSHA256: c.String("runner-sha256"), Baked: c.Bool("baked"), ShimHome: c.String("shim-home"), LogLevel: c.String("log-level"),
 				Privileged: c.Bool("privileged"), PJRTDevice: c.String("pjrt-device"), Firewall: c.Bool("firewall"),
-				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: c.StringSlice("authorized-key"), Env: map[string]string{}}
+				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: c.StringSlice("authorized-key"), Env: map[string]string{},
+				InstallDocker: c.Bool("install-docker")}
 			if err := parseEnv(c.StringSlice("env"), v.Env); err != nil {
 				return exitError{ctl.ExitFailure, err.Error()}
 			}

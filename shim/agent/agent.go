@@ -186,11 +186,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 
-	var health func(context.Context) *api.DCGMHealth
+	health := instanceHealth{docker: rt.Ping}
 	var taskMetrics func(context.Context, []string) (string, bool, error)
 	if vendor == api.GPUVendorNVIDIA {
 		xids := nvmlSrc.WatchXIDs(ctx)
-		health = func(context.Context) *api.DCGMHealth { return nvmlSrc.Health(xids()) }
+		health.gpus = func(context.Context) *api.DCGMHealth { return nvmlSrc.Health(xids()) }
 		m := &gpu.Metrics{NVML: nvmlSrc, Interval: 5 * time.Second}
 		exp := &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", cfg.DCGMExporterPort), Interval: 5 * time.Second}
 		taskMetrics = func(ctx context.Context, ids []string) (string, bool, error) {
@@ -226,7 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 			return api.InstanceHostResponse{Hostname: name, Addresses: addrs, GPUCount: len(gpus)}, err
 		},
 		GPUIDs:            engine.GPUIDs,
-		Health:            health,
+		Health:            health.check,
 		TaskMetrics:       taskMetrics,
 		Shutdown:          sd.request,
 		Log:               log,

@@ -148,8 +148,12 @@ type task struct {
 	volumes   []string                  // volumes that may be mounted for it
 	released  bool                      // GPUs and keys given back
 	watched   bool                      // a goroutine waits for its container
-	dirty     bool                      // a newer state awaits writing
-	writing   bool                      // a background writer runs
+	// noContainer: the pipeline never reached create, so Docker holds
+	// nothing of this task and removing it needs no Docker (which may be
+	// the very thing that is missing).
+	noContainer bool
+	dirty       bool // a newer state awaits writing
+	writing     bool // a background writer runs
 
 	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu)
 }
@@ -214,6 +218,8 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		tracker:   pull.NewTracker(e.now),
 		cancelPre: cancel,
 		done:      make(chan struct{}),
+
+		noContainer: true,
 	}
 	e.tasks[cfg.ID] = t
 	info := e.infoLocked(t)

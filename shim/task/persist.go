@@ -103,7 +103,7 @@ func (e *Engine) save(t *task) error {
 	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
 		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
 		Volumes: slices.Clone(t.volumes), Released: t.released, StopRequest: t.stopReq, PasswordHash: t.pwHash,
-		SubmittedAt: t.created, Job: t.job}
+		SubmittedAt: t.created, Job: t.job, NoContainer: t.noContainer}
 	e.mu.RUnlock()
 	if err := e.recs.save(rec); err != nil {
 		e.log.Error("persist task", "task_id", t.cfg.ID, "status", rec.Status, "err", err)

@@ -258,7 +258,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	}
 
 	mark("pull")
-	if err := e.commit(t, api.TaskCreating, nil); err != nil {
+	if err := e.commit(t, api.TaskCreating, func() { t.noContainer = false }); err != nil {
 		return aborted()
 	}
 	spec := e.containerSpec(t, dir, gpuIDs)

@@ -40,6 +40,9 @@ type record struct {
 	StopRequest   *api.TaskTerminateRequest `json:"stop_request,omitempty"`
 	SubmittedAt   time.Time                 `json:"submitted_at,omitzero"`
 	Job           *api.JobStateEvent        `json:"job,omitempty"` // the job's final state
+	// NoContainer: the task ended before create; trusted only together
+	// with a terminated status (see restore).
+	NoContainer bool `json:"no_container,omitempty"`
 }
 
 const recordVersion = 1

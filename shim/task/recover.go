@@ -129,6 +129,9 @@ func (e *Engine) restored(l loaded) *task {
 	if t.name == "" {
 		t.name = ContainerName(r.Config.Name, r.Config.ID)
 	}
+	// A record written before the task ended may predate its create: only
+	// a terminated one is sure that Docker never got a container.
+	t.noContainer = r.NoContainer && r.Status == api.TaskTerminated
 	return t
 }
 

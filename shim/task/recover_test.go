@@ -3,6 +3,7 @@ package task
 import (
 	"context"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -166,5 +167,70 @@ func TestTombstonesAreBounded(t *testing.T) {
 	e.mu.Unlock()
 	if n > maxTombstones || first || !last || expired {
 		t.Fatalf("n=%d first=%v last=%v expired=%v", n, first, last, expired)
+	}
+}
+
+// dockerDown answers every Docker call with the error a host without a
+// daemon gives, and counts the removes it was asked for.
+type dockerDown struct {
+	*stepRuntime
+	removes int
+}
+
+var errNoDaemon = errors.New("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?")
+
+func (d *dockerDown) ImagePresent(context.Context, string) (bool, error) { return false, errNoDaemon }
+func (d *dockerDown) Pull(context.Context, string, RegistryAuth) (io.ReadCloser, error) {
+	return nil, errNoDaemon
+}
+func (d *dockerDown) Remove(context.Context, string) error { d.removes++; return errNoDaemon }
+func (d *dockerDown) Containers(context.Context) ([]ContainerState, error) {
+	return nil, errNoDaemon
+}
+
+// TestTaskWithoutContainerIsRemovedWithoutDocker: on a host whose Docker is
+// missing, a task fails before create; removing it must not need Docker,
+// neither at once nor after a restart, while a task that reached create
+// still asks Docker.
+func TestTaskWithoutContainerIsRemovedWithoutDocker(t *testing.T) {
+	rt := &dockerDown{stepRuntime: newStepRuntime()}
+	e1, _ := newEngine(t, rt)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		if _, err := e1.Submit(api.TaskConfig{ID: id, Name: id, ImageName: "img"}); err != nil {
+			t.Fatal(err)
+		}
+		info := waitStatus(t, e1, id, api.TaskTerminated)
+		if !strings.Contains(info.TerminationMessage, "Cannot connect to the Docker daemon") {
+			t.Fatalf("the task must say why: %+v", info)
+		}
+	}
+	if err := e1.Remove(ctx, "a"); err != nil {
+		t.Fatalf("remove without Docker: %v", err)
+	}
+	e1.Sync()
+	e2 := New(e1.cfg, rt, gpu.NewLocks(nil), nil, logging.Discard())
+	t.Cleanup(e2.Sync)
+	_ = e2.Restore(ctx) // Docker's half is incomplete; the records load
+	if err := e2.Remove(ctx, "b"); err != nil {
+		t.Fatalf("remove after a restart without Docker: %v", err)
+	}
+	if rt.removes != 0 {
+		t.Fatalf("Docker was asked to remove %d containers that never existed", rt.removes)
+	}
+	if _, err := os.Stat(filepath.Join(e1.cfg.Home, "tasks", "b.json")); !os.IsNotExist(err) {
+		t.Fatalf("the record stays: %v", err)
+	}
+
+	// A record from before its task ended may predate create: Docker is asked.
+	e3, _ := newEngine(t, rt)
+	if _, err := e3.Submit(api.TaskConfig{ID: "c", Name: "c", ImageName: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e3, "c", api.TaskTerminated)
+	e3.Sync()
+	l := loaded{rec: record{Config: api.TaskConfig{ID: "c", Name: "c"}, Status: api.TaskCreating, NoContainer: true}}
+	if e3.restored(l).noContainer {
+		t.Fatal("a creating record must not be trusted to have no container")
 	}
 }

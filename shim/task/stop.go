@@ -82,8 +82,10 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	// By name: it also finds a container whose id was never recorded. A
 	// task restored from an unreadable record has neither name nor dir.
 	if t.name != "" {
-		if err := e.rt.Remove(ctx, t.name); err != nil {
-			return err
+		if !t.noContainer {
+			if err := e.rt.Remove(ctx, t.name); err != nil {
+				return err
+			}
 		}
 		if dir, err := e.runnerDir(t); err == nil {
 			if err := os.RemoveAll(dir); err != nil {

@@ -1,0 +1,65 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/docker/docker/client"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// DCGM's health results (dcgmHealthWatchResult), the values the dstack
+// server accepts in /api/instance/health.
+const (
+	healthPass = 0
+	healthFail = 20
+)
+
+// instanceHealth answers /api/instance/health in DCGM's shape, the only
+// health the dstack server reads: a Docker that does not answer makes the
+// instance a failure whose first incident (the message the server shows)
+// says why and how to fix it; GPU health, where there is any, follows.
+// With neither a problem nor GPUs it is null, as dstack's shim answers.
+type instanceHealth struct {
+	docker  func(context.Context) error           // Docker's ping
+	gpus    func(context.Context) *api.DCGMHealth // nil without NVIDIA GPUs
+	timeout time.Duration                         // for the ping; default 5 s
+}
+
+func (h instanceHealth) check(ctx context.Context) *api.DCGMHealth {
+	var g *api.DCGMHealth
+	if h.gpus != nil {
+		g = h.gpus(ctx)
+	}
+	if h.docker == nil {
+		return g
+	}
+	pctx, cancel := context.WithTimeout(ctx, cmpDur(h.timeout, 5*time.Second))
+	err := h.docker(pctx)
+	cancel()
+	if err == nil {
+		return g
+	}
+	out := &api.DCGMHealth{OverallHealth: healthFail, Incidents: []api.DCGMIncident{{Health: healthFail, ErrorMessage: dockerProblem(err)}}}
+	if g != nil {
+		out.Incidents = append(out.Incidents, g.Incidents...)
+	}
+	return out
+}
+
+// dockerProblem is the incident's message: what is wrong and the fix.
+func dockerProblem(err error) string {
+	if client.IsErrConnectionFailed(err) {
+		return fmt.Sprintf("Docker is not running on this host, so no task can start (%v). Install and start it: apt-get install -y docker.io && systemctl enable --now docker (or render the cloud-init payload with tandem cloudinit --install-docker)", err)
+	}
+	return fmt.Sprintf("Docker does not answer, so no task can start: %v. Check it with systemctl status docker and journalctl -u docker", err)
+}
+
+func cmpDur(d, def time.Duration) time.Duration {
+	if d > 0 {
+		return d
+	}
+	return def
+}
