@@ -3,7 +3,7 @@
 # what is missing, and makes sure a Docker daemon answers.
 set -eu
 
-PACKAGES="docker.io docker-registry busybox-static openssh-client openssh-server rsync git fdisk cloud-init packer debootstrap shellcheck apache2-utils e2fsprogs util-linux iproute2 ca-certificates gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd prometheus jq"
+PACKAGES="docker.io docker-registry busybox-static openssh-client openssh-server rsync git fdisk cloud-init packer debootstrap shellcheck apache2-utils e2fsprogs util-linux iproute2 ca-certificates gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd prometheus jq qemu-system-x86 qemu-utils genisoimage xorriso socat"
 STATICCHECK_VERSION="${STATICCHECK_VERSION:-v0.8.2}"
 
 log() { printf 'deps: %s\n' "$*" >&2; }

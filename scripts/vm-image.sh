@@ -30,7 +30,7 @@ trap cleanup EXIT INT TERM
 
 # python3-cffi-backend: debootstrap does not resolve the virtual package
 # python3-cryptography needs (cloud-init).
-packages=python3-cffi-backend,systemd-sysv,udev,dbus,linux-image-cloud-amd64,initramfs-tools,cloud-init,openssh-server,docker.io,apparmor,curl,ca-certificates,iproute2,sudo,netbase,procps,less
+packages=python3-cffi-backend,locales,systemd-sysv,udev,dbus,linux-image-cloud-amd64,initramfs-tools,cloud-init,openssh-server,docker.io,apparmor,curl,ca-certificates,iproute2,sudo,netbase,procps,less
 
 rootfs_tar() {
 	[ -f "$dir/rootfs.tar" ] && return 0
@@ -50,10 +50,6 @@ rootfs_tar() {
 	printf '[Match]\nName=en* eth*\n\n[Network]\nDHCP=yes\n' >"$r/etc/systemd/network/10-dhcp.network"
 	chroot "$r" systemctl enable systemd-networkd.service >/dev/null 2>&1
 	printf 'nameserver 10.0.2.3\n' >"$r/etc/resolv.conf"
-	cat >"$r/etc/cloud/cloud.cfg.d/90-tandem-vm.cfg" <<-'CFG'
-		datasource_list: [NoCloud, None]
-		network: {config: disabled}
-	CFG
 	printf 'deb http://10.0.2.100/debian bookworm main\n' >"$r/etc/apt/sources.list"
 	rm -f "$r"/etc/ssh/ssh_host_* "$r/var/lib/dbus/machine-id"
 	: >"$r/etc/machine-id"
@@ -70,13 +66,21 @@ image() { # variant
 	rm -rf "$r"
 	mkdir -p "$r"
 	tar -C "$r" --numeric-owner -xf "$dir/rootfs.tar"
+	# What a cloud's image configures: its datasource, the network left to
+	# the image, /etc/hosts with the hostname, a locale that exists.
+	cat >"$r/etc/cloud/cloud.cfg.d/90-tandem-vm.cfg" <<-'CFG'
+		datasource_list: [NoCloud, None]
+		network: {config: disabled}
+		manage_etc_hosts: true
+		locale: C.UTF-8
+	CFG
 	case "$1" in
 	full) ;;
 	nocurl) chroot "$r" dpkg --purge curl >/dev/null ;;
 	nodocker) chroot "$r" dpkg --purge docker.io containerd runc tini >/dev/null ;;
 	*) echo "vm-image: unknown variant $1" >&2; exit 2 ;;
 	esac
-	if [ ! -f "$dir/vmlinuz" ]; then
+	if [ ! -f "$dir/vmlinuz" ] || [ ! -f "$dir/initrd.img" ]; then
 		for k in "$r"/boot/vmlinuz-*; do cp "$k" "$dir/vmlinuz"; done
 		for k in "$r"/boot/initrd.img-*; do cp "$k" "$dir/initrd.img"; done
 	fi
