@@ -226,14 +226,14 @@ warn() {
 download() { # url dest
   if command -v curl >/dev/null; then
     curl -fsSL --connect-timeout 10 -m 600 -o "$2" "$1"
-  elif command -v wget >/dev/null; then
-    wget -q -T 10 -O "$2" "$1"
   else
-    fail "cannot download $1: this image has neither curl nor wget. Install curl (apt-get install -y curl), or use an image with the agents baked in (packer/), then run $self again."
+    wget -q -T 10 -O "$2" "$1"
   fi
 }
 fetch() { # url dest sha256
   local url=$1 dest=$2 sum=$3 tmp i err
+  command -v curl >/dev/null || command -v wget >/dev/null ||
+    fail "cannot download $url: this image has neither curl nor wget. Install curl (apt-get install -y curl), or use an image with the agents baked in (packer/), then run $self again."
   tmp=$(mktemp "${dest}.XXXXXX")
   for i in 1 2 3 4 5 6; do
     if err=$(download "$url" "$tmp" 2>&1); then break; fi

@@ -1,7 +1,9 @@
 #!/bin/bash
 # Base packages and kernel tuning for GPU job hosts. Idempotent.
 set -euo pipefail
-apt-get update -qq
+# Error-Mode=any: a list that cannot be fetched (no DNS, a dead mirror)
+# fails the build instead of installing from stale lists.
+apt-get -o APT::Update::Error-Mode=any update -qq
 apt-get install -y -qq --no-install-recommends ca-certificates curl gnupg jq ufw
 cat > /etc/sysctl.d/90-tandem.conf <<'CONF'
 # Tandem: many containers, big models, busy networks.

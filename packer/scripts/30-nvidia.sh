@@ -8,6 +8,10 @@ if [ "${FLAVOR:-cpu}" != "nvidia" ]; then
   exit 0
 fi
 : "${NVIDIA_DRIVER_VERSION:?set NVIDIA_DRIVER_VERSION}"
+if [ "${OS:-ubuntu}" != "ubuntu" ]; then
+  echo "flavor nvidia: the driver packages (nvidia-driver-N-server) are Ubuntu's; build the nvidia flavor with os=ubuntu" >&2
+  exit 1
+fi
 apt-get install -y -qq --no-install-recommends "nvidia-driver-${NVIDIA_DRIVER_VERSION}-server" "nvidia-utils-${NVIDIA_DRIVER_VERSION}-server"
 
 keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
@@ -16,7 +20,7 @@ if [ ! -f "$keyring" ]; then
 fi
 curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \
   | sed "s#deb https://#deb [signed-by=${keyring}] https://#g" > /etc/apt/sources.list.d/nvidia-container-toolkit.list
-apt-get update -qq
+apt-get -o APT::Update::Error-Mode=any update -qq
 apt-get install -y -qq --no-install-recommends nvidia-container-toolkit
 nvidia-ctk runtime configure --runtime=docker
 

@@ -1,0 +1,137 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+// TestPackerImage builds the Packer template's qemu source, os=debian, on
+// the stock Debian guest (the template's scripts run unchanged, apt
+// through the test's mirror proxy), then boots the image it made the way
+// a cloud would and runs a job on it.
+func TestPackerImage(t *testing.T) {
+	testenv.RequireDocker(t)
+	if _, err := exec.LookPath("packer"); err != nil {
+		if testenv.InCI() {
+			t.Fatal("packer missing (make deps installs it)")
+		}
+		t.Skip("packer missing (make deps installs it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	s := newStack(t)
+	img := testenv.Guest(t, "full")
+	image := testenv.Busybox(t)
+	dir := t.TempDir()
+
+	// The build logs in with a key of its own, through a NoCloud seed.
+	key := filepath.Join(dir, "build_key")
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v %s", err, out)
+	}
+	pub, _ := os.ReadFile(key + ".pub")
+	seed := filepath.Join(dir, "seed")
+	_ = os.MkdirAll(seed, 0o755)
+	_ = os.WriteFile(filepath.Join(seed, "user-data"), []byte("#cloud-config\nssh_authorized_keys:\n  - "+strings.TrimSpace(string(pub))+"\n"), 0o644)
+	_ = os.WriteFile(filepath.Join(seed, "meta-data"), []byte("instance-id: packer-build\nlocal-hostname: packer-build\n"), 0o644)
+
+	out := filepath.Join(dir, "out")
+	netdev := fmt.Sprintf("user,id=user.0,restrict=on,hostfwd=tcp:127.0.0.1:{{ .SSHHostPort }}-:22,guestfwd=tcp:%s:80-cmd:socat - TCP:127.0.0.1:%d", testenv.GuestAddr, s.port)
+	vars := fmt.Sprintf(`os = "debian"
+os_version = "12"
+bin_dir = %q
+qemu_image_url = %q
+qemu_ssh_key = %q
+qemu_seed_files = [%q, %q]
+qemu_accelerator = "tcg"
+qemu_output_dir = %q
+qemu_args = [
+  ["-m", "2048"], ["-smp", "2"],
+  ["-kernel", %q], ["-initrd", %q], ["-append", "root=/dev/vda rw console=ttyS0 quiet"],
+  ["-netdev", %q], ["-device", "virtio-net-pci,netdev=user.0,romfile="],
+  ["-serial", %q],
+]
+`, filepath.Dir(s.bins.Shim), img.Root, key, filepath.Join(seed, "user-data"), filepath.Join(seed, "meta-data"), out,
+		img.Kernel, img.Initrd, netdev, "file:"+filepath.Join(dir, "build-console.log"))
+	varFile := filepath.Join(dir, "test.pkrvars.hcl")
+	if err := os.WriteFile(varFile, []byte(vars), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.CommandContext(ctx, "packer", "build", "-only=qemu.tandem", "-var-file="+varFile, ".")
+	build.Dir = filepath.Join(moduleRoot(t), "packer")
+	build.Env = append(os.Environ(), "PACKER_CACHE_DIR="+filepath.Join(dir, "cache"), "CHECKPOINT_DISABLE=1", "PACKER_NO_COLOR=1")
+	testenv.Isolate(build)
+	build.Cancel = func() error { return syscall.Kill(-build.Process.Pid, syscall.SIGKILL) }
+	start := time.Now()
+	log, err := build.CombinedOutput()
+	if err != nil {
+		console, _ := os.ReadFile(filepath.Join(dir, "build-console.log"))
+		t.Fatalf("packer build: %v\n%s\nconsole:\n%s", err, lastLines(string(log), 60), lastLines(string(console), 30))
+	}
+	t.Logf("packer build (TCG, 2 vCPUs): %s", time.Since(start).Round(time.Second))
+	for _, want := range []string{"00-wait-cloud-init.sh", "status: done", "dstack-shim version", "flavor cpu: no NVIDIA stack"} {
+		if !strings.Contains(string(log), want) {
+			t.Fatalf("packer build output lacks %q:\n%s", want, lastLines(string(log), 60))
+		}
+	}
+	built, _ := filepath.Glob(filepath.Join(out, "tandem-debian-12-cpu-*.qcow2"))
+	if len(built) != 1 {
+		entries, _ := os.ReadDir(out)
+		t.Fatalf("the image is named after its OS: tandem-debian-12-cpu-*.qcow2, have %v", entries)
+	}
+
+	// The image boots like a cloud VM whose user-data is tandem cloudinit
+	// --baked: the agents are there, nothing is downloaded.
+	v := testenv.NewVM(t)
+	ud, err := exec.Command(s.bins.Tandem, "cloudinit", "--baked", "--authorized-key", v.PublicKey).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	v.Boot(testenv.BootOptions{Disk: built[0], DiskFormat: "qcow2", Kernel: img.Kernel, Initrd: img.Initrd, UserData: string(ud)})
+	v.WaitSSH(ctx, 4*time.Minute)
+	if status, failed := v.WaitCloudInit(ctx); failed {
+		t.Fatalf("cloud-init on the Packer image: %s\n%s", status, v.MustRun(ctx, "tail -n 30 /var/log/cloud-init-output.log"))
+	}
+	waitActive(t, ctx, v, time.Minute)
+	t.Logf("Packer image: shim active and answering %s after boot", time.Since(start).Round(time.Second))
+	if got := v.MustRun(ctx, "cat /etc/docker/daemon.json"); !strings.Contains(got, `"live-restore": true`) {
+		t.Fatalf("20-docker.sh's daemon.json: %s", got)
+	}
+	loadImage(t, ctx, v, image)
+	o, errb, err := tandem(ctx, s, v, append([]string{"run"}, append(sshFlags(v), "--image", image, "--", "/bin/sh", "-c", "echo baked job ran")...)...)
+	if err != nil || !strings.Contains(o, "baked job ran") {
+		t.Fatalf("tandem run on the Packer image: %v\n%s\n%s", err, o, errb)
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func moduleRoot(t *testing.T) string {
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := wd; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	t.Fatal("no go.mod above " + wd)
+	return ""
+}
