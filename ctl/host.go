@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,6 +51,7 @@ type host struct {
 	docker   string // server version
 	dockerOK bool
 	dockerNo string // why not
+	glibc    string // "2.36"; empty: none found (musl, or no getconf)
 }
 
 const hostPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH; "
@@ -72,7 +74,7 @@ func connectHost(ctx context.Context, o HostOptions) (*host, error) {
 		return nil, err
 	}
 	h := &host{t: t}
-	probe := `echo "arch=$(uname -m)"; echo "uid=$(id -u)"
+	probe := `echo "arch=$(uname -m)"; echo "uid=$(id -u)"; echo "glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null)"
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then echo systemd=1; else echo systemd=0; fi
 if command -v docker >/dev/null 2>&1; then
   if v=$(docker version --format '{{.Server.Version}}' 2>&1); then echo "docker=$v"; else echo "docker_error=$(echo "$v" | tr '\n' ' ')"; fi
@@ -113,8 +115,65 @@ func (h *host) parseProbe(out string) error {
 		h.sudo = true
 	}
 	h.systemd = kv["systemd"] == "1"
+	h.glibc = strings.TrimPrefix(kv["glibc"], "glibc ")
 	h.docker, h.dockerOK, h.dockerNo = kv["docker"], kv["docker"] != "", kv["docker_error"]
 	return nil
+}
+
+// canRun refuses a host whose C library is older than the one the
+// (cgo-linked) binary was built against: the loader would refuse it at
+// every start, and systemd would restart it until it gave up.
+func (h *host) canRun(bin string) error {
+	need, err := glibcNeeded(bin)
+	if err != nil || need == "" {
+		return err // a static binary needs no C library
+	}
+	switch {
+	case h.glibc == "":
+		return fmt.Errorf("%s needs glibc %s and the host has no glibc (getconf GNU_LIBC_VERSION answered nothing; musl-based systems such as Alpine cannot run it)", filepath.Base(bin), need)
+	case versionLess(h.glibc, need):
+		return fmt.Errorf("%s needs glibc %s, the host has %s: use a release built for older hosts (make release builds the shim against glibc 2.31: Ubuntu 20.04, Debian 11)", filepath.Base(bin), need, h.glibc)
+	}
+	return nil
+}
+
+// glibcNeeded is the newest GLIBC_x.y symbol version that an ELF binary
+// imports, or "" for one that needs no glibc.
+func glibcNeeded(file string) (string, error) {
+	f, err := elf.Open(file)
+	if err != nil {
+		return "", fmt.Errorf("%s: %w", file, err)
+	}
+	defer f.Close()
+	syms, err := f.ImportedSymbols()
+	if err != nil {
+		return "", nil // no dynamic symbols: static
+	}
+	need := ""
+	for _, s := range syms {
+		if v, ok := strings.CutPrefix(s.Version, "GLIBC_"); ok && (need == "" || versionLess(need, v)) {
+			need = v
+		}
+	}
+	return need, nil
+}
+
+// versionLess compares dotted decimal versions ("2.9" < "2.31").
+func versionLess(a, b string) bool {
+	as, bs := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < len(as) || i < len(bs); i++ {
+		var x, y int
+		if i < len(as) {
+			x, _ = strconv.Atoi(as[i])
+		}
+		if i < len(bs) {
+			y, _ = strconv.Atoi(bs[i])
+		}
+		if x != y {
+			return x < y
+		}
+	}
+	return false
 }
 
 // elfMachine maps our arch names to ELF machines.
@@ -235,6 +294,9 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 	shimBin, runnerBin, err := o.binaries(h.arch)
 	if err != nil {
 		return rep, err
+	}
+	if err := h.canRun(shimBin); err != nil {
+		return rep, fmt.Errorf("%s: %w", o.Target.Target, err)
 	}
 	o.status("host %s: %s, Docker %s, %s", o.Target.Target, h.arch, h.docker, map[bool]string{true: "systemd", false: "no systemd (supervisor script)"}[h.useSystemd(o.Layout)])
 	l := o.Layout

@@ -39,3 +39,36 @@ func TestHostProbe(t *testing.T) {
 		}
 	}
 }
+
+func TestGlibcCheck(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		less bool
+	}{{"2.9", "2.31", true}, {"2.31", "2.31", false}, {"2.34", "2.31", false}, {"2.31", "2.31.1", true}, {"3", "2.99", false}} {
+		if got := versionLess(tc.a, tc.b); got != tc.less {
+			t.Errorf("versionLess(%s, %s) = %v", tc.a, tc.b, got)
+		}
+	}
+	// A binary of this machine's (glibc, dynamically linked) needs some
+	// GLIBC_ version; a host without glibc or with an older one is refused.
+	need, err := glibcNeeded("/bin/ls")
+	if err != nil || need == "" {
+		t.Fatalf("glibcNeeded(/bin/ls) = %q, %v", need, err)
+	}
+	h := &host{glibc: ""}
+	if err := h.canRun("/bin/ls"); err == nil || !strings.Contains(err.Error(), "has no glibc") {
+		t.Fatalf("no glibc: %v", err)
+	}
+	h.glibc = "2.1"
+	if err := h.canRun("/bin/ls"); err == nil || !strings.Contains(err.Error(), "needs glibc "+need+", the host has 2.1") {
+		t.Fatalf("old glibc: %v", err)
+	}
+	h.glibc = need
+	if err := h.canRun("/bin/ls"); err != nil {
+		t.Fatal(err)
+	}
+	var probe host
+	if err := probe.parseProbe("arch=x86_64\nuid=0\nglibc=glibc 2.31\nsystemd=1\n"); err != nil || probe.glibc != "2.31" {
+		t.Fatalf("probe: %+v %v", probe, err)
+	}
+}

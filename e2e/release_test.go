@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -401,4 +402,62 @@ func (p *restartableShim) stop() {
 		<-p.exited
 		p.cmd = nil
 	}
+}
+
+// TestReleaseShimStartsOnGlibc231: the released amd64 shim (cgo, for NVML)
+// starts in a Debian 11 root (glibc 2.31, as Ubuntu 20.04), and asks no
+// newer GLIBC_ symbol version than 2.31 of it.
+func TestReleaseShimStartsOnGlibc231(t *testing.T) {
+	bin := testenv.Dist(t, version.ProtocolLevel)
+	out, err := exec.Command(filepath.Join(moduleRootDir(t), "scripts", "sysroot.sh")).Output()
+	if err != nil {
+		t.Fatalf("sysroot.sh: %v", err)
+	}
+	root := strings.TrimSpace(string(out))
+	libc, err := exec.Command("chroot", root, "getconf", "GNU_LIBC_VERSION").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(libc)) != "glibc 2.31" {
+		t.Fatalf("the Debian 11 root: %v %s", err, libc)
+	}
+	dir, err := os.MkdirTemp(filepath.Join(root, "tmp"), "shim-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b, err := os.ReadFile(filepath.Join(bin, "dstack-shim-linux-amd64"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "dstack-shim"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	inRoot := "/" + filepath.Join(strings.TrimPrefix(dir, root), "dstack-shim")
+	got, err := exec.Command("chroot", root, inRoot, "--version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(got), "dstack-shim version ") {
+		t.Fatalf("the release shim on glibc 2.31: %v\n%s", err, got)
+	}
+	dyn, err := exec.Command("objdump", "-T", filepath.Join(dir, "dstack-shim")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range strings.Fields(string(dyn)) {
+		v, ok := strings.CutPrefix(strings.Trim(f, "()"), "GLIBC_2.")
+		if !ok {
+			continue
+		}
+		minor, _, _ := strings.Cut(v, ".")
+		if n, _ := strconv.Atoi(minor); n > 31 {
+			t.Fatalf("the shim imports %s, newer than glibc 2.31", f)
+		}
+	}
+}
+
+func moduleRootDir(t *testing.T) string {
+	wd, _ := os.Getwd()
+	for d := wd; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	t.Fatal("no go.mod")
+	return ""
 }

@@ -27,14 +27,20 @@ pkg=github.com/tandem-run/tandem
 ldflags="-s -w -buildid= -X $pkg/common/version.dstack=$version -X $pkg/common/version.tandem=$tandem"
 export CGO_CFLAGS="-O2 -Wno-deprecated-declarations"
 
-build() { # dir goos goarch cgo cc name package
-	CGO_ENABLED="$4" CC="$5" GOOS="$2" GOARCH="$3" \
+build() { # dir goos goarch cgo cc name package [cgo ldflags]
+	CGO_ENABLED="$4" CC="$5" CGO_LDFLAGS="${8:-}" GOOS="$2" GOARCH="$3" \
 		go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$1/$6" "$7"
 }
 
+# The amd64 shim is linked against Debian 11's glibc 2.31 (scripts/sysroot.sh)
+# so that it starts on Ubuntu 20.04 / Debian 11 and newer. libpthread and
+# libdl are named: before glibc 2.34 they were not part of libc.
+sysroot=$(./scripts/sysroot.sh)
+cc231="gcc --sysroot=$sysroot -B$sysroot/usr/lib/x86_64-linux-gnu/ -L$sysroot/usr/lib/x86_64-linux-gnu"
+
 build_all() { # dir
 	mkdir -p "$1"
-	build "$1" linux amd64 1 gcc dstack-shim-linux-amd64 ./cmd/dstack-shim
+	build "$1" linux amd64 1 "$cc231" dstack-shim-linux-amd64 ./cmd/dstack-shim "-Wl,--no-as-needed -lpthread -ldl"
 	build "$1" linux arm64 1 aarch64-linux-gnu-gcc dstack-shim-linux-arm64 ./cmd/dstack-shim
 	for arch in amd64 arm64; do
 		build "$1" linux "$arch" 0 "" "dstack-runner-linux-$arch" ./cmd/dstack-runner

@@ -16,7 +16,7 @@ func cloudinitCmd() *cli.Command {
 		Usage: "render VM user-data (#cloud-config) or a startup script that installs and supervises dstack-shim",
 		Flags: []cli.Flag{
 			&cli.BoolFlag{Name: "script", Usage: "render a bash startup script instead of cloud-config"},
-			&cli.StringFlag{Name: "shim-url", Usage: "download URL of the static dstack-shim"},
+			&cli.StringFlag{Name: "shim-url", Usage: "download URL of dstack-shim (a release build: starts on glibc 2.31 or newer)"},
 			&cli.StringFlag{Name: "runner-url", Usage: "download URL of the static dstack-runner"},
 			&cli.StringFlag{Name: "shim-sha256", Usage: "expected SHA-256 of dstack-shim"},
 			&cli.StringFlag{Name: "runner-sha256", Usage: "expected SHA-256 of dstack-runner"},

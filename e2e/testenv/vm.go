@@ -91,13 +91,12 @@ func GuestServer(t testing.TB, files map[string]string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := httputil.NewSingleHostReverseProxy(up)
-	base := proxy.Director
-	proxy.Director = func(r *http.Request) {
-		r.URL.Path = strings.TrimPrefix(r.URL.Path, "/debian")
-		base(r)
-		r.Host = up.Host
-	}
+	proxy := &httputil.ReverseProxy{Rewrite: func(r *httputil.ProxyRequest) {
+		r.Out.URL.Path = strings.TrimPrefix(r.In.URL.Path, "/debian")
+		r.Out.URL.RawPath = ""
+		r.SetURL(up)
+		r.Out.Host = up.Host
+	}}
 	mux := http.NewServeMux()
 	mux.Handle("/debian/", proxy)
 	mux.HandleFunc("/files/", func(w http.ResponseWriter, r *http.Request) {

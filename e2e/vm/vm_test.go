@@ -187,7 +187,7 @@ func TestCloudInitVMFailures(t *testing.T) {
 			t.Fatalf("cloud-init must report the failed install:\n%s", status)
 		}
 		journal := v.MustRun(ctx, "journalctl -t tandem-install --no-pager -o cat")
-		if !strings.Contains(journal, "neither curl nor wget") || !strings.Contains(journal, "apt-get install -y curl") {
+		if strings.Count(journal, "neither curl nor wget") != 1 || !strings.Contains(journal, "apt-get install -y curl") {
 			t.Fatalf("the journal must say what failed and the fix:\n%s", journal)
 		}
 		t.Logf("the user sees (journal, cloud-init-output.log): %s", strings.TrimSpace(journal))

@@ -177,6 +177,7 @@ type dockerDown struct {
 	removes int
 }
 
+//lint:ignore ST1005 Docker's own message, word for word
 var errNoDaemon = errors.New("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?")
 
 func (d *dockerDown) ImagePresent(context.Context, string) (bool, error) { return false, errNoDaemon }
