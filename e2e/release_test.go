@@ -409,7 +409,7 @@ func (p *restartableShim) stop() {
 // newer GLIBC_ symbol version than 2.31 of it.
 func TestReleaseShimStartsOnGlibc231(t *testing.T) {
 	bin := testenv.Dist(t, version.ProtocolLevel)
-	out, err := exec.Command(filepath.Join(moduleRootDir(t), "scripts", "sysroot.sh")).Output()
+	out, err := exec.Command(filepath.Join(testenv.ModuleRoot(), "scripts", "sysroot.sh")).Output()
 	if err != nil {
 		t.Fatalf("sysroot.sh: %v", err)
 	}
@@ -449,15 +449,4 @@ func TestReleaseShimStartsOnGlibc231(t *testing.T) {
 			t.Fatalf("the shim imports %s, newer than glibc 2.31", f)
 		}
 	}
-}
-
-func moduleRootDir(t *testing.T) string {
-	wd, _ := os.Getwd()
-	for d := wd; d != "/"; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-	}
-	t.Fatal("no go.mod")
-	return ""
 }

@@ -299,3 +299,9 @@ func Dist(t testing.TB, version string) string {
 	}
 	return distDir
 }
+
+// ModuleRoot is the repository's root directory.
+func ModuleRoot() string { return moduleRoot() }
+
+// Tail is the last n lines of b.
+func Tail(b []byte, n int) string { return tail(b, n) }

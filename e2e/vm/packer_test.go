@@ -67,7 +67,7 @@ qemu_args = [
 		t.Fatal(err)
 	}
 	build := exec.CommandContext(ctx, "packer", "build", "-only=qemu.tandem", "-var-file="+varFile, ".")
-	build.Dir = filepath.Join(moduleRoot(t), "packer")
+	build.Dir = filepath.Join(testenv.ModuleRoot(), "packer")
 	build.Env = append(os.Environ(), "PACKER_CACHE_DIR="+filepath.Join(dir, "cache"), "CHECKPOINT_DISABLE=1", "PACKER_NO_COLOR=1")
 	testenv.Isolate(build)
 	build.Cancel = func() error { return syscall.Kill(-build.Process.Pid, syscall.SIGKILL) }
@@ -75,12 +75,12 @@ qemu_args = [
 	log, err := build.CombinedOutput()
 	if err != nil {
 		console, _ := os.ReadFile(filepath.Join(dir, "build-console.log"))
-		t.Fatalf("packer build: %v\n%s\nconsole:\n%s", err, lastLines(string(log), 60), lastLines(string(console), 30))
+		t.Fatalf("packer build: %v\n%s\nconsole:\n%s", err, testenv.Tail(log, 60), testenv.Tail(console, 30))
 	}
 	t.Logf("packer build (TCG, 2 vCPUs): %s", time.Since(start).Round(time.Second))
 	for _, want := range []string{"00-wait-cloud-init.sh", "status: done", "dstack-shim version", "flavor cpu: no NVIDIA stack"} {
 		if !strings.Contains(string(log), want) {
-			t.Fatalf("packer build output lacks %q:\n%s", want, lastLines(string(log), 60))
+			t.Fatalf("packer build output lacks %q:\n%s", want, testenv.Tail(log, 60))
 		}
 	}
 	built, _ := filepath.Glob(filepath.Join(out, "tandem-debian-12-cpu-*.qcow2"))
@@ -112,26 +112,4 @@ qemu_args = [
 	if err != nil || !strings.Contains(o, "baked job ran") {
 		t.Fatalf("tandem run on the Packer image: %v\n%s\n%s", err, o, errb)
 	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-func moduleRoot(t *testing.T) string {
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for d := wd; d != "/"; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return d
-		}
-	}
-	t.Fatal("no go.mod above " + wd)
-	return ""
 }
