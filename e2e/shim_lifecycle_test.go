@@ -107,8 +107,9 @@ func TestShimServiceModeComponentsAndShutdown(t *testing.T) {
 	}
 }
 
-// With the Docker daemon unreachable the shim still serves, and a task ends
-// with Docker's own words instead of hanging or crashing the shim.
+// With the Docker daemon unreachable the shim still serves, a task ends
+// with Docker's own words instead of hanging or crashing the shim, and the
+// instance reports itself unhealthy.
 func TestShimWithDockerDown(t *testing.T) {
 	t.Parallel()
 	h := startShim(t, runnerScript(t, `exit 0`), []string{"DOCKER_HOST=unix:///nonexistent/docker.sock"})
@@ -117,10 +118,19 @@ func TestShimWithDockerDown(t *testing.T) {
 	if info.TerminationReason != api.ReasonCreatingContainerError || !strings.Contains(info.TerminationMessage, "Cannot connect to the Docker daemon") {
 		t.Fatalf("%+v", info)
 	}
-	if err := h.client.RemoveTask(context.Background(), cfg.ID); err == nil {
-		t.Fatal("remove with Docker down must report the failure")
+	// It never got a container, so removing it needs no Docker.
+	if err := h.client.RemoveTask(context.Background(), cfg.ID); err != nil {
+		t.Fatalf("remove of a task that never got a container, Docker down: %v", err)
+	}
+	if _, err := h.client.GetTask(context.Background(), cfg.ID); err == nil {
+		t.Fatal("the removed task is still listed")
 	}
 	if _, err := h.client.Healthcheck(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	// The instance reports why, where the dstack server reads health.
+	hl, err := h.client.InstanceHealth(context.Background())
+	if err != nil || hl.DCGM == nil || hl.DCGM.OverallHealth != 20 || !strings.Contains(hl.DCGM.Incidents[0].ErrorMessage, "Docker is not running on this host") {
+		t.Fatalf("instance health with Docker down: %+v %v", hl.DCGM, err)
 	}
 }
