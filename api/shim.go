@@ -27,7 +27,16 @@ type InstanceHealthResponse struct {
 	DCGM *DCGMHealth `json:"dcgm"`
 }
 
-// DCGMHealth carries raw DCGM enum values (health: 0 pass, 10 warn, 20 fail).
+// DCGM health results (dcgmHealthWatchResult): the only values the dstack
+// server accepts in overall_health and each incident's health.
+const (
+	HealthPass = 0
+	HealthWarn = 10
+	HealthFail = 20
+)
+
+// DCGMHealth carries raw DCGM enum values (health: HealthPass, HealthWarn,
+// HealthFail).
 type DCGMHealth struct {
 	OverallHealth int            `json:"overall_health"`
 	Incidents     []DCGMIncident `json:"incidents"`

@@ -243,7 +243,7 @@ func healthLine(h *api.DCGMHealth) string {
 	if h == nil {
 		return "ok"
 	}
-	grade := map[int]string{0: "ok", 10: "warning", 20: "failure"}[h.OverallHealth]
+	grade := map[int]string{api.HealthPass: "ok", api.HealthWarn: "warning", api.HealthFail: "failure"}[h.OverallHealth]
 	if grade == "" {
 		grade = fmt.Sprintf("unknown (%d)", h.OverallHealth)
 	}

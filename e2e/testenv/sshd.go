@@ -45,11 +45,7 @@ func StartSSHDAt(t testing.TB, addr string, wrap []string) *SSHD {
 		t.Fatalf("sshd missing (install openssh-server; make deps does): %v", err)
 	}
 	dir := t.TempDir()
-	keygen := func(path, typ string) {
-		if out, err := exec.Command("ssh-keygen", "-q", "-t", typ, "-N", "", "-f", path).CombinedOutput(); err != nil {
-			t.Fatalf("ssh-keygen: %v %s", err, out)
-		}
-	}
+	keygen := func(path, typ string) { KeyGen(t, path, typ) }
 	hostKey, clientKey := filepath.Join(dir, "host_key"), filepath.Join(dir, "client_key")
 	keygen(hostKey, "ed25519")
 	keygen(clientKey, "ed25519")
@@ -115,4 +111,18 @@ LogLevel ERROR
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// KeyGen writes an unencrypted SSH key pair of type typ (ed25519, rsa,
+// ecdsa) at path and path.pub, and returns the public key's line.
+func KeyGen(t testing.TB, path, typ string) string {
+	t.Helper()
+	if out, err := exec.Command("ssh-keygen", "-q", "-t", typ, "-N", "", "-f", path).CombinedOutput(); err != nil {
+		t.Fatalf("ssh-keygen: %v %s", err, out)
+	}
+	pub, err := os.ReadFile(path + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(pub))
 }

@@ -137,14 +137,7 @@ func NewVM(t testing.TB) *VM {
 	dir := t.TempDir()
 	v := &VM{t: t, dir: dir, User: "debian", ClientKey: filepath.Join(dir, "id_ed25519"), KnownHosts: filepath.Join(dir, "known_hosts"),
 		console: filepath.Join(dir, "console.log")}
-	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", v.ClientKey).CombinedOutput(); err != nil {
-		t.Fatalf("ssh-keygen: %v %s", err, out)
-	}
-	pub, err := os.ReadFile(v.ClientKey + ".pub")
-	if err != nil {
-		t.Fatal(err)
-	}
-	v.PublicKey = strings.TrimSpace(string(pub))
+	v.PublicKey = KeyGen(t, v.ClientKey, "ed25519")
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("guest console (last lines):\n%s", v.ConsoleTail(40))
@@ -189,18 +182,10 @@ func (v *VM) Boot(o BootOptions) {
 		args = append(args, "-kernel", o.Kernel, "-initrd", o.Initrd, "-append", "root=/dev/vda rw console=ttyS0 quiet")
 	}
 	if o.UserData != "" {
-		seed := filepath.Join(v.dir, "seed")
-		_ = os.MkdirAll(seed, 0o755)
-		meta := fmt.Sprintf("instance-id: %s\nlocal-hostname: tandem-vm\n", filepath.Base(v.dir))
-		if err := os.WriteFile(filepath.Join(seed, "meta-data"), []byte(meta), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(seed, "user-data"), []byte(o.UserData), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		files := NoCloudSeed(t, filepath.Join(v.dir, "seed"), o.UserData, filepath.Base(v.dir), "tandem-vm")
 		iso := filepath.Join(v.dir, "seed.iso")
-		if out, err := exec.Command("genisoimage", "-quiet", "-output", iso, "-volid", "cidata", "-joliet", "-rock",
-			filepath.Join(seed, "user-data"), filepath.Join(seed, "meta-data")).CombinedOutput(); err != nil {
+		if out, err := exec.Command("genisoimage", append([]string{"-quiet", "-output", iso, "-volid", "cidata", "-joliet", "-rock"},
+			files...)...).CombinedOutput(); err != nil {
 			t.Fatalf("genisoimage: %v %s", err, out)
 		}
 		args = append(args, "-drive", "file="+iso+",if=virtio,format=raw,readonly=on")
@@ -223,6 +208,23 @@ func (v *VM) exited() (string, bool) {
 	}
 	b, _ := os.ReadFile(filepath.Join(v.dir, "qemu.log"))
 	return string(b), true
+}
+
+// NoCloudSeed writes a NoCloud seed's user-data and meta-data (instance id,
+// hostname) into dir and returns their paths, for a cidata CD.
+func NoCloudSeed(t testing.TB, dir, userData, instanceID, hostname string) []string {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files := []string{filepath.Join(dir, "user-data"), filepath.Join(dir, "meta-data")}
+	meta := fmt.Sprintf("instance-id: %s\nlocal-hostname: %s\n", instanceID, hostname)
+	for i, content := range []string{userData, meta} {
+		if err := os.WriteFile(files[i], []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return files
 }
 
 // FreePort is a loopback TCP port free now.

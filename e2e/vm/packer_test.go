@@ -35,14 +35,8 @@ func TestPackerImage(t *testing.T) {
 
 	// The build logs in with a key of its own, through a NoCloud seed.
 	key := filepath.Join(dir, "build_key")
-	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
-		t.Fatalf("ssh-keygen: %v %s", err, out)
-	}
-	pub, _ := os.ReadFile(key + ".pub")
-	seed := filepath.Join(dir, "seed")
-	_ = os.MkdirAll(seed, 0o755)
-	_ = os.WriteFile(filepath.Join(seed, "user-data"), []byte("#cloud-config\nssh_authorized_keys:\n  - "+strings.TrimSpace(string(pub))+"\n"), 0o644)
-	_ = os.WriteFile(filepath.Join(seed, "meta-data"), []byte("instance-id: packer-build\nlocal-hostname: packer-build\n"), 0o644)
+	pub := testenv.KeyGen(t, key, "ed25519")
+	seed := testenv.NoCloudSeed(t, filepath.Join(dir, "seed"), "#cloud-config\nssh_authorized_keys:\n  - "+pub+"\n", "packer-build", "packer-build")
 
 	out := filepath.Join(dir, "out")
 	netdev := fmt.Sprintf("user,id=user.0,restrict=on,hostfwd=tcp:127.0.0.1:{{ .SSHHostPort }}-:22,guestfwd=tcp:%s:80-cmd:socat - TCP:127.0.0.1:%d", testenv.GuestAddr, s.port)
@@ -60,7 +54,7 @@ qemu_args = [
   ["-netdev", %q], ["-device", "virtio-net-pci,netdev=user.0,romfile="],
   ["-serial", %q],
 ]
-`, filepath.Dir(s.bins.Shim), img.Root, key, filepath.Join(seed, "user-data"), filepath.Join(seed, "meta-data"), out,
+`, filepath.Dir(s.bins.Shim), img.Root, key, seed[0], seed[1], out,
 		img.Kernel, img.Initrd, netdev, "file:"+filepath.Join(dir, "build-console.log"))
 	varFile := filepath.Join(dir, "test.pkrvars.hcl")
 	if err := os.WriteFile(varFile, []byte(vars), 0o644); err != nil {

@@ -10,12 +10,8 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-// DCGM's health results (dcgmHealthWatchResult), the values the dstack
-// server accepts in /api/instance/health.
-const (
-	healthPass = 0
-	healthFail = 20
-)
+// dockerPingTimeout bounds the Docker check of one health request.
+const dockerPingTimeout = 5 * time.Second
 
 // instanceHealth answers /api/instance/health in DCGM's shape, the only
 // health the dstack server reads: a Docker that does not answer makes the
@@ -23,9 +19,8 @@ const (
 // says why and how to fix it; GPU health, where there is any, follows.
 // With neither a problem nor GPUs it is null, as dstack's shim answers.
 type instanceHealth struct {
-	docker  func(context.Context) error           // Docker's ping
-	gpus    func(context.Context) *api.DCGMHealth // nil without NVIDIA GPUs
-	timeout time.Duration                         // for the ping; default 5 s
+	docker func(context.Context) error           // Docker's ping
+	gpus   func(context.Context) *api.DCGMHealth // nil without NVIDIA GPUs
 }
 
 func (h instanceHealth) check(ctx context.Context) *api.DCGMHealth {
@@ -36,13 +31,13 @@ func (h instanceHealth) check(ctx context.Context) *api.DCGMHealth {
 	if h.docker == nil {
 		return g
 	}
-	pctx, cancel := context.WithTimeout(ctx, cmpDur(h.timeout, 5*time.Second))
+	pctx, cancel := context.WithTimeout(ctx, dockerPingTimeout)
 	err := h.docker(pctx)
 	cancel()
 	if err == nil {
 		return g
 	}
-	out := &api.DCGMHealth{OverallHealth: healthFail, Incidents: []api.DCGMIncident{{Health: healthFail, ErrorMessage: dockerProblem(err)}}}
+	out := &api.DCGMHealth{OverallHealth: api.HealthFail, Incidents: []api.DCGMIncident{{Health: api.HealthFail, ErrorMessage: dockerProblem(err)}}}
 	if g != nil {
 		out.Incidents = append(out.Incidents, g.Incidents...)
 	}
@@ -55,11 +50,4 @@ func dockerProblem(err error) string {
 		return fmt.Sprintf("Docker is not running on this host, so no task can start (%v). Install and start it: apt-get install -y docker.io && systemctl enable --now docker (or render the cloud-init payload with tandem cloudinit --install-docker)", err)
 	}
 	return fmt.Sprintf("Docker does not answer, so no task can start: %v. Check it with systemctl status docker and journalctl -u docker", err)
-}
-
-func cmpDur(d, def time.Duration) time.Duration {
-	if d > 0 {
-		return d
-	}
-	return def
 }

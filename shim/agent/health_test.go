@@ -32,9 +32,9 @@ func TestInstanceHealth(t *testing.T) {
 	}{
 		{name: "healthy without GPUs is null", overall: -1},
 		{name: "healthy with GPUs passes GPU health", gpus: gpuFail, overall: 10, first: "GPU 0: xid 79", incidents: 1},
-		{name: "no daemon", docker: noDaemon, overall: healthFail, first: "Docker is not running on this host", incidents: 1},
-		{name: "no daemon, GPU incident follows", docker: noDaemon, gpus: gpuFail, overall: healthFail, first: "apt-get install -y docker.io", incidents: 2},
-		{name: "daemon errs", docker: errors.New("docker ping: 500 boom"), overall: healthFail, first: "Docker does not answer", incidents: 1},
+		{name: "no daemon", docker: noDaemon, overall: api.HealthFail, first: "Docker is not running on this host", incidents: 1},
+		{name: "no daemon, GPU incident follows", docker: noDaemon, gpus: gpuFail, overall: api.HealthFail, first: "apt-get install -y docker.io", incidents: 2},
+		{name: "daemon errs", docker: errors.New("docker ping: 500 boom"), overall: api.HealthFail, first: "Docker does not answer", incidents: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := instanceHealth{docker: func(context.Context) error { return tc.docker }}
@@ -55,7 +55,7 @@ func TestInstanceHealth(t *testing.T) {
 				t.Fatalf("first incident %q lacks %q", got.Incidents[0].ErrorMessage, tc.first)
 			}
 			for _, in := range got.Incidents {
-				if in.Health != 0 && in.Health != 10 && in.Health != 20 {
+				if in.Health != api.HealthPass && in.Health != api.HealthWarn && in.Health != api.HealthFail {
 					t.Fatalf("the dstack server rejects health %d", in.Health)
 				}
 			}

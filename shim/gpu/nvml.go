@@ -141,9 +141,9 @@ func normalizeVersion(v string) string {
 }
 
 // Health system, result and entity values in DCGM's numbering, which the
-// dstack server validates (results 0 pass, 10 warn, 20 fail).
+// dstack server validates (results: api.HealthPass, HealthWarn, HealthFail).
 const (
-	healthPass, healthWarn, healthFail                  = 0, 10, 20
+	healthPass, healthWarn, healthFail                  = api.HealthPass, api.HealthWarn, api.HealthFail
 	systemMem, systemThermal, systemPower, systemDriver = 0x10, 0x80, 0x100, 0x200
 	entityGPU                                           = 1
 	// Error codes: ours, named after DCGM's failure reasons.
