@@ -11,6 +11,8 @@ GOBIN          := $(shell go env GOPATH)/bin
 export PATH    := $(PATH):$(GOBIN)
 BIN            := $(CURDIR)/bin
 GOTEST_FLAGS   ?= -count=1 -timeout 30m
+# urfave/cli's man page and markdown writers are never used (see release.sh).
+GOTAGS         := urfave_cli_no_docs
 # go-nvml's header marks many calls deprecated; we do not use those.
 export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 
@@ -20,9 +22,9 @@ all: build
 
 ## build: the three binaries into bin/ (dstack-runner static, CGO_ENABLED=0)
 build:
-	CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-runner ./cmd/dstack-runner
-	go build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-shim ./cmd/dstack-shim
-	go build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(BIN)/tandem ./cmd/tandem
+	CGO_ENABLED=0 go build -trimpath -buildvcs=false -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-runner ./cmd/dstack-runner
+	go build -trimpath -buildvcs=false -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/dstack-shim ./cmd/dstack-shim
+	go build -trimpath -buildvcs=false -tags $(GOTAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/tandem ./cmd/tandem
 
 ## release: dist/<VERSION>/binaries for linux amd64/arm64 (shim with NVML),
 ## tandem for linux and darwin, SHA256SUMS and version files (CHECK=1 builds

@@ -26,10 +26,13 @@ esac
 pkg=github.com/tandem-run/tandem
 ldflags="-s -w -buildid= -X $pkg/common/version.dstack=$version -X $pkg/common/version.tandem=$tandem"
 export CGO_CFLAGS="-O2 -Wno-deprecated-declarations"
+# urfave/cli's man page and markdown writers (and their markdown parser) are
+# never used: 0.3 MB less in each binary.
+tags=urfave_cli_no_docs
 
 build() { # dir goos goarch cgo cc name package [cgo ldflags]
 	CGO_ENABLED="$4" CC="$5" CGO_LDFLAGS="${8:-}" GOOS="$2" GOARCH="$3" \
-		go build -trimpath -buildvcs=false -ldflags "$ldflags" -o "$1/$6" "$7"
+		go build -trimpath -buildvcs=false -tags "$tags" -ldflags "$ldflags" -o "$1/$6" "$7"
 }
 
 # The amd64 shim is linked against Debian 11's glibc 2.31 (scripts/sysroot.sh)

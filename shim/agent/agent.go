@@ -20,6 +20,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/common/memtrim"
 	"github.com/tandem-run/tandem/common/sdnotify"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/authkeys"
@@ -276,6 +277,12 @@ func Run(ctx context.Context, cfg Config) error {
 		case <-ready:
 		case <-stopWatch:
 			return
+		}
+		// Start-up is over: its pages of the binary go back (see memtrim).
+		if r, err := memtrim.Release(); err != nil {
+			log.Warn("releasing start-up memory", "err", err)
+		} else {
+			log.Debug("released start-up memory", "executable_rss_before", r.Before, "after", r.After)
 		}
 		if err := notify.Send("READY=1"); err != nil {
 			log.Warn("systemd notify", "err", err)

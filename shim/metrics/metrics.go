@@ -6,14 +6,12 @@
 package metrics
 
 import (
+	"bufio"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
@@ -26,90 +24,98 @@ type Sources struct {
 	GPUsFree  func() int
 }
 
-// Metrics holds the shim's collectors. It implements task.Observer and the
+// Metrics holds the shim's series. It implements task.Observer and the
 // volume and component observers.
 type Metrics struct {
-	reg *prometheus.Registry
+	src Sources
+	// proc is /proc/self and stat /proc/stat (tests point them at fixtures).
+	proc, stat string
 
-	submitted        prometheus.Counter
-	ended            *prometheus.CounterVec
-	submitToRunning  prometheus.Histogram
-	pullBytes        prometheus.Counter
-	pullSeconds      *prometheus.HistogramVec
-	requests         *prometheus.CounterVec
-	requestSeconds   *prometheus.HistogramVec
-	recoverySeconds  prometheus.Gauge
-	recoveryTasks    *prometheus.GaugeVec
-	volumeMounts     *prometheus.CounterVec
-	componentInstall *prometheus.CounterVec
+	submitted        *family
+	ended            *family
+	submitToRunning  *family
+	pullBytes        *family
+	pullSeconds      *family
+	requests         *family
+	requestSeconds   *family
+	recoverySeconds  *family
+	recoveryTasks    *family
+	volumeMounts     *family
+	componentInstall *family
 }
 
 // statuses are every task status, so each series exists from the start.
 var statuses = []api.TaskStatus{api.TaskPending, api.TaskPreparing, api.TaskPulling, api.TaskCreating, api.TaskRunning, api.TaskTerminated}
 
-// New registers the collectors, the Go and process ones included.
+// defBuckets are Prometheus' default latency buckets.
+var defBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
+
+// New makes the series; the process and Go runtime ones are read at scrape.
 func New(src Sources) *Metrics {
-	reg := prometheus.NewRegistry()
-	m := &Metrics{reg: reg,
-		submitted: prometheus.NewCounter(prometheus.CounterOpts{Name: "tandem_shim_task_submissions_total", Help: "Tasks accepted by POST /api/tasks."}),
-		ended:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_shim_task_ends_total", Help: "Tasks that ended, by termination reason."}, []string{"reason"}),
-		submitToRunning: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tandem_shim_task_submit_to_running_seconds", Help: "Time from submit to a running container.",
-			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900}}),
-		pullBytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "tandem_shim_image_pull_bytes_total", Help: "Bytes downloaded by image pulls."}),
-		pullSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tandem_shim_image_pull_duration_seconds", Help: "Image pull durations, by result.",
-			Buckets: []float64{0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800}}, []string{"result"}),
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_shim_http_requests_total", Help: "API requests, by route and status code."}, []string{"route", "code"}),
-		requestSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tandem_shim_http_request_duration_seconds", Help: "API request latency, by route.",
-			Buckets: prometheus.DefBuckets}, []string{"route"}),
-		recoverySeconds:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "tandem_shim_recovery_duration_seconds", Help: "How long the last start's task recovery took."}),
-		recoveryTasks:    prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tandem_shim_recovery_tasks", Help: "Tasks the last start's recovery handled, by decision."}, []string{"action"}),
-		volumeMounts:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_shim_volume_mounts_total", Help: "Volume mount attempts, by result (mounted, formatted, refused)."}, []string{"result"}),
-		componentInstall: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tandem_shim_component_installs_total", Help: "Component installs, by component and result."}, []string{"component", "result"}),
+	m := &Metrics{src: src, proc: "/proc/self", stat: "/proc/stat",
+		submitted: newFamily("tandem_shim_task_submissions_total", "Tasks accepted by POST /api/tasks.", counter, nil),
+		ended:     newFamily("tandem_shim_task_ends_total", "Tasks that ended, by termination reason.", counter, nil, "reason"),
+		submitToRunning: newFamily("tandem_shim_task_submit_to_running_seconds", "Time from submit to a running container.", histogram,
+			[]float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900}),
+		pullBytes: newFamily("tandem_shim_image_pull_bytes_total", "Bytes downloaded by image pulls.", counter, nil),
+		pullSeconds: newFamily("tandem_shim_image_pull_duration_seconds", "Image pull durations, by result.", histogram,
+			[]float64{0.5, 1, 5, 15, 30, 60, 120, 300, 600, 1800}, "result"),
+		requests:         newFamily("tandem_shim_http_requests_total", "API requests, by route and status code.", counter, nil, "route", "code"),
+		requestSeconds:   newFamily("tandem_shim_http_request_duration_seconds", "API request latency, by route.", histogram, defBuckets, "route"),
+		recoverySeconds:  newFamily("tandem_shim_recovery_duration_seconds", "How long the last start's task recovery took.", gauge, nil),
+		recoveryTasks:    newFamily("tandem_shim_recovery_tasks", "Tasks the last start's recovery handled, by decision.", gauge, nil, "action"),
+		volumeMounts:     newFamily("tandem_shim_volume_mounts_total", "Volume mount attempts, by result (mounted, formatted, refused).", counter, nil, "result"),
+		componentInstall: newFamily("tandem_shim_component_installs_total", "Component installs, by component and result.", counter, nil, "component", "result"),
 	}
-	reg.MustRegister(m.submitted, m.ended, m.submitToRunning, m.pullBytes, m.pullSeconds, m.requests, m.requestSeconds,
-		m.recoverySeconds, m.recoveryTasks, m.volumeMounts, m.componentInstall,
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		&scrape{src: src,
-			tasks: prometheus.NewDesc("tandem_shim_tasks", "Tasks the shim holds, by status.", []string{"status"}, nil),
-			gpus:  prometheus.NewDesc("tandem_shim_gpus", "GPUs on the host, by state (total, allocated).", []string{"state"}, nil)})
+	// Series without labels exist from the start, as client_golang's do.
+	for _, f := range []*family{m.submitted, m.submitToRunning, m.pullBytes, m.recoverySeconds} {
+		f.add(0)
+	}
 	for _, r := range []string{"mounted", "formatted", "refused"} {
-		m.volumeMounts.WithLabelValues(r)
+		m.volumeMounts.add(0, r)
 	}
 	return m
 }
 
-// scrape reads the task table and GPU locks when Prometheus asks.
-type scrape struct {
-	src         Sources
-	tasks, gpus *prometheus.Desc
+// Handler serves the series in Prometheus text format (0.0.4).
+func (m *Metrics) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		_ = flushTo(w, m.write)
+	})
 }
 
-func (s *scrape) Describe(ch chan<- *prometheus.Desc) { ch <- s.tasks; ch <- s.gpus }
-
-func (s *scrape) Collect(ch chan<- prometheus.Metric) {
+// write writes every family: ours, the task and GPU gauges read now, then
+// the process and runtime ones. A /proc read that fails leaves its series
+// at 0 rather than failing the scrape.
+func (m *Metrics) write(w *bufio.Writer) {
+	for _, f := range []*family{m.submitted, m.ended, m.submitToRunning, m.pullBytes, m.pullSeconds, m.requests,
+		m.requestSeconds, m.recoverySeconds, m.recoveryTasks, m.volumeMounts, m.componentInstall} {
+		f.write(w)
+	}
 	counts := map[api.TaskStatus]int{}
-	if s.src.Tasks != nil {
-		for _, t := range s.src.Tasks() {
+	if m.src.Tasks != nil {
+		for _, t := range m.src.Tasks() {
 			counts[t.Status]++
 		}
 	}
+	header(w, "tandem_shim_tasks", "Tasks the shim holds, by status.", gauge)
 	for _, st := range statuses {
-		ch <- prometheus.MustNewConstMetric(s.tasks, prometheus.GaugeValue, float64(counts[st]), string(st))
+		sample(w, "tandem_shim_tasks", []string{"status"}, []string{string(st)}, "", "", float64(counts[st]))
 	}
-	if s.src.GPUsTotal != nil {
-		total := s.src.GPUsTotal()
+	if m.src.GPUsTotal != nil {
+		total := m.src.GPUsTotal()
 		free := total
-		if s.src.GPUsFree != nil {
-			free = s.src.GPUsFree()
+		if m.src.GPUsFree != nil {
+			free = m.src.GPUsFree()
 		}
-		ch <- prometheus.MustNewConstMetric(s.gpus, prometheus.GaugeValue, float64(total), "total")
-		ch <- prometheus.MustNewConstMetric(s.gpus, prometheus.GaugeValue, float64(total-free), "allocated")
+		header(w, "tandem_shim_gpus", "GPUs on the host, by state (total, allocated).", gauge)
+		sample(w, "tandem_shim_gpus", []string{"state"}, []string{"allocated"}, "", "", float64(total-free))
+		sample(w, "tandem_shim_gpus", []string{"state"}, []string{"total"}, "", "", float64(total))
 	}
-}
-
-// Handler serves the registry in Prometheus text format.
-func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	p, _ := readProc(m.proc, m.stat)
+	writeProcess(w, p)
+	writeRuntime(w)
 }
 
 // Middleware counts API requests by route pattern (never the raw path:
@@ -127,45 +133,45 @@ func (m *Metrics) Middleware() echo.MiddlewareFunc {
 			if err != nil {
 				code = httpapi.Status(err)
 			}
-			m.requests.WithLabelValues(route, strconv.Itoa(code)).Inc()
-			m.requestSeconds.WithLabelValues(route).Observe(time.Since(start).Seconds())
+			m.requests.add(1, route, strconv.Itoa(code))
+			m.requestSeconds.observe(time.Since(start).Seconds(), route)
 			return err
 		}
 	}
 }
 
 // TaskSubmitted implements task.Observer.
-func (m *Metrics) TaskSubmitted() { m.submitted.Inc() }
+func (m *Metrics) TaskSubmitted() { m.submitted.add(1) }
 
 // TaskRunning implements task.Observer.
-func (m *Metrics) TaskRunning(d time.Duration) { m.submitToRunning.Observe(d.Seconds()) }
+func (m *Metrics) TaskRunning(d time.Duration) { m.submitToRunning.observe(d.Seconds()) }
 
 // TaskEnded implements task.Observer.
 func (m *Metrics) TaskEnded(reason api.TerminationReason) {
-	m.ended.WithLabelValues(string(reason)).Inc()
+	m.ended.add(1, string(reason))
 }
 
 // ImagePulled implements task.Observer.
 func (m *Metrics) ImagePulled(n int64, took time.Duration, err error) {
-	m.pullBytes.Add(float64(max(n, 0)))
+	m.pullBytes.add(float64(max(n, 0)))
 	result := "ok"
 	if err != nil {
 		result = "failed"
 	}
-	m.pullSeconds.WithLabelValues(result).Observe(took.Seconds())
+	m.pullSeconds.observe(took.Seconds(), result)
 }
 
 // Recovered implements task.Observer.
 func (m *Metrics) Recovered(took time.Duration, actions map[string]int) {
-	m.recoverySeconds.Set(took.Seconds())
-	m.recoveryTasks.Reset()
+	m.recoverySeconds.set(took.Seconds())
+	m.recoveryTasks.reset()
 	for a, n := range actions {
-		m.recoveryTasks.WithLabelValues(a).Set(float64(n))
+		m.recoveryTasks.set(float64(n), a)
 	}
 }
 
 // VolumeMount records a mount attempt's result.
-func (m *Metrics) VolumeMount(result string) { m.volumeMounts.WithLabelValues(result).Inc() }
+func (m *Metrics) VolumeMount(result string) { m.volumeMounts.add(1, result) }
 
 // ComponentInstalled records an install's result.
 func (m *Metrics) ComponentInstalled(component string, err error) {
@@ -173,5 +179,5 @@ func (m *Metrics) ComponentInstalled(component string, err error) {
 	if err != nil {
 		result = "failed"
 	}
-	m.componentInstall.WithLabelValues(component, result).Inc()
+	m.componentInstall.add(1, component, result)
 }
