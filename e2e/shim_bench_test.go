@@ -111,17 +111,6 @@ func BenchmarkShimSubmitToRunning(b *testing.B) {
 	b.ReportMetric(float64(rssKiB(b, h.cmd.Process.Pid))/1024, "shim-rss-MiB")
 }
 
-func BenchmarkShimIdleRSS(b *testing.B) {
-	h := startShimB(b, "exit 0")
-	time.Sleep(500 * time.Millisecond)
-	for i := 0; i < b.N; i++ {
-		if _, err := h.client.Healthcheck(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ReportMetric(float64(rssKiB(b, h.cmd.Process.Pid))/1024, "idle-rss-MiB")
-}
-
 // rssKiB is readRSS for a process that must be alive.
 func rssKiB(b *testing.B, pid int) int {
 	n := readRSS(pid)

@@ -45,8 +45,10 @@ type Config struct {
 	// APIAllowContainers, APIToken and APIAllowedHosts configure who may
 	// call the API (server.Access).
 	APIAllowContainers bool
-	APIToken           string
-	APIAllowedHosts    []string
+	// KeepStartupMemory turns off memtrim after recovery (a kill switch).
+	KeepStartupMemory bool
+	APIToken          string
+	APIAllowedHosts   []string
 	// ReconcileInterval is the reconcile loop's period (5 s).
 	ReconcileInterval time.Duration
 	LogLevel          slog.Level
@@ -279,10 +281,12 @@ func Run(ctx context.Context, cfg Config) error {
 			return
 		}
 		// Start-up is over: its pages of the binary go back (see memtrim).
-		if r, err := memtrim.Release(); err != nil {
-			log.Warn("releasing start-up memory", "err", err)
-		} else {
-			log.Debug("released start-up memory", "executable_rss_before", r.Before, "after", r.After)
+		if !cfg.KeepStartupMemory {
+			if r, err := memtrim.Release(); err != nil {
+				log.Warn("releasing start-up memory", "err", err)
+			} else {
+				log.Debug("released start-up memory", "executable_rss_before", r.Before, "after", r.After)
+			}
 		}
 		if err := notify.Send("READY=1"); err != nil {
 			log.Warn("systemd notify", "err", err)

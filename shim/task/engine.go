@@ -154,6 +154,9 @@ type task struct {
 	noContainer bool
 	dirty       bool // a newer state awaits writing
 	writing     bool // a background writer runs
+	// recordTook is how long Submit's first record write took (fsync
+	// included), for the start's timing line; set before the pipeline runs.
+	recordTook time.Duration
 
 	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu)
 }
@@ -228,7 +231,10 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	// The first record is on disk before the answer: a task the server was
 	// told about survives a restart. When it cannot be written, nothing
 	// starts and the caller hears why.
-	if err := e.save(t); err != nil {
+	saveStart := e.now()
+	err := e.save(t)
+	t.recordTook = e.now().Sub(saveStart)
+	if err != nil {
 		e.mu.Lock()
 		delete(e.tasks, cfg.ID)
 		e.mu.Unlock()
@@ -252,8 +258,8 @@ var errTransition = errors.New("status transition rejected")
 // persisted here: recovery treats every status before it alike (the
 // pipeline died, the task ends), so writing preparing, pulling and creating
 // would buy nothing but fsyncs on the start path. What recovery does need
-// is written where it happens: the submit, host keys before the edit, the
-// container id, running, terminated and stop requests.
+// is written where it happens: the submit, host keys before the edit,
+// running with the container id, terminated and stop requests.
 func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
 	if err := e.commitLocked(t, next, update); err != nil {
 		return err
