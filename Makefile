@@ -70,7 +70,8 @@ unit:
 e2e: build
 	TANDEM_BIN=$(BIN) go test $(GOTEST_FLAGS) -v ./e2e/...
 
-## bench: shim latency and memory on a warm local image (see the issue notes)
+## bench: latency, throughput and memory on a warm local image: task start
+## against bare Docker, shim and runner RSS, logs and SSH (README's table)
 bench: deps build
 	go test -run '^$$' -bench . -benchmem ./shim/gpu
 	TANDEM_BIN=$(BIN) go test -run '^$$' -bench . -benchtime 20x -count 1 ./e2e/
