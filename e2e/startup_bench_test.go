@@ -229,7 +229,8 @@ func BenchmarkRunnerStart(b *testing.B) {
 func BenchmarkShimRSS(b *testing.B) {
 	bins := testenv.Binaries(b)
 	for range 1 {
-		h := startShimTB(b, bins.Runner, nil)
+		// At info, as a host runs it (the harness's default is debug).
+		h := startShimTB(b, bins.Runner, nil, "--shim-log-level", "info")
 		time.Sleep(8 * time.Second)
 		idle := rssKiB(b, h.cmd.Process.Pid)
 		ctx := context.Background()
