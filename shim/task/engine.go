@@ -121,6 +121,7 @@ type Engine struct {
 	recs       *records             // nil: tasks are not persisted
 	writers    int                  // background record writers running; guarded by mu
 	idle       *sync.Cond           // signalled (on mu) when writers drops to 0
+	resources  []resource           // host resources in acquire order (resource.go)
 }
 
 // task is one task. Record fields are guarded by Engine.mu; op serializes
@@ -157,6 +158,9 @@ type task struct {
 	// recordTook is how long Submit's first record write took (fsync
 	// included), for the start's timing line; set before the pipeline runs.
 	recordTook time.Duration
+	// network is the bridge network the container joins when it is not
+	// Docker's default (networkResource); not persisted.
+	network string
 
 	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu)
 }
@@ -179,6 +183,7 @@ func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logg
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
 	e.life, e.shutdown = context.WithCancel(context.Background())
 	e.idle = sync.NewCond(&e.mu)
+	e.resources = newResources(e)
 	if cfg.Home != "" {
 		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks"),
 			reserve: &reserve{path: filepath.Join(cfg.Home, ".state-reserve"), size: defaultReserve, log: log}}

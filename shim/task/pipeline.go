@@ -64,7 +64,8 @@ func (e *Engine) end(t *task, log *slog.Logger, f failure) {
 	log.Log(context.Background(), level, "task terminated", "reason", reason, "message", f.msg)
 }
 
-// release gives back the task's GPUs and host keys, exactly once.
+// release gives back the task's host resources, in reverse order, exactly
+// once.
 func (e *Engine) release(t *task, log *slog.Logger) {
 	e.mu.Lock()
 	if t.released {
@@ -72,24 +73,9 @@ func (e *Engine) release(t *task, log *slog.Logger) {
 		return
 	}
 	t.released = true
-	ids, keys, user, vols := slices.Clone(t.gpuIDs), t.keysAdded, t.cfg.HostSSHUser, slices.Clone(t.volumes)
 	e.mu.Unlock()
-	for _, v := range vols {
-		if e.cfg.Volumes == nil {
-			log.Error("a volume is recorded but this shim has no volume support", "volume", v)
-			continue
-		}
-		if err := e.cfg.Volumes.Unmount(v, t.cfg.ID); err != nil {
-			log.Error("unmount volume", "volume", v, "err", err)
-		}
-	}
-	if len(ids) > 0 {
-		e.gpus.Release(t.cfg.ID, ids)
-	}
-	if keys && e.keys != nil {
-		if err := e.keys.Remove(user, t.cfg.ID); err != nil {
-			log.Error("remove host keys", "err", err)
-		}
+	for i := len(e.resources) - 1; i >= 0; i-- {
+		e.resources[i].release(t, log)
 	}
 	e.saveSoon(t)
 }
@@ -192,58 +178,11 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)
 	}
 
-	gpuIDs := []string{}
-	if cfg.GPU != 0 {
-		ids, err := e.gpus.Acquire(cfg.ID, cfg.GPU)
-		if err != nil {
-			return fail(api.ReasonExecutorError, "%v", err)
+	// Host resources, in order (resource.go); release undoes them.
+	for _, r := range e.resources {
+		if f := r.acquire(ctx, t); f != nil {
+			return f
 		}
-		gpuIDs = ids
-	}
-	e.mu.Lock()
-	t.gpuIDs = gpuIDs // persisted with the container id: locks start empty after a restart
-	e.mu.Unlock()
-
-	if len(cfg.HostSSHKeys) > 0 && cfg.HostSSHUser != "" {
-		if e.keys == nil {
-			return fail(api.ReasonExecutorError, "host keys error: no authorized_keys editor")
-		}
-		// Recorded before the edit: a crash in between leaves a removal that
-		// finds nothing, never a line nobody removes.
-		e.mu.Lock()
-		t.keysAdded = true
-		e.mu.Unlock()
-		if err := e.save(t); err != nil {
-			return fail(api.ReasonExecutorError, "host keys error: the task's record cannot be saved, so no key is added: %v", err)
-		}
-		if err := e.keys.Add(cfg.HostSSHUser, cfg.ID, cfg.HostSSHKeys); err != nil {
-			return fail(api.ReasonExecutorError, "host keys error: %v", err)
-		}
-	}
-	if len(cfg.Volumes) > 0 {
-		if e.cfg.Volumes == nil {
-			return fail(api.ReasonExecutorError, "prepareVolumes error: this shim has no volume support configured")
-		}
-		// Recorded before mounting: after any crash, release unmounts them
-		// (a no-op for those never mounted).
-		names := make([]string, 0, len(cfg.Volumes))
-		for _, v := range cfg.Volumes {
-			names = append(names, v.Name)
-		}
-		e.mu.Lock()
-		t.volumes = names
-		e.mu.Unlock()
-		if err := e.save(t); err != nil {
-			return fail(api.ReasonExecutorError, "prepareVolumes error: the task's record cannot be saved, so nothing is mounted: %v", err)
-		}
-		for _, v := range cfg.Volumes {
-			if err := e.cfg.Volumes.Mount(ctx, cfg.ID, v); err != nil {
-				return fail(api.ReasonExecutorError, "prepareVolumes error: %v", err)
-			}
-		}
-	}
-	if err := e.prepareInstanceMounts(cfg.InstanceMounts); err != nil {
-		return fail(api.ReasonExecutorError, "prepareInstanceMountPoints error: %v", err)
 	}
 	if ctx.Err() != nil {
 		return aborted()
@@ -264,14 +203,10 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	if err := e.commit(t, api.TaskCreating, func() { t.noContainer = false }); err != nil {
 		return aborted()
 	}
+	e.mu.RLock()
+	gpuIDs := slices.Clone(t.gpuIDs)
+	e.mu.RUnlock()
 	spec := e.containerSpec(t, dir, gpuIDs)
-	if spec.NetworkMode == "bridge" && e.cfg.Network != nil {
-		name, err := e.cfg.Network.Ensure(ctx)
-		if err != nil {
-			return fail(api.ReasonCreatingContainerError, "isolated network error: %v", err)
-		}
-		spec.NetworkMode = name
-	}
 	// Create must not be cut off halfway by a terminate: we want the id, so
 	// that remove can find what Docker made.
 	id, err := e.rt.Create(context.WithoutCancel(ctx), spec)

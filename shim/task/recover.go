@@ -71,18 +71,8 @@ func (e *Engine) Restore(ctx context.Context) error {
 			e.release(t, log)
 		case actHold:
 			t.status = api.TaskRunning // a creating record with a container is settled as running
-			if len(t.gpuIDs) > 0 {
-				if err := e.gpus.Lock(t.cfg.ID, t.gpuIDs); err != nil {
-					log.Error("restored task's GPUs are held by another task", "err", err)
-				}
-			}
-			for _, v := range t.volumes {
-				if e.cfg.Volumes == nil {
-					break
-				}
-				if err := e.cfg.Volumes.Claim(v, t.cfg.ID); err != nil {
-					log.Error("restored task's volume is claimed twice", "volume", v, "err", err)
-				}
+			for _, r := range e.resources {
+				r.reclaim(t, log)
 			}
 		case actFailNeverRan:
 			if t.name != "" {
@@ -243,10 +233,8 @@ func (e *Engine) adopt(c ContainerState) {
 		log.Info("adopted a stopped task container", "exit_code", c.ExitCode)
 		return
 	}
-	if len(t.gpuIDs) > 0 {
-		if err := e.gpus.Lock(c.TaskID, t.gpuIDs); err != nil {
-			log.Error("adopted task's GPUs are held by another task", "err", err)
-		}
+	for _, r := range e.resources {
+		r.reclaim(t, log)
 	}
 	e.mustSave(t)
 	log.Info("adopted a running task container", "gpus", t.gpuIDs)

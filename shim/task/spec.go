@@ -3,6 +3,7 @@ package task
 // The container spec a task becomes.
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
 	"slices"
@@ -38,6 +39,9 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 	for _, m := range cfg.InstanceMounts {
 		binds = append(binds, Bind{Source: filepath.Clean(m.InstancePath), Target: m.Path})
 	}
+	e.mu.RLock()
+	network := t.network
+	e.mu.RUnlock()
 	spec := ContainerSpec{
 		Name:        t.name,
 		Image:       cfg.ImageName,
@@ -46,7 +50,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		Cmd:         cmd,
 		Env:         slices.Clone(e.cfg.Env),
 		Labels:      map[string]string{LabelIsTask: "true", LabelTaskID: cfg.ID, LabelShimHome: e.cfg.Home},
-		NetworkMode: cfg.NetworkMode,
+		NetworkMode: cmp.Or(network, cfg.NetworkMode),
 		Privileged:  cfg.Privileged || e.cfg.Privileged,
 		ExposedTCP:  []int{e.cfg.RunnerHTTPPort, e.cfg.RunnerSSHPort},
 		Binds:       binds,

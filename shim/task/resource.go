@@ -1,0 +1,208 @@
+package task
+
+// Host resources a task holds. Each kind is one type: the start pipeline
+// acquires them in order before the image is pulled, release gives them back
+// in reverse when the task ends, and after a shim restart recovery and
+// adoption reclaim what a running task's record says it holds. Adding a
+// kind (a per-task network, say) is one type here and one line in
+// newResources; start, release, Restore and adopt walk the list.
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// resource is one kind of host resource.
+type resource interface {
+	// acquire takes what t's config asks for. What it holds is written
+	// into t (under Engine.mu), and persisted before any host side effect
+	// that outlives the shim, so a crash leaves a release that finds
+	// nothing rather than a change nobody undoes.
+	acquire(ctx context.Context, t *task) *failure
+	// release gives back what t holds. It is a no-op for a resource never
+	// acquired, and harmless twice.
+	release(t *task, log *slog.Logger)
+	// reclaim re-takes, after a restart, what t's record says it holds,
+	// without touching the host.
+	reclaim(t *task, log *slog.Logger)
+}
+
+// newResources is the acquire order; release walks it backwards.
+func newResources(e *Engine) []resource {
+	return []resource{gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e}, networkResource{e}}
+}
+
+// gpuResource is the task's GPUs, locked in the engine's gpu.Locks.
+type gpuResource struct{ e *Engine }
+
+func (r gpuResource) acquire(_ context.Context, t *task) *failure {
+	ids := []string{}
+	if t.cfg.GPU != 0 {
+		got, err := r.e.gpus.Acquire(t.cfg.ID, t.cfg.GPU)
+		if err != nil {
+			return &failure{api.ReasonExecutorError, err.Error()}
+		}
+		ids = got
+	}
+	r.e.mu.Lock()
+	t.gpuIDs = ids // persisted with the container id: locks start empty after a restart
+	r.e.mu.Unlock()
+	return nil
+}
+
+func (r gpuResource) release(t *task, _ *slog.Logger) {
+	r.e.mu.RLock()
+	ids := slices.Clone(t.gpuIDs)
+	r.e.mu.RUnlock()
+	if len(ids) > 0 {
+		r.e.gpus.Release(t.cfg.ID, ids)
+	}
+}
+
+func (r gpuResource) reclaim(t *task, log *slog.Logger) {
+	r.e.mu.RLock()
+	ids := slices.Clone(t.gpuIDs)
+	r.e.mu.RUnlock()
+	if len(ids) > 0 {
+		if err := r.e.gpus.Lock(t.cfg.ID, ids); err != nil {
+			log.Error("the task's GPUs are held by another task", "gpus", ids, "err", err)
+		}
+	}
+}
+
+// hostKeysResource is the task's lines in a host user's authorized_keys.
+type hostKeysResource struct{ e *Engine }
+
+func (r hostKeysResource) acquire(_ context.Context, t *task) *failure {
+	if len(t.cfg.HostSSHKeys) == 0 || t.cfg.HostSSHUser == "" {
+		return nil
+	}
+	if r.e.keys == nil {
+		return &failure{api.ReasonExecutorError, "host keys error: no authorized_keys editor"}
+	}
+	// Recorded before the edit: a crash in between leaves a removal that
+	// finds nothing, never a line nobody removes.
+	r.e.mu.Lock()
+	t.keysAdded = true
+	r.e.mu.Unlock()
+	if err := r.e.save(t); err != nil {
+		return &failure{api.ReasonExecutorError, fmt.Sprintf("host keys error: the task's record cannot be saved, so no key is added: %v", err)}
+	}
+	if err := r.e.keys.Add(t.cfg.HostSSHUser, t.cfg.ID, t.cfg.HostSSHKeys); err != nil {
+		return &failure{api.ReasonExecutorError, fmt.Sprintf("host keys error: %v", err)}
+	}
+	return nil
+}
+
+func (r hostKeysResource) release(t *task, log *slog.Logger) {
+	r.e.mu.RLock()
+	added, user := t.keysAdded, t.cfg.HostSSHUser
+	r.e.mu.RUnlock()
+	if added && r.e.keys != nil {
+		if err := r.e.keys.Remove(user, t.cfg.ID); err != nil {
+			log.Error("remove host keys", "err", err)
+		}
+	}
+}
+
+// reclaim has nothing to do: the lines stay in the file across restarts.
+func (hostKeysResource) reclaim(*task, *slog.Logger) {}
+
+// volumesResource is the task's network volumes, mounted on the host.
+type volumesResource struct{ e *Engine }
+
+func (r volumesResource) acquire(ctx context.Context, t *task) *failure {
+	if len(t.cfg.Volumes) == 0 {
+		return nil
+	}
+	if r.e.cfg.Volumes == nil {
+		return &failure{api.ReasonExecutorError, "prepareVolumes error: this shim has no volume support configured"}
+	}
+	// Recorded before mounting: after any crash, release unmounts them (a
+	// no-op for those never mounted).
+	names := make([]string, 0, len(t.cfg.Volumes))
+	for _, v := range t.cfg.Volumes {
+		names = append(names, v.Name)
+	}
+	r.e.mu.Lock()
+	t.volumes = names
+	r.e.mu.Unlock()
+	if err := r.e.save(t); err != nil {
+		return &failure{api.ReasonExecutorError, fmt.Sprintf("prepareVolumes error: the task's record cannot be saved, so nothing is mounted: %v", err)}
+	}
+	for _, v := range t.cfg.Volumes {
+		if err := r.e.cfg.Volumes.Mount(ctx, t.cfg.ID, v); err != nil {
+			return &failure{api.ReasonExecutorError, fmt.Sprintf("prepareVolumes error: %v", err)}
+		}
+	}
+	return nil
+}
+
+func (r volumesResource) release(t *task, log *slog.Logger) {
+	r.e.mu.RLock()
+	vols := slices.Clone(t.volumes)
+	r.e.mu.RUnlock()
+	for _, v := range vols {
+		if r.e.cfg.Volumes == nil {
+			log.Error("a volume is recorded but this shim has no volume support", "volume", v)
+			continue
+		}
+		if err := r.e.cfg.Volumes.Unmount(v, t.cfg.ID); err != nil {
+			log.Error("unmount volume", "volume", v, "err", err)
+		}
+	}
+}
+
+func (r volumesResource) reclaim(t *task, log *slog.Logger) {
+	r.e.mu.RLock()
+	vols := slices.Clone(t.volumes)
+	r.e.mu.RUnlock()
+	if r.e.cfg.Volumes == nil {
+		return
+	}
+	for _, v := range vols {
+		if err := r.e.cfg.Volumes.Claim(v, t.cfg.ID); err != nil {
+			log.Error("the task's volume is claimed twice", "volume", v, "err", err)
+		}
+	}
+}
+
+// instanceMountsResource is the host directories bound into the task. They
+// are made when missing and never removed: host data outlives every task.
+type instanceMountsResource struct{ e *Engine }
+
+func (r instanceMountsResource) acquire(_ context.Context, t *task) *failure {
+	if err := r.e.prepareInstanceMounts(t.cfg.InstanceMounts); err != nil {
+		return &failure{api.ReasonExecutorError, fmt.Sprintf("prepareInstanceMountPoints error: %v", err)}
+	}
+	return nil
+}
+
+func (instanceMountsResource) release(*task, *slog.Logger) {}
+func (instanceMountsResource) reclaim(*task, *slog.Logger) {}
+
+// networkResource is the isolated bridge network a bridge-mode task joins
+// (shim/netiso). It is shared by every task and kept when one ends; a
+// per-task network would delete its own here.
+type networkResource struct{ e *Engine }
+
+func (r networkResource) acquire(ctx context.Context, t *task) *failure {
+	if t.cfg.NetworkMode != "bridge" || r.e.cfg.Network == nil {
+		return nil
+	}
+	name, err := r.e.cfg.Network.Ensure(ctx)
+	if err != nil {
+		return &failure{api.ReasonCreatingContainerError, fmt.Sprintf("isolated network error: %v", err)}
+	}
+	r.e.mu.Lock()
+	t.network = name
+	r.e.mu.Unlock()
+	return nil
+}
+
+func (networkResource) release(*task, *slog.Logger) {}
+func (networkResource) reclaim(*task, *slog.Logger) {}

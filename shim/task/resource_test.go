@@ -1,0 +1,221 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/shim/gpu"
+)
+
+// Each resource kind: acquire, release, reclaim after a restart (a fresh
+// engine over the same home), and release of one never acquired.
+
+type fakeKeys struct {
+	mu    sync.Mutex
+	lines map[string][]string // task id -> keys
+	fail  error
+}
+
+func (k *fakeKeys) Add(user, id string, keys []string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.fail != nil {
+		return k.fail
+	}
+	k.lines[id] = keys
+	return nil
+}
+
+func (k *fakeKeys) Remove(user, id string) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.lines, id)
+	return nil
+}
+
+type fakeVolumes struct {
+	mu      sync.Mutex
+	mounted map[string]string // volume -> task id
+	claims  []string
+}
+
+func (v *fakeVolumes) Mount(_ context.Context, id string, vi api.VolumeInfo) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if owner, ok := v.mounted[vi.Name]; ok && owner != id {
+		return errors.New("mounted for another task")
+	}
+	v.mounted[vi.Name] = id
+	return nil
+}
+
+func (v *fakeVolumes) Unmount(name, id string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.mounted[name] == id {
+		delete(v.mounted, name)
+	}
+	return nil
+}
+
+func (v *fakeVolumes) Claim(name, id string) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.claims = append(v.claims, name+"@"+id)
+	return nil
+}
+
+type fakeNetwork struct{ ensured int }
+
+func (n *fakeNetwork) Ensure(context.Context) (string, error) { n.ensured++; return "tandem-isolated", nil }
+
+// resourceEngine is an engine with every resource backend faked.
+func resourceEngine(t *testing.T, locks *gpu.Locks, keys *fakeKeys, vols *fakeVolumes, net *fakeNetwork, home string) *Engine {
+	t.Helper()
+	e := New(Config{Home: home, RunnerBinary: "/bin/true", Volumes: vols, Network: net,
+		InfinibandPath: "/nonexistent/ib"}, newStepRuntime(), locks, keys, logging.Discard())
+	t.Cleanup(e.Sync)
+	return e
+}
+
+func newTask(cfg api.TaskConfig) *task {
+	cfg = normalize(cfg)
+	return &task{cfg: cfg, name: ContainerName(cfg.Name, cfg.ID), done: make(chan struct{})}
+}
+
+func TestResources(t *testing.T) {
+	home := t.TempDir()
+	locks := gpu.NewLocks([]string{"g0", "g1"})
+	keys := &fakeKeys{lines: map[string][]string{}}
+	vols := &fakeVolumes{mounted: map[string]string{}}
+	net := &fakeNetwork{}
+	e := resourceEngine(t, locks, keys, vols, net, home)
+	mountDir := filepath.Join(t.TempDir(), "data")
+	tk := newTask(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1, NetworkMode: "bridge",
+		HostSSHUser: "ubuntu", HostSSHKeys: []string{"ssh-ed25519 AAAA a"},
+		Volumes:        []api.VolumeInfo{{Name: "v1"}},
+		InstanceMounts: []api.InstanceMountPoint{{InstancePath: mountDir, Path: "/data"}}})
+	e.tasks[tk.cfg.ID] = tk // records are written only for tasks in the table
+
+	for _, r := range e.resources {
+		if f := r.acquire(context.Background(), tk); f != nil {
+			t.Fatalf("%T: %+v", r, f)
+		}
+	}
+	if locks.Free() != 1 || len(tk.gpuIDs) != 1 {
+		t.Errorf("gpus: free %d, task %v", locks.Free(), tk.gpuIDs)
+	}
+	if len(keys.lines["a"]) != 1 || !tk.keysAdded {
+		t.Errorf("keys: %v %v", keys.lines, tk.keysAdded)
+	}
+	if vols.mounted["v1"] != "a" {
+		t.Errorf("volumes: %v", vols.mounted)
+	}
+	if st, err := os.Stat(mountDir); err != nil || !st.IsDir() {
+		t.Errorf("instance mount dir: %v", err)
+	}
+	if net.ensured != 1 || tk.network != "tandem-isolated" {
+		t.Errorf("network: ensured %d, task %q", net.ensured, tk.network)
+	}
+	if spec := e.containerSpec(tk, t.TempDir(), tk.gpuIDs); spec.NetworkMode != "tandem-isolated" {
+		t.Errorf("spec network %q", spec.NetworkMode)
+	}
+
+	// The record says what is held: a restarted engine reclaims GPUs and
+	// volumes without touching the host, and a second walk is harmless.
+	tk.status, tk.contID = api.TaskRunning, "c1"
+	if err := e.save(tk); err != nil {
+		t.Fatal(err)
+	}
+	loaded, err := e.recs.load()
+	if err != nil || len(loaded) != 1 {
+		t.Fatalf("load: %v %d", err, len(loaded))
+	}
+	locks2 := gpu.NewLocks([]string{"g0", "g1"})
+	e2 := resourceEngine(t, locks2, keys, vols, net, home)
+	restored := e2.restored(loaded[0])
+	for _, r := range e2.resources {
+		r.reclaim(restored, e2.log)
+	}
+	if locks2.Free() != 1 || !slices.Equal(restored.gpuIDs, tk.gpuIDs) {
+		t.Errorf("reclaimed gpus: free %d, %v", locks2.Free(), restored.gpuIDs)
+	}
+	if !slices.Equal(vols.claims, []string{"v1@a"}) {
+		t.Errorf("reclaimed volumes: %v", vols.claims)
+	}
+	if len(keys.lines["a"]) != 1 || net.ensured != 1 {
+		t.Errorf("reclaim touched the host: keys %v, network ensured %d", keys.lines, net.ensured)
+	}
+
+	// Release, in reverse, exactly once; host data stays.
+	e2.release(restored, e2.log)
+	e2.release(restored, e2.log)
+	if locks2.Free() != 2 || len(keys.lines) != 0 || len(vols.mounted) != 0 {
+		t.Errorf("after release: free %d, keys %v, volumes %v", locks2.Free(), keys.lines, vols.mounted)
+	}
+	if _, err := os.Stat(mountDir); err != nil {
+		t.Errorf("release removed host data: %v", err)
+	}
+}
+
+// TestResourcesNeverAcquired: releasing a task that acquired nothing (it
+// failed first, or asked for nothing) touches nothing that others hold.
+func TestResourcesNeverAcquired(t *testing.T) {
+	locks := gpu.NewLocks([]string{"g0"})
+	keys := &fakeKeys{lines: map[string][]string{"other": {"k"}}}
+	vols := &fakeVolumes{mounted: map[string]string{"v1": "other"}}
+	e := resourceEngine(t, locks, keys, vols, &fakeNetwork{}, t.TempDir())
+	if _, err := locks.Acquire("other", 1); err != nil {
+		t.Fatal(err)
+	}
+	tk := newTask(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1, HostSSHUser: "u", HostSSHKeys: []string{"k"},
+		Volumes: []api.VolumeInfo{{Name: "v1"}}})
+	for i := len(e.resources) - 1; i >= 0; i-- {
+		e.resources[i].release(tk, e.log)
+		e.resources[i].reclaim(tk, e.log)
+	}
+	if locks.Free() != 0 || len(keys.lines["other"]) != 1 || vols.mounted["v1"] != "other" || len(vols.claims) != 0 {
+		t.Errorf("a never-acquired release touched others: free %d, keys %v, volumes %v, claims %v", locks.Free(), keys.lines, vols.mounted, vols.claims)
+	}
+}
+
+// TestResourceAcquireFailures: each kind refuses with its own message and
+// reason, and what it recorded before failing is released.
+func TestResourceAcquireFailures(t *testing.T) {
+	locks := gpu.NewLocks([]string{"g0"})
+	keys := &fakeKeys{lines: map[string][]string{}, fail: errors.New("no such user")}
+	e := resourceEngine(t, locks, keys, &fakeVolumes{mounted: map[string]string{}}, &fakeNetwork{}, t.TempDir())
+	cases := []struct {
+		name   string
+		r      resource
+		cfg    api.TaskConfig
+		reason api.TerminationReason
+		msg    string
+	}{
+		{"gpus", gpuResource{e}, api.TaskConfig{GPU: 2}, api.ReasonExecutorError, ""},
+		{"keys", hostKeysResource{e}, api.TaskConfig{HostSSHUser: "nobody", HostSSHKeys: []string{"k"}}, api.ReasonExecutorError, "host keys error: no such user"},
+		{"volumes without support", volumesResource{&Engine{cfg: Config{}}}, api.TaskConfig{Volumes: []api.VolumeInfo{{Name: "v"}}}, api.ReasonExecutorError, "prepareVolumes error: this shim has no volume support configured"},
+		{"relative mount", instanceMountsResource{e}, api.TaskConfig{InstanceMounts: []api.InstanceMountPoint{{InstancePath: "data", Path: "/data"}}}, api.ReasonExecutorError, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.cfg.ID, c.cfg.Name, c.cfg.ImageName = "t-"+c.name, "n", "img"
+			tk := newTask(c.cfg)
+			f := c.r.acquire(context.Background(), tk)
+			if f == nil || f.reason != c.reason || (c.msg != "" && f.msg != c.msg) {
+				t.Fatalf("got %+v", f)
+			}
+			c.r.release(tk, e.log)
+		})
+	}
+	if locks.Free() != 1 {
+		t.Errorf("a failed acquire kept a GPU: free %d", locks.Free())
+	}
+}
