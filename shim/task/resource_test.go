@@ -74,7 +74,10 @@ func (v *fakeVolumes) Claim(name, id string) error {
 
 type fakeNetwork struct{ ensured int }
 
-func (n *fakeNetwork) Ensure(context.Context) (string, error) { n.ensured++; return "tandem-isolated", nil }
+func (n *fakeNetwork) Ensure(context.Context) (string, error) {
+	n.ensured++
+	return "tandem-isolated", nil
+}
 
 // resourceEngine is an engine with every resource backend faked.
 func resourceEngine(t *testing.T, locks *gpu.Locks, keys *fakeKeys, vols *fakeVolumes, net *fakeNetwork, home string) *Engine {
