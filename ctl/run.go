@@ -447,7 +447,7 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 // prepareJob submits the job and uploads the code.
 func prepareJob(ctx context.Context, r *runnerclient.Client, o RunOptions, body api.SubmitBody) error {
 	if err := r.Submit(ctx, body); err != nil {
-		if o.Network == "host" && strings.Contains(err.Error(), "409") {
+		if o.Network == "host" && errors.Is(err, api.ErrConflict) {
 			return fmt.Errorf("submit job: %w: the runner at this port already has a job: another host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task", err)
 		}
 		return fmt.Errorf("submit job: %w", err)

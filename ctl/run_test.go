@@ -1,9 +1,15 @@
 package ctl
 
 import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
 )
 
 func TestResultExitCodeAndDescribe(t *testing.T) {
@@ -50,6 +56,29 @@ func TestProgressBar(t *testing.T) {
 	} {
 		if got := progressBar(tc.done, tc.total, tc.final); got != tc.want {
 			t.Errorf("progressBar(%d, %d) = %q want %q", tc.done, tc.total, got, tc.want)
+		}
+	}
+}
+
+// TestPrepareJobConflictOnHostNetwork: a runner that already has a job
+// answers 409; on the host network that means another task holds the
+// runner's ports, and the error says so and stays an api.ErrConflict.
+func TestPrepareJobConflictOnHostNetwork(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "job already submitted", http.StatusConflict)
+	}))
+	defer srv.Close()
+	r, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, network := range []string{"host", "bridge"} {
+		err := prepareJob(context.Background(), r, RunOptions{Network: network}, api.SubmitBody{})
+		if !errors.Is(err, api.ErrConflict) {
+			t.Fatalf("%s: %v is not a conflict", network, err)
+		}
+		if hint := strings.Contains(err.Error(), "another host-network task"); hint != (network == "host") {
+			t.Errorf("%s: %v", network, err)
 		}
 	}
 }

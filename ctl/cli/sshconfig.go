@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/atomicfile"
 	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/ctl"
 )
@@ -63,11 +64,7 @@ func editSSHConfig(edit func(entries []string) []string) (string, error) {
 		b.WriteString(e)
 		b.WriteString("\n")
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
-		return "", err
-	}
-	return path, os.Rename(tmp, path)
+	return path, atomicfile.WriteBytes(path, b.Bytes(), atomicfile.Options{Perm: 0o600, UID: -1})
 }
 
 // entryTask returns the task id and shim of an entry's marker.
@@ -229,9 +226,5 @@ func installInclude(path string) error {
 	if fi, err := os.Stat(cfg); err == nil {
 		mode = fi.Mode().Perm()
 	}
-	tmp := cfg + ".tandem.tmp"
-	if err := os.WriteFile(tmp, append([]byte("Include "+path+"\n\n"), old...), mode); err != nil {
-		return err
-	}
-	return os.Rename(tmp, cfg)
+	return atomicfile.WriteBytes(cfg, append([]byte("Include "+path+"\n\n"), old...), atomicfile.Options{Perm: mode, UID: -1})
 }
