@@ -12,6 +12,8 @@ import (
 	"text/template"
 
 	"golang.org/x/crypto/ssh"
+
+	"github.com/tandem-run/tandem/api"
 )
 
 // Entrypoint is a container entrypoint override for container-only clouds
@@ -62,10 +64,10 @@ func validKeys(field string, keys []string) error {
 
 func (e *Entrypoint) defaults() {
 	if e.HTTPPort == 0 {
-		e.HTTPPort = 10999
+		e.HTTPPort = api.RunnerHTTPPort
 	}
 	if e.SSHPort == 0 {
-		e.SSHPort = 10022
+		e.SSHPort = api.RunnerSSHPort
 	}
 	if e.LogLevel == "" {
 		e.LogLevel = "4"

@@ -10,6 +10,8 @@ import (
 	"text/template"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/tandem-run/tandem/api"
 )
 
 // VM is how a VM gets dstack-shim: installed (or found baked into the
@@ -55,13 +57,13 @@ func (v *VM) defaults() {
 		v.ShimHome = "/root/.dstack"
 	}
 	if v.ShimHTTPPort == 0 {
-		v.ShimHTTPPort = 10998
+		v.ShimHTTPPort = api.ShimHTTPPort
 	}
 	if v.RunnerHTTPPort == 0 {
-		v.RunnerHTTPPort = 10999
+		v.RunnerHTTPPort = api.RunnerHTTPPort
 	}
 	if v.RunnerSSHPort == 0 {
-		v.RunnerSSHPort = 10022
+		v.RunnerSSHPort = api.RunnerSSHPort
 	}
 	if v.LogLevel == "" {
 		v.LogLevel = "5"

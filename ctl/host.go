@@ -321,7 +321,7 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 	}
 	port := o.VM.ShimHTTPPort
 	if port == 0 {
-		port = 10998
+		port = api.ShimHTTPPort
 	}
 	if h.useSystemd(l) {
 		rep.Supervisor = "systemd"
@@ -449,7 +449,7 @@ func UninstallHost(ctx context.Context, o HostOptions) error {
 	defer h.t.Close()
 	port := o.VM.ShimHTTPPort
 	if port == 0 {
-		port = 10998
+		port = api.ShimHTTPPort
 	}
 	if c, err := newShimClient(joinPort("127.0.0.1", port), h.t.Dial, ""); err == nil {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -129,12 +129,12 @@ func reportedPorts(info api.TaskInfoResponse) Ports {
 	if d := info.Tandem; d != nil {
 		return Ports{HTTP: d.RunnerHTTPPort, SSH: d.RunnerSSHPort}
 	}
-	p := Ports{HTTP: 10999, SSH: 10022}
+	p := Ports{HTTP: api.RunnerHTTPPort, SSH: api.RunnerSSHPort}
 	for _, m := range info.Ports {
 		switch m.Container {
-		case 10999:
+		case api.RunnerHTTPPort:
 			p.HTTP = m.Host
-		case 10022:
+		case api.RunnerSSHPort:
 			p.SSH = m.Host
 		}
 	}

@@ -30,7 +30,10 @@ type exitError struct {
 func (e exitError) Error() string { return e.msg }
 func (e exitError) ExitCode() int { return e.code }
 
-var shimFlag = &cli.StringFlag{Name: "shim", Value: "127.0.0.1:10998", EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host:port (with --ssh: as seen on the host)"}
+// defaultShim is a shim on this machine at dstack's port.
+var defaultShim = "127.0.0.1:" + strconv.Itoa(api.ShimHTTPPort)
+
+var shimFlag = &cli.StringFlag{Name: "shim", Value: defaultShim, EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host:port (with --ssh: as seen on the host)"}
 
 // connFlags reach a machine directly (--shim) or over SSH (--ssh), as the
 // dstack server does.

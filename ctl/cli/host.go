@@ -8,6 +8,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/cloudinit"
 	"github.com/tandem-run/tandem/ctl"
 )
@@ -18,9 +19,9 @@ func hostFlags() []cli.Flag {
 		&cli.StringFlag{Name: "identity", Aliases: []string{"i"}, Usage: "SSH private key (default ~/.ssh/id_ed25519, id_rsa)"},
 		&cli.StringFlag{Name: "known-hosts", Usage: "known_hosts file (default ~/.ssh/known_hosts)"},
 		&cli.StringFlag{Name: "prefix", Usage: "install every file under this directory (tests; hosts without a writable /usr); uses the supervisor script"},
-		&cli.IntFlag{Name: "shim-http-port", Value: 10998, Usage: "the shim's API port"},
-		&cli.IntFlag{Name: "runner-http-port", Value: 10999, Usage: "the runner's HTTP port"},
-		&cli.IntFlag{Name: "runner-ssh-port", Value: 10022, Usage: "the runner's SSH port"},
+		&cli.IntFlag{Name: "shim-http-port", Value: api.ShimHTTPPort, Usage: "the shim's API port"},
+		&cli.IntFlag{Name: "runner-http-port", Value: api.RunnerHTTPPort, Usage: "the runner's HTTP port"},
+		&cli.IntFlag{Name: "runner-ssh-port", Value: api.RunnerSSHPort, Usage: "the runner's SSH port"},
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/cloudinit"
 	"github.com/tandem-run/tandem/ctl"
 )
@@ -62,8 +63,8 @@ func entrypointCmd() *cli.Command {
 			&cli.StringFlag{Name: "runner-url", Usage: "download URL of the static dstack-runner"},
 			&cli.StringFlag{Name: "runner-sha256", Usage: "expected SHA-256 of dstack-runner"},
 			&cli.StringSliceFlag{Name: "authorized-key", Usage: "public key allowed in over SSH (repeatable)"},
-			&cli.IntFlag{Name: "http-port", Value: 10999},
-			&cli.IntFlag{Name: "ssh-port", Value: 10022},
+			&cli.IntFlag{Name: "http-port", Value: api.RunnerHTTPPort},
+			&cli.IntFlag{Name: "ssh-port", Value: api.RunnerSSHPort},
 			&cli.StringFlag{Name: "log-level", Value: "4"},
 			&cli.BoolFlag{Name: "json", Usage: `print ["/bin/sh","-c",script] for container APIs`},
 		},

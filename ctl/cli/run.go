@@ -249,7 +249,7 @@ func runNodes(c *cli.Context) ([]runNode, error) {
 	}
 	nodes := make([]runNode, n)
 	for i := range nodes {
-		nodes[i].shim = "127.0.0.1:10998"
+		nodes[i].shim = defaultShim
 		switch {
 		case len(shims) == n:
 			nodes[i].shim = shims[i]

@@ -12,6 +12,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/agent"
@@ -76,8 +77,8 @@ func App() *cli.App {
 				&cli.StringFlag{Name: "temp-dir", Value: "/tmp/runner", Usage: "runtime dir for logs and uploads"},
 				&cli.StringFlag{Name: "home-dir", Hidden: true, Usage: "ignored; accepted for old shims"},
 				&cli.StringFlag{Name: "http-address", Usage: "HTTP bind address (default: all interfaces)"},
-				&cli.IntFlag{Name: "http-port", Value: 10999, Usage: "HTTP API port"},
-				&cli.IntFlag{Name: "ssh-port", Value: 10022, Usage: "SSH server port"},
+				&cli.IntFlag{Name: "http-port", Value: api.RunnerHTTPPort, Usage: "HTTP API port"},
+				&cli.IntFlag{Name: "ssh-port", Value: api.RunnerSSHPort, Usage: "SSH server port"},
 				&cli.StringSliceFlag{Name: "ssh-authorized-key", Usage: "authorized public key (repeatable)"},
 				&cli.StringFlag{Name: "ssh-log-level", Value: "INFO", Usage: "SSH server log level"},
 				&cli.StringSliceFlag{Name: "ssh-ciphers", Hidden: true, Usage: "SSH ciphers offered (default: AES-GCM)"},

@@ -14,6 +14,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/agent"
@@ -132,17 +133,17 @@ func Flags() []cli.Flag {
 		&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_SHIM_LOG_MIN_FREE_BYTES"}, Usage: "passed to each runner: free space in the shim home below which job output is no longer kept (runner default: a tenth of the filesystem, at most 256 MiB; -1: none)"},
 		&cli.StringFlag{Name: "task-network", Value: netiso.DefaultName, EnvVars: []string{"TANDEM_SHIM_TASK_NETWORK"}, Usage: "bridge network (created with inter-container traffic off) that bridge-mode tasks join, so tasks cannot reach each other; \"\" for Docker's default bridge"},
 		&cli.StringSliceFlag{Name: "api-allowed-host", EnvVars: []string{"TANDEM_SHIM_API_ALLOWED_HOSTS"}, Usage: "Host header names accepted besides loopback ones (* for any)"},
-		&cli.IntFlag{Name: "shim-http-port", Value: 10998, EnvVars: []string{"DSTACK_SHIM_HTTP_PORT"}, Usage: "API port"},
+		&cli.IntFlag{Name: "shim-http-port", Value: api.ShimHTTPPort, EnvVars: []string{"DSTACK_SHIM_HTTP_PORT"}, Usage: "API port"},
 		&cli.StringFlag{Name: "shim-http-address", Value: "127.0.0.1", EnvVars: []string{"DSTACK_SHIM_HTTP_ADDRESS"}, Usage: "API bind address"},
 		&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: []string{"TANDEM_LOG_FORMAT"}, Usage: "text or json (one object per line)"},
 		&cli.StringFlag{Name: "shim-log-level", Value: "info", EnvVars: []string{"DSTACK_SHIM_LOG_LEVEL"}, Usage: "fatal, error, warn, info, debug, trace or 1..6"},
 		&cli.StringFlag{Name: "runner-download-url", EnvVars: []string{"DSTACK_RUNNER_DOWNLOAD_URL"}, Usage: "download the runner from here at start when missing"},
 		&cli.StringFlag{Name: "runner-binary-path", Value: "/usr/local/bin/dstack-runner", EnvVars: []string{"DSTACK_RUNNER_BINARY_PATH"}, Usage: "host path of the runner binary"},
-		&cli.IntFlag{Name: "runner-http-port", Value: 10999, EnvVars: []string{"DSTACK_RUNNER_HTTP_PORT"}, Usage: "runner HTTP port"},
-		&cli.IntFlag{Name: "runner-ssh-port", Value: 10022, EnvVars: []string{"DSTACK_RUNNER_SSH_PORT"}, Usage: "runner SSH port"},
+		&cli.IntFlag{Name: "runner-http-port", Value: api.RunnerHTTPPort, EnvVars: []string{"DSTACK_RUNNER_HTTP_PORT"}, Usage: "runner HTTP port"},
+		&cli.IntFlag{Name: "runner-ssh-port", Value: api.RunnerSSHPort, EnvVars: []string{"DSTACK_RUNNER_SSH_PORT"}, Usage: "runner SSH port"},
 		&cli.StringFlag{Name: "runner-ssh-log-level", EnvVars: []string{"DSTACK_RUNNER_SSH_LOG_LEVEL"}, Usage: "runner SSH log level"},
 		&cli.StringFlag{Name: "runner-log-level", Value: "info", EnvVars: []string{"DSTACK_RUNNER_LOG_LEVEL"}, Usage: "runner log level"},
-		&cli.IntFlag{Name: "dcgm-exporter-http-port", Value: 10997, EnvVars: []string{"DSTACK_DCGM_EXPORTER_HTTP_PORT"}, Usage: "dcgm-exporter port"},
+		&cli.IntFlag{Name: "dcgm-exporter-http-port", Value: api.DCGMExporterHTTPPort, EnvVars: []string{"DSTACK_DCGM_EXPORTER_HTTP_PORT"}, Usage: "dcgm-exporter port"},
 		&cli.IntFlag{Name: "dcgm-exporter-interval", Value: 5000, EnvVars: []string{"DSTACK_DCGM_EXPORTER_INTERVAL"}, Usage: "dcgm-exporter interval, ms"},
 		&cli.StringFlag{Name: "dcgm-address", EnvVars: []string{"DSTACK_DCGM_ADDRESS"}, Usage: "nv-hostengine address"},
 		&cli.StringFlag{Name: "pass-env", Value: "http_proxy,https_proxy,no_proxy,HTTP_PROXY,HTTPS_PROXY,NO_PROXY", EnvVars: []string{"DSTACK_DOCKER_PASS_ENV"}, Usage: "comma list of env vars copied into containers"},

@@ -41,10 +41,10 @@ const (
 	LabelShimHome = "run.tandem.shim.home"
 )
 
-// Paths inside the container.
+// Paths inside the container (api/wire.go).
 const (
-	RunnerDirInContainer    = "/tmp/runner"
-	RunnerBinaryInContainer = "/usr/local/bin/dstack-runner"
+	RunnerDirInContainer    = api.RunnerDirInContainer
+	RunnerBinaryInContainer = api.RunnerBinaryInContainer
 )
 
 // KeyEditor adds and removes a task's keys in a host user's authorized_keys.

@@ -1,0 +1,20 @@
+package api
+
+// Where dstack's agents meet: the ports the server connects to and the
+// paths the shim binds into every task container. Flags and constructors
+// take their defaults from here.
+const (
+	// ShimHTTPPort is the shim's API port.
+	ShimHTTPPort = 10998
+	// RunnerHTTPPort is the runner's API port inside a task.
+	RunnerHTTPPort = 10999
+	// RunnerSSHPort is the runner's SSH port inside a task.
+	RunnerSSHPort = 10022
+	// DCGMExporterHTTPPort is where the shim looks for a host dcgm-exporter.
+	DCGMExporterHTTPPort = 10997
+
+	// RunnerDirInContainer is the runner's temp dir, bound from the host.
+	RunnerDirInContainer = "/tmp/runner"
+	// RunnerBinaryInContainer is where the host's runner binary is bound.
+	RunnerBinaryInContainer = "/usr/local/bin/dstack-runner"
+)
