@@ -147,3 +147,26 @@ func ToFile(level slog.Leveler, format Format, console io.Writer, path string) (
 	}
 	return NewFormat(level, format, console, f), f, nil
 }
+
+// AtLevel returns a logger that writes l's records at level and above. It
+// can only be quieter than what l's handler lets through: build l at the
+// most verbose level any of its derived loggers needs.
+func AtLevel(l *slog.Logger, level slog.Leveler) *slog.Logger {
+	return slog.New(levelFilter{h: l.Handler(), min: level})
+}
+
+type levelFilter struct {
+	h   slog.Handler
+	min slog.Leveler
+}
+
+func (f levelFilter) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= f.min.Level() && f.h.Enabled(ctx, l)
+}
+func (f levelFilter) Handle(ctx context.Context, r slog.Record) error { return f.h.Handle(ctx, r) }
+func (f levelFilter) WithAttrs(a []slog.Attr) slog.Handler {
+	return levelFilter{h: f.h.WithAttrs(a), min: f.min}
+}
+func (f levelFilter) WithGroup(g string) slog.Handler {
+	return levelFilter{h: f.h.WithGroup(g), min: f.min}
+}

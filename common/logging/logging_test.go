@@ -54,3 +54,26 @@ func TestNewWritesAllSinksWithDstackLevelNames(t *testing.T) {
 		t.Fatalf("debug must be filtered at info: %q", c.String())
 	}
 }
+
+func TestAtLevel(t *testing.T) {
+	var buf bytes.Buffer
+	base := New(slog.LevelDebug, &buf)
+	main := AtLevel(base, slog.LevelInfo)
+	ssh := AtLevel(base, slog.LevelDebug).With("component", "sshd")
+	main.Debug("main debug")
+	main.Info("main info")
+	ssh.Debug("ssh debug")
+	quiet := AtLevel(base, slog.LevelError)
+	quiet.Warn("quiet warn")
+	out := buf.String()
+	for _, want := range []string{"main info", "ssh debug", "component=sshd"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+	for _, not := range []string{"main debug", "quiet warn"} {
+		if strings.Contains(out, not) {
+			t.Errorf("%q was written:\n%s", not, out)
+		}
+	}
+}

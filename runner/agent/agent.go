@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
@@ -36,9 +37,11 @@ type Config struct {
 	HTTPPort       int
 	SSHPort        int
 	AuthorizedKeys []string
-	SSHLogLevel    string
-	SSHCiphers     []string
-	SSHAddress     string
+	// SSHLogLevel is the SSH server's own level (dstack's --ssh-log-level),
+	// apart from the runner's.
+	SSHLogLevel slog.Level
+	SSHCiphers  []string
+	SSHAddress  string
 	// SSH carries the SSH server's limits and policy switches (LoginGrace,
 	// MaxStartups, PerSource, GatewayPorts, PermitUserEnvironment).
 	SSH          sshd.Config
@@ -76,11 +79,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Stdout == nil {
 		cfg.Stdout = os.Stdout
 	}
-	log, logf, err := logging.ToFile(cfg.LogLevel, cfg.LogFormat, cfg.Stdout, filepath.Join(cfg.TempDir, "default.log"))
+	base, logf, err := logging.ToFile(min(cfg.LogLevel, cfg.SSHLogLevel), cfg.LogFormat, cfg.Stdout, filepath.Join(cfg.TempDir, "default.log"))
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
+	log := logging.AtLevel(base, cfg.LogLevel)
 	log.Info("dstack-runner starting", "version", version.String(), "tandem_version", version.Tandem(), "temp_dir", cfg.TempDir)
 
 	uid := os.Geteuid()
@@ -106,7 +110,7 @@ func Run(ctx context.Context, cfg Config) error {
 	tracker := sshd.NewTracker()
 	self, err := os.Executable()
 	if err != nil {
-		self = "/usr/local/bin/dstack-runner"
+		self = api.RunnerBinaryInContainer
 	}
 	var x *executor.Executor
 	// The limits and policy switches come from the flags; the rest is
@@ -115,7 +119,8 @@ func Run(ctx context.Context, cfg Config) error {
 	sc.HostKeyDir = filepath.Join(cfg.TempDir, "ssh")
 	sc.Accounts = accounts
 	sc.Env = func() []string { return x.SessionEnv() }
-	sc.CanSetUser, sc.Self, sc.Tracker, sc.Log, sc.Ciphers = canSet, self, tracker, log, cfg.SSHCiphers
+	sc.CanSetUser, sc.Self, sc.Tracker, sc.Ciphers = canSet, self, tracker, cfg.SSHCiphers
+	sc.Log = logging.AtLevel(base, cfg.SSHLogLevel)
 	sshSrv, err := sshd.New(sc, keys)
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)

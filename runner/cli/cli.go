@@ -21,17 +21,6 @@ import (
 	"github.com/tandem-run/tandem/runner/sshd"
 )
 
-// Config is what `dstack-runner start` was asked to do.
-type Config struct {
-	LogLevel       string
-	TempDir        string
-	HTTPAddress    string
-	HTTPPort       int
-	SSHPort        int
-	AuthorizedKeys []string
-	SSHLogLevel    string
-}
-
 // versionVerbose prints the reported version, Tandem's release and the
 // toolchain; --version stays the three words the server's parser reads.
 const versionVerbose = "version-verbose"
@@ -107,6 +96,10 @@ func App() *cli.App {
 				if err != nil {
 					return err
 				}
+				sshLevel, err := logging.ParseLevel(c.String("ssh-log-level"))
+				if err != nil {
+					return fmt.Errorf("--ssh-log-level: %w", err)
+				}
 				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGQUIT)
 				defer stop()
 				return agent.Run(ctx, agent.Config{
@@ -117,7 +110,7 @@ func App() *cli.App {
 					HTTPPort:       c.Int("http-port"),
 					SSHPort:        c.Int("ssh-port"),
 					AuthorizedKeys: c.StringSlice("ssh-authorized-key"),
-					SSHLogLevel:    c.String("ssh-log-level"),
+					SSHLogLevel:    sshLevel,
 					SSHCiphers:     splitCommas(c.StringSlice("ssh-ciphers")),
 					SSHAddress:     c.String("ssh-address"),
 					SSH: sshd.Config{LoginGrace: c.Duration("ssh-login-grace"), MaxStartups: c.Int("ssh-max-startups"),

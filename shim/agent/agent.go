@@ -66,8 +66,11 @@ type Config struct {
 	PullStallTimeout  time.Duration
 	PullTimeout       time.Duration
 	DCGMExporterPort  int
-	VolumesRoot       string // "/mnt/disks/dstack-volumes"
-	GCPDiskByID       string // "/dev/disk/by-id"
+	// GPUMetricsInterval is how often GPU metrics are sampled or fetched
+	// (--dcgm-exporter-interval; default 5 s).
+	GPUMetricsInterval time.Duration
+	VolumesRoot        string // "/mnt/disks/dstack-volumes"
+	GCPDiskByID        string // "/dev/disk/by-id"
 	// JobLogMaxBytes, JobLogHeadBytes and LogMinFreeBytes are passed to the
 	// runner (--job-log-max-bytes, ...) when set (non-zero).
 	JobLogMaxBytes, JobLogHeadBytes, LogMinFreeBytes int64
@@ -194,8 +197,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if vendor == api.GPUVendorNVIDIA {
 		xids := nvmlSrc.WatchXIDs(ctx)
 		health.gpus = func(context.Context) *api.DCGMHealth { return nvmlSrc.Health(xids()) }
-		m := &gpu.Metrics{NVML: nvmlSrc, Interval: 5 * time.Second}
-		exp := &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", cfg.DCGMExporterPort), Interval: 5 * time.Second}
+		every := cfg.GPUMetricsInterval
+		if every <= 0 {
+			every = 5 * time.Second
+		}
+		m := &gpu.Metrics{NVML: nvmlSrc, Interval: every}
+		exp := &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", cfg.DCGMExporterPort), Interval: every}
 		taskMetrics = func(ctx context.Context, ids []string) (string, bool, error) {
 			// A dcgm-exporter on the host wins (dstack's behaviour); NVML otherwise.
 			if cfg.DCGMExporterPort > 0 {

@@ -105,6 +105,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		PullStallTimeout:   c.Duration("pull-stall-timeout"),
 		PullTimeout:        c.Duration("pull-timeout"),
 		DCGMExporterPort:   c.Int("dcgm-exporter-http-port"),
+		GPUMetricsInterval: time.Duration(c.Int("dcgm-exporter-interval")) * time.Millisecond,
 		VolumesRoot:        c.String("volumes-root"),
 		GCPDiskByID:        c.String("gcp-disk-by-id"),
 		ReconcileInterval:  c.Duration("reconcile-interval"),
@@ -144,8 +145,11 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "runner-ssh-log-level", EnvVars: []string{"DSTACK_RUNNER_SSH_LOG_LEVEL"}, Usage: "runner SSH log level"},
 		&cli.StringFlag{Name: "runner-log-level", Value: "info", EnvVars: []string{"DSTACK_RUNNER_LOG_LEVEL"}, Usage: "runner log level"},
 		&cli.IntFlag{Name: "dcgm-exporter-http-port", Value: api.DCGMExporterHTTPPort, EnvVars: []string{"DSTACK_DCGM_EXPORTER_HTTP_PORT"}, Usage: "dcgm-exporter port"},
-		&cli.IntFlag{Name: "dcgm-exporter-interval", Value: 5000, EnvVars: []string{"DSTACK_DCGM_EXPORTER_INTERVAL"}, Usage: "dcgm-exporter interval, ms"},
-		&cli.StringFlag{Name: "dcgm-address", EnvVars: []string{"DSTACK_DCGM_ADDRESS"}, Usage: "nv-hostengine address"},
+		&cli.IntFlag{Name: "dcgm-exporter-interval", Value: 5000, EnvVars: []string{"DSTACK_DCGM_EXPORTER_INTERVAL"}, Usage: "how often GPU metrics are sampled (from NVML, or fetched from dcgm-exporter), ms"},
+		// Accepted and ignored: dstack's shim reaches nv-hostengine here for
+		// DCGM health checks; ours reads health from NVML (XID events), so
+		// command lines and environments written for dstack keep working.
+		&cli.StringFlag{Name: "dcgm-address", EnvVars: []string{"DSTACK_DCGM_ADDRESS"}, Usage: "accepted for dstack compatibility and ignored: GPU health comes from NVML"},
 		&cli.StringFlag{Name: "pass-env", Value: "http_proxy,https_proxy,no_proxy,HTTP_PROXY,HTTPS_PROXY,NO_PROXY", EnvVars: []string{"DSTACK_DOCKER_PASS_ENV"}, Usage: "comma list of env vars copied into containers"},
 		&cli.BoolFlag{Name: "privileged", EnvVars: []string{"DSTACK_DOCKER_PRIVILEGED"}, Usage: "run all containers privileged"},
 		&cli.StringFlag{Name: "pjrt-device", EnvVars: []string{"PJRT_DEVICE"}, Usage: "set PJRT_DEVICE in containers"},
