@@ -163,7 +163,14 @@ type task struct {
 	network string
 
 	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu)
+
+	doneOnce sync.Once // markDone closes done once, whichever path ends the task
 }
+
+// markDone says nothing more runs for the task (its pipeline or watcher
+// returned, or recovery settled it): terminate and remove wait on done.
+// Safe to call twice.
+func (t *task) markDone() { t.doneOnce.Do(func() { close(t.done) }) }
 
 // New returns an engine. gpus may hold no GPUs; keys may be nil when no
 // task asks for host keys.
@@ -266,7 +273,7 @@ var errTransition = errors.New("status transition rejected")
 // is written where it happens: the submit, host keys before the edit,
 // running with the container id, terminated and stop requests.
 func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
-	if err := e.commitLocked(t, next, update); err != nil {
+	if err := e.applyStep(t, next, update); err != nil {
 		return err
 	}
 	if next == api.TaskRunning {
@@ -275,7 +282,9 @@ func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
 	return nil
 }
 
-func (e *Engine) commitLocked(t *task, next api.TaskStatus, update func()) error {
+// applyStep checks the transition table and moves t to next, under the
+// engine's lock; commit adds the persisting.
+func (e *Engine) applyStep(t *task, next api.TaskStatus, update func()) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if !t.status.CanTransitionTo(next) {
@@ -295,11 +304,13 @@ func (e *Engine) commitLocked(t *task, next api.TaskStatus, update func()) error
 // finish commits terminated. A reason already recorded wins; a terminate
 // request's reason beats the pipeline's; never an empty reason.
 func (e *Engine) finish(t *task, reason api.TerminationReason, msg string) {
-	e.finishLocked(t, reason, msg)
+	e.applyEnd(t, reason, msg)
 	e.saveSoon(t)
 }
 
-func (e *Engine) finishLocked(t *task, reason api.TerminationReason, msg string) {
+// applyEnd moves t to terminated under the engine's lock; finish adds the
+// persisting.
+func (e *Engine) applyEnd(t *task, reason api.TerminationReason, msg string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if t.status == api.TaskTerminated && t.reason != "" {

@@ -38,7 +38,7 @@ type failure struct {
 // its host resources are released.
 func (e *Engine) run(ctx context.Context, t *task) {
 	log := e.log.With("task_id", t.cfg.ID, "container", t.name)
-	defer close(t.done)
+	defer t.markDone()
 	defer t.cancelPre()
 	if f := e.start(ctx, t, log); f != nil {
 		e.end(t, log, *f)

@@ -63,11 +63,11 @@ func (e *Engine) Restore(ctx context.Context) error {
 		switch a {
 		case actUnreadable:
 			log.Error("unreadable task record", "err", l.err)
-			close(t.done)
+			t.markDone()
 		case actKeep:
-			close(t.done)
+			t.markDone()
 		case actRelease:
-			close(t.done)
+			t.markDone()
 			e.release(t, log)
 		case actHold:
 			t.status = api.TaskRunning // a creating record with a container is settled as running
@@ -79,7 +79,7 @@ func (e *Engine) Restore(ctx context.Context) error {
 				e.cleanup(ctx, log, "remove the container of a task that never ran", func(ctx context.Context) error { return e.rt.Remove(ctx, t.name) })
 			}
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before the task's container started; submit it again"})
-			close(t.done)
+			t.markDone()
 		}
 		e.mustSave(t)
 	}
@@ -159,11 +159,11 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		switch decideHeld(containerView{found: ok, neverStarted: c.NeverStarted}) {
 		case actEndGone:
 			e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared while the shim was down"})
-			close(t.done)
+			t.markDone()
 		case actEndNeverStarted:
 			e.cleanup(ctx, log, "remove a container that never started", func(ctx context.Context) error { return e.rt.Remove(ctx, c.ID) })
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before starting the container; submit it again"})
-			close(t.done)
+			t.markDone()
 		case actAttach: // a stopped container ends at once in watch
 			e.mu.Lock()
 			t.contID = c.ID
@@ -191,7 +191,7 @@ func (e *Engine) follow(t *task, log *slog.Logger) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		defer close(t.done)
+		defer t.markDone()
 		e.watch(t, log)
 	}()
 }
@@ -229,7 +229,7 @@ func (e *Engine) adopt(c ContainerState) {
 		t.reason, t.message, t.released = reason, msg, true
 		e.mu.Unlock()
 		e.mustSave(t)
-		close(t.done)
+		t.markDone()
 		log.Info("adopted a stopped task container", "exit_code", c.ExitCode)
 		return
 	}

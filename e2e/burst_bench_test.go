@@ -1,0 +1,156 @@
+package e2e
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/shim/task"
+)
+
+// BenchmarkShim64Tasks (issue 29): 64 bridge-mode tasks submitted at once to
+// one shim while a poller reads each task at 10 Hz, against 64 concurrent
+// create + start calls of the same image and command on the same engine
+// (the Engine API, not the docker CLI, whose own start-up would flatter
+// us). Reported: time until all run (Docker: until every start returned),
+// its ratio, the p99 of GET /api/tasks/{id} during the burst, and the
+// shim's RSS with 64 tasks. At most 3 rounds whatever b.N is: one round
+// starts 128 containers.
+func BenchmarkShim64Tasks(b *testing.B) {
+	const n = 64
+	name := "tandem-bench-" + randomID("net")[4:]
+	h := startShimB(b, "exec sleep 3600", "--task-network", name)
+	dc, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dc.Close()
+	ctx := context.Background()
+	b.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "network", "rm", name) })
+
+	bare := func() time.Duration {
+		ids := make([]string, n)
+		var wg sync.WaitGroup
+		errs := make(chan error, n)
+		began := time.Now()
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := dc.ContainerCreate(ctx, &container.Config{Image: h.image, Entrypoint: []string{"sleep"}, Cmd: []string{"3600"}},
+					&container.HostConfig{NetworkMode: container.NetworkMode(name)}, nil, nil, randomID("burst"))
+				if err == nil {
+					ids[i] = resp.ID
+					err = dc.ContainerStart(ctx, resp.ID, container.StartOptions{})
+				}
+				if err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		took := time.Since(began)
+		for _, id := range ids {
+			if id != "" {
+				_ = dc.ContainerRemove(ctx, id, container.RemoveOptions{Force: true})
+			}
+		}
+		select {
+		case err := <-errs:
+			b.Fatal(err)
+		default:
+		}
+		return took
+	}
+
+	shim := func() (took time.Duration, lat []time.Duration, rss int) {
+		cfgs := make([]api.TaskConfig, n)
+		for i := range cfgs {
+			cfgs[i] = api.TaskConfig{ID: randomID("burst"), Name: randomID("b"), ImageName: h.image, NetworkMode: "bridge"}
+			h.names = append(h.names, task.ContainerName(cfgs[i].Name, cfgs[i].ID))
+		}
+		var mu sync.Mutex
+		running := 0
+		allRun := make(chan struct{})
+		var wg sync.WaitGroup
+		began := time.Now()
+		for _, cfg := range cfgs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := h.client.SubmitTask(ctx, cfg); err != nil {
+					b.Error(err)
+					return
+				}
+				tick := time.NewTicker(100 * time.Millisecond)
+				defer tick.Stop()
+				seen := false
+				for {
+					t0 := time.Now()
+					info, err := h.client.GetTask(ctx, cfg.ID)
+					d := time.Since(t0)
+					mu.Lock()
+					lat = append(lat, d)
+					if err == nil && info.Status == api.TaskRunning && !seen {
+						seen = true
+						running++
+						if running == n {
+							took = time.Since(began)
+							close(allRun)
+						}
+					}
+					mu.Unlock()
+					if err != nil || info.Status == api.TaskTerminated {
+						b.Errorf("task %s: %v %+v", cfg.ID, err, info)
+						return
+					}
+					select {
+					case <-allRun:
+						return
+					case <-tick.C:
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if b.Failed() {
+			b.FailNow()
+		}
+		rss = readRSS(h.cmd.Process.Pid)
+		var rwg sync.WaitGroup
+		for _, cfg := range cfgs {
+			rwg.Add(1)
+			go func() {
+				defer rwg.Done()
+				_, _ = h.client.TerminateTask(ctx, cfg.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: 0})
+				h.wait(cfg.ID, time.Minute, func(i api.TaskInfoResponse) bool { return i.Status == api.TaskTerminated })
+				_ = h.client.RemoveTask(ctx, cfg.ID)
+			}()
+		}
+		rwg.Wait()
+		return took, lat, rss
+	}
+
+	var bareT, shimT, lat []time.Duration
+	var rss int
+	for i := 0; i < min(b.N, 3); i++ {
+		// The shim first: it creates the isolated network both use.
+		t, l, r := shim()
+		shimT, lat, rss = append(shimT, t), append(lat, l...), max(rss, r)
+		bareT = append(bareT, bare())
+	}
+	slices.Sort(lat)
+	b.ReportMetric(median(bareT), "docker-64-ms")
+	b.ReportMetric(median(shimT), "shim-64-all-running-ms")
+	b.ReportMetric(median(shimT)/median(bareT), "shim/docker-ratio")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1000, "get-task-p99-ms")
+	b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1000, "get-task-p50-ms")
+	b.ReportMetric(float64(rss)/1024, "shim-rss-MiB")
+}
