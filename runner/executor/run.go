@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/common/ident"
+	"github.com/tandem-run/tandem/runner/ptyproc"
 
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
@@ -388,13 +389,8 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	}
 	_ = pipe.Close()
 
-	code := cmd.ProcessState.ExitCode()
-	var killedBy syscall.Signal
-	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		// A shell's convention (and docker's): 128 + the signal's number.
-		killedBy = ws.Signal()
-		code = 128 + int(killedBy)
-	}
+	// A shell's convention (and docker's): 128 + the signal's number.
+	code, killedBy := ptyproc.ExitStatus(cmd.ProcessState)
 	switch {
 	case errors.Is(cause, errLogQuota):
 		return api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonLogQuotaExceeded,

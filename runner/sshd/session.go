@@ -1,7 +1,6 @@
 package sshd
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +14,7 @@ import (
 	gssh "github.com/gliderlabs/ssh"
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/ptyio"
+	"github.com/tandem-run/tandem/runner/ptyproc"
 )
 
 // acceptedEnv are the client variables a session takes (as dstack's sshd
@@ -217,17 +217,7 @@ func (s *Server) wait(sess gssh.Session, cmd *exec.Cmd, sigs <-chan gssh.Signal)
 	for {
 		select {
 		case err := <-done:
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				if st, ok := ee.Sys().(syscall.WaitStatus); ok && st.Signaled() {
-					return 128 + int(st.Signal())
-				}
-				return ee.ExitCode()
-			}
-			if err != nil {
-				return 255
-			}
-			return 0
+			return ptyproc.FromWait(err)
 		case sig := <-sigs:
 			if n, ok := signals[sig]; ok {
 				_ = syscall.Kill(-pid, n)
@@ -241,15 +231,7 @@ func (s *Server) wait(sess gssh.Session, cmd *exec.Cmd, sigs <-chan gssh.Signal)
 
 func exitOf(done <-chan error) <-chan int {
 	c := make(chan int, 1)
-	go func() {
-		err := <-done
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			c <- ee.ExitCode()
-			return
-		}
-		c <- 0
-	}()
+	go func() { c <- ptyproc.FromWait(<-done) }()
 	return c
 }
 
