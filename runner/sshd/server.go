@@ -20,7 +20,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	gssh "github.com/gliderlabs/ssh"
@@ -260,10 +259,6 @@ func (s *Server) authenticated(md gossh.ConnMetadata) {
 	}
 }
 
-// grantsKey is the per-connection record of what each authorized key
-// grants, by fingerprint.
-type grantsKey struct{}
-
 // permKey names the fingerprint in the key's gossh.Permissions.
 const permKey = "tandem-key-fp"
 
@@ -289,16 +284,12 @@ func (s *Server) auth(ctx gssh.Context, key gssh.PublicKey) bool {
 			log.Info("ssh key line refused", "why", why)
 			continue
 		}
-		ctx.Lock()
-		grants, _ := ctx.Value(grantsKey{}).(map[string]keyOptions)
-		if grants == nil {
-			grants = map[string]keyOptions{}
-			ctx.SetValue(grantsKey{}, grants)
+		c := connOf(ctx)
+		c.mu.Lock()
+		if _, seen := c.grants[fp]; !seen {
+			c.grants[fp] = opts
 		}
-		if _, seen := grants[fp]; !seen {
-			grants[fp] = opts
-		}
-		ctx.Unlock()
+		c.mu.Unlock()
 		// A fresh Permissions per key: x/crypto caches it with the key,
 		// so the connection ends up holding the signing key's.
 		ctx.SetValue(gssh.ContextKeyPermissions, &gssh.Permissions{Permissions: &gossh.Permissions{Extensions: map[string]string{permKey: fp}}})
@@ -328,25 +319,22 @@ func userKeys(home string, key gssh.PublicKey) []authKey {
 	return out
 }
 
-// loginKey caches a connection's login in its context.
-type loginKey struct{}
-
-type cachedLogin struct {
-	login account.Login
-	err   error
-}
-
 // login resolves the connection's user once (passwd, groups, shell, home)
 // and reuses it for every key tried, session and forward of the
 // connection.
 func (s *Server) login(ctx gssh.Context) (account.Login, error) {
-	ctx.Lock()
-	defer ctx.Unlock()
-	if c, ok := ctx.Value(loginKey{}).(*cachedLogin); ok {
-		return c.login, c.err
+	c := connOf(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.login != nil || c.loginErr != nil {
+		var l account.Login
+		if c.login != nil {
+			l = *c.login
+		}
+		return l, c.loginErr
 	}
 	l, err := s.cfg.Accounts.Login(ctx.User())
-	ctx.SetValue(loginKey{}, &cachedLogin{login: l, err: err})
+	c.login, c.loginErr = &l, err
 	return l, err
 }
 
@@ -359,21 +347,14 @@ func (s *Server) grant(ctx gssh.Context) keyOptions {
 		return deny
 	}
 	fp := conn.Permissions.Extensions[permKey]
-	ctx.Lock()
-	defer ctx.Unlock()
-	grants, _ := ctx.Value(grantsKey{}).(map[string]keyOptions)
-	opts, ok := grants[fp]
+	c := connOf(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	opts, ok := c.grants[fp]
 	if !ok {
 		return deny
 	}
 	return opts
-}
-
-type connStateKey struct{}
-
-// connState is per-connection bookkeeping kept in the connection's context.
-type connState struct {
-	channels atomic.Int64
 }
 
 // channel wraps a channel handler: the first channel of a connection starts
@@ -382,14 +363,12 @@ type connState struct {
 // most MaxChannels channels at once.
 func (s *Server) channel(h gssh.ChannelHandler) gssh.ChannelHandler {
 	return func(srv *gssh.Server, conn *gossh.ServerConn, ch gossh.NewChannel, ctx gssh.Context) {
-		ctx.Lock()
-		st, ok := ctx.Value(connStateKey{}).(*connState)
-		if !ok {
-			st = &connState{}
-			ctx.SetValue(connStateKey{}, st)
-		}
-		ctx.Unlock()
-		if !ok {
+		st := connOf(ctx)
+		st.mu.Lock()
+		first := !st.probing
+		st.probing = true
+		st.mu.Unlock()
+		if first {
 			go s.probe(ctx, conn)
 		}
 		if n := st.channels.Add(1); n > int64(s.cfg.MaxChannels) {
