@@ -173,7 +173,7 @@ func Run(ctx context.Context, cfg Config) error {
 	ready := make(chan struct{})
 	go func() {
 		defer close(ready)
-		diskPath := dockerFacts(ctx, rt, engine, vendor, log)
+		diskPath := dockerFacts(ctx, rt, vendor, log)
 		if cfg.ServiceMode {
 			writeHostInfo(cfg.Home, gpus, diskPath, log)
 		}
@@ -378,7 +378,7 @@ func passEnv(names []string) []string {
 // dockerFacts asks Docker, each call bounded, what the shim adapts to: its
 // root dir (host_info's disk) and how it reaches NVIDIA GPUs. A daemon that
 // does not answer leaves the defaults, logged.
-func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, engine *task.Engine, vendor api.GPUVendor, log *slog.Logger) string {
+func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, vendor api.GPUVendor, log *slog.Logger) string {
 	diskPath := "/"
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	if info, err := rt.Client().Info(ictx); err != nil {
@@ -398,7 +398,8 @@ func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, engine *task.Engine,
 	case err != nil:
 		log.Warn("cannot tell how Docker reaches NVIDIA GPUs; assuming the runtime hook", "err", err)
 	case mode == "cdi":
-		engine.UseCDI(true)
+		// Only said here: the engine asks the runtime itself on its first
+		// GPU task.
 		log.Info("NVIDIA GPUs via CDI device requests")
 	case mode == "":
 		log.Warn("Docker has neither the NVIDIA runtime nor CDI; GPU tasks will fail to start until nvidia-container-toolkit is set up")

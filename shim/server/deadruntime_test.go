@@ -28,6 +28,7 @@ func (deadRuntime) Remove(context.Context, string) error                       {
 func (deadRuntime) LogTail(context.Context, string, int) (string, error)       { return "", errDown }
 
 func (deadRuntime) Containers(context.Context) ([]task.ContainerState, error) { return nil, errDown }
+func (deadRuntime) GPUMode(context.Context) (string, error)                   { return "", errDown }
 func (deadRuntime) Inspect(context.Context, string) (task.ContainerState, error) {
 	return task.ContainerState{}, errDown
 }

@@ -95,7 +95,8 @@ type Config struct {
 	// down after the container stopped or a pre-run stage was cancelled.
 	TerminateWait time.Duration
 	// GPUVendor is the host's GPU vendor; NvidiaCDI selects CDI device
-	// requests instead of the NVIDIA runtime hook.
+	// requests instead of the NVIDIA runtime hook. Unset, the engine asks
+	// the runtime on the first GPU task (nvidiaCDI).
 	GPUVendor api.GPUVendor
 	NvidiaCDI bool
 }
@@ -122,6 +123,9 @@ type Engine struct {
 	writers    int                  // background record writers running; guarded by mu
 	idle       *sync.Cond           // signalled (on mu) when writers drops to 0
 	resources  []resource           // host resources in acquire order (resource.go)
+
+	gpuModeMu sync.Mutex // guards gpuMode
+	gpuMode   string     // the runtime's answer to GPUMode, once it gave one
 }
 
 // task is one task. Record fields are guarded by Engine.mu; op serializes
@@ -328,10 +332,36 @@ func (e *Engine) applyEnd(t *task, reason api.TerminationReason, msg string) {
 	t.status, t.reason, t.message = api.TaskTerminated, reason, msg
 }
 
-// UseCDI switches NVIDIA wiring to CDI device requests. The shim learns it
-// from Docker after the API already serves; it must be called before any
-// task can start (the API holds task calls until recovery is done).
-func (e *Engine) UseCDI(v bool) { e.cfg.NvidiaCDI = v }
+// nvidiaCDI says whether NVIDIA GPUs are requested as CDI devices: when
+// configured so, or as the runtime answers on the first GPU task (kept once
+// it answered; a runtime that cannot tell means the hook, and is asked
+// again next time). Nothing outside the engine changes it after start.
+func (e *Engine) nvidiaCDI() bool {
+	if e.cfg.GPUVendor != api.GPUVendorNVIDIA {
+		return false
+	}
+	if e.cfg.NvidiaCDI {
+		return true
+	}
+	e.gpuModeMu.Lock()
+	defer e.gpuModeMu.Unlock()
+	if e.gpuMode == "" {
+		ctx, cancel := context.WithTimeout(e.life, dockerCallTimeout)
+		mode, err := e.rt.GPUMode(ctx)
+		cancel()
+		switch {
+		case err != nil:
+			e.log.Warn("cannot tell how Docker reaches NVIDIA GPUs; assuming the runtime hook", "err", err)
+			return false
+		case mode == "":
+			e.log.Warn("Docker has neither the NVIDIA runtime nor CDI; GPU tasks fail to start until nvidia-container-toolkit is set up")
+			return false
+		}
+		e.gpuMode = mode
+		e.log.Info("NVIDIA GPUs reached via " + mode)
+	}
+	return e.gpuMode == "cdi"
+}
 
 // Shutdown stops watching containers (they keep running; a restarted shim
 // re-attaches). Idempotent.

@@ -87,3 +87,37 @@ func TestModesetRetryWithoutDisplay(t *testing.T) {
 		t.Fatalf("the failed container must be removed and the new id recorded: live=%d %+v", rt.live(), info)
 	}
 }
+
+// modeRuntime answers GPUMode as told and counts the questions.
+type modeRuntime struct {
+	*stepRuntime
+	mode  string
+	err   error
+	asked int
+}
+
+func (m *modeRuntime) GPUMode(context.Context) (string, error) { m.asked++; return m.mode, m.err }
+
+// TestNvidiaModeLearnedFromRuntime: without a configured mode the engine
+// asks the runtime on the first GPU task and keeps a real answer; an error
+// means the runtime hook, asked again next time.
+func TestNvidiaModeLearnedFromRuntime(t *testing.T) {
+	rt := &modeRuntime{stepRuntime: newStepRuntime(), err: fmt.Errorf("docker down")}
+	e, _ := newEngine(t, rt)
+	e.cfg.GPUVendor = api.GPUVendorNVIDIA
+	spec := func() ContainerSpec {
+		return e.containerSpec(&task{cfg: api.TaskConfig{ID: "x", Name: "x", ImageName: "img", GPU: 1}, name: "n-1"}, "/r", []string{"GPU-a"})
+	}
+	if s := spec(); s.GPUs == nil || s.GPUs.Driver != "" {
+		t.Fatalf("docker down: want the runtime hook, got %+v", s.GPUs)
+	}
+	rt.mode, rt.err = "cdi", nil
+	for range 2 {
+		if s := spec(); s.GPUs == nil || s.GPUs.Driver != "cdi" {
+			t.Fatalf("cdi: %+v", s.GPUs)
+		}
+	}
+	if rt.asked != 2 {
+		t.Fatalf("asked the runtime %d times, want 2 (once failing, once answering)", rt.asked)
+	}
+}

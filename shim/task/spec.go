@@ -79,7 +79,7 @@ func (e *Engine) wireGPUs(spec *ContainerSpec, cfg api.TaskConfig, gpuIDs []stri
 		}
 		return
 	}
-	w := gpu.Wire(e.cfg.GPUVendor, gpuIDs, e.cfg.NvidiaCDI)
+	w := gpu.Wire(e.cfg.GPUVendor, gpuIDs, e.nvidiaCDI())
 	spec.GPUs = w.Request
 	for _, d := range w.Devices {
 		spec.Devices = append(spec.Devices, Device{Host: d, Container: d, Perms: "rwm"})
