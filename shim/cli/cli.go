@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/agent"
 	"github.com/tandem-run/tandem/shim/netiso"
+	"github.com/tandem-run/tandem/shim/task"
 )
 
 // versionVerbose prints the reported version, Tandem's release and the
@@ -139,11 +140,11 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: []string{"TANDEM_LOG_FORMAT"}, Usage: "text or json (one object per line)"},
 		&cli.StringFlag{Name: "shim-log-level", Value: "info", EnvVars: []string{"DSTACK_SHIM_LOG_LEVEL"}, Usage: "fatal, error, warn, info, debug, trace or 1..6"},
 		&cli.StringFlag{Name: "runner-download-url", EnvVars: []string{"DSTACK_RUNNER_DOWNLOAD_URL"}, Usage: "download the runner from here at start when missing"},
-		&cli.StringFlag{Name: "runner-binary-path", Value: "/usr/local/bin/dstack-runner", EnvVars: []string{"DSTACK_RUNNER_BINARY_PATH"}, Usage: "host path of the runner binary"},
-		&cli.IntFlag{Name: "runner-http-port", Value: api.RunnerHTTPPort, EnvVars: []string{"DSTACK_RUNNER_HTTP_PORT"}, Usage: "runner HTTP port"},
-		&cli.IntFlag{Name: "runner-ssh-port", Value: api.RunnerSSHPort, EnvVars: []string{"DSTACK_RUNNER_SSH_PORT"}, Usage: "runner SSH port"},
+		&cli.StringFlag{Name: "runner-binary-path", Value: task.Defaults().RunnerBinary, EnvVars: []string{"DSTACK_RUNNER_BINARY_PATH"}, Usage: "host path of the runner binary"},
+		&cli.IntFlag{Name: "runner-http-port", Value: task.Defaults().RunnerHTTPPort, EnvVars: []string{"DSTACK_RUNNER_HTTP_PORT"}, Usage: "runner HTTP port"},
+		&cli.IntFlag{Name: "runner-ssh-port", Value: task.Defaults().RunnerSSHPort, EnvVars: []string{"DSTACK_RUNNER_SSH_PORT"}, Usage: "runner SSH port"},
 		&cli.StringFlag{Name: "runner-ssh-log-level", EnvVars: []string{"DSTACK_RUNNER_SSH_LOG_LEVEL"}, Usage: "runner SSH log level"},
-		&cli.StringFlag{Name: "runner-log-level", Value: "info", EnvVars: []string{"DSTACK_RUNNER_LOG_LEVEL"}, Usage: "runner log level"},
+		&cli.StringFlag{Name: "runner-log-level", Value: task.Defaults().RunnerLogLevel, EnvVars: []string{"DSTACK_RUNNER_LOG_LEVEL"}, Usage: "runner log level"},
 		&cli.IntFlag{Name: "dcgm-exporter-http-port", Value: api.DCGMExporterHTTPPort, EnvVars: []string{"DSTACK_DCGM_EXPORTER_HTTP_PORT"}, Usage: "dcgm-exporter port"},
 		&cli.IntFlag{Name: "dcgm-exporter-interval", Value: 5000, EnvVars: []string{"DSTACK_DCGM_EXPORTER_INTERVAL"}, Usage: "how often GPU metrics are sampled (from NVML, or fetched from dcgm-exporter), ms"},
 		// Accepted and ignored: dstack's shim reaches nv-hostengine here for
@@ -154,9 +155,9 @@ func Flags() []cli.Flag {
 		&cli.BoolFlag{Name: "privileged", EnvVars: []string{"DSTACK_DOCKER_PRIVILEGED"}, Usage: "run all containers privileged"},
 		&cli.StringFlag{Name: "pjrt-device", EnvVars: []string{"PJRT_DEVICE"}, Usage: "set PJRT_DEVICE in containers"},
 		&cli.BoolFlag{Name: "service", EnvVars: []string{"DSTACK_SERVICE_MODE"}, Usage: "write host_info.json on start"},
-		&cli.StringFlag{Name: "volumes-root", Value: "/mnt/disks/dstack-volumes", EnvVars: []string{"DSTACK_SHIM_VOLUMES_ROOT"}, Usage: "where network volumes are mounted"},
+		&cli.StringFlag{Name: "volumes-root", Value: task.Defaults().VolumesRoot, EnvVars: []string{"DSTACK_SHIM_VOLUMES_ROOT"}, Usage: "where network volumes are mounted"},
 		&cli.StringFlag{Name: "gcp-disk-by-id", Value: "/dev/disk/by-id", Hidden: true, Usage: "GCP disk links (tests point it at fixtures)"},
-		&cli.DurationFlag{Name: "pull-stall-timeout", Value: 2 * time.Minute, EnvVars: []string{"DSTACK_SHIM_PULL_STALL_TIMEOUT"}, Usage: "fail an image pull when no byte moved for this long"},
-		&cli.DurationFlag{Name: "pull-timeout", Value: 2 * time.Hour, EnvVars: []string{"DSTACK_SHIM_PULL_TIMEOUT"}, Usage: "overall cap on one image pull (0: none)"},
+		&cli.DurationFlag{Name: "pull-stall-timeout", Value: task.Defaults().PullStallTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_STALL_TIMEOUT"}, Usage: "fail an image pull when no byte moved for this long"},
+		&cli.DurationFlag{Name: "pull-timeout", Value: task.Defaults().PullTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_TIMEOUT"}, Usage: "overall cap on one image pull (0: none)"},
 	}
 }

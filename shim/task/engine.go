@@ -4,6 +4,7 @@
 package task
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -101,6 +102,22 @@ type Config struct {
 	NvidiaCDI bool
 }
 
+// Defaults are the engine's defaults: New fills the zero fields of its
+// Config from them, and the shim's flags show and use the same values.
+func Defaults() Config {
+	return Config{
+		TerminateWait:    30 * time.Second,
+		PullStallTimeout: 2 * time.Minute,
+		PullTimeout:      2 * time.Hour,
+		VolumesRoot:      "/mnt/disks/dstack-volumes",
+		InfinibandPath:   "/dev/infiniband",
+		RunnerBinary:     "/usr/local/bin/dstack-runner",
+		RunnerHTTPPort:   api.RunnerHTTPPort,
+		RunnerSSHPort:    api.RunnerSSHPort,
+		RunnerLogLevel:   "info",
+	}
+}
+
 // Engine runs tasks.
 type Engine struct {
 	cfg  Config
@@ -179,18 +196,11 @@ func (t *task) markDone() { t.doneOnce.Do(func() { close(t.done) }) }
 // New returns an engine. gpus may hold no GPUs; keys may be nil when no
 // task asks for host keys.
 func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logger) *Engine {
-	if cfg.TerminateWait == 0 {
-		cfg.TerminateWait = 30 * time.Second
-	}
-	if cfg.PullStallTimeout == 0 {
-		cfg.PullStallTimeout = 2 * time.Minute
-	}
-	if cfg.VolumesRoot == "" {
-		cfg.VolumesRoot = "/mnt/disks/dstack-volumes"
-	}
-	if cfg.InfinibandPath == "" {
-		cfg.InfinibandPath = "/dev/infiniband"
-	}
+	d := Defaults()
+	cfg.TerminateWait = cmp.Or(cfg.TerminateWait, d.TerminateWait)
+	cfg.PullStallTimeout = cmp.Or(cfg.PullStallTimeout, d.PullStallTimeout)
+	cfg.VolumesRoot = cmp.Or(cfg.VolumesRoot, d.VolumesRoot)
+	cfg.InfinibandPath = cmp.Or(cfg.InfinibandPath, d.InfinibandPath)
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
 	e.life, e.shutdown = context.WithCancel(context.Background())
 	e.idle = sync.NewCond(&e.mu)
