@@ -105,7 +105,9 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 		return Result{}, errors.New("a multi-node run uses host networking (the nodes reach each other at the hosts' addresses), as dstack's does")
 	}
 	o.Network = "host"
-	o.StatusTTY = false // several nodes report at once: no redrawing
+	if p := o.Progress; p != nil { // several nodes report at once: no redrawing
+		o.Progress = func(e Event) { e.Concurrent = true; p(e) }
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	sigs := routeSignals(o.Interrupt, cancel)
@@ -436,11 +438,8 @@ func lastLine(msg string) string {
 
 // workerOut is where the workers' output goes: beside the progress lines.
 func (o RunOptions) workerOut() io.Writer {
-	switch {
-	case o.Status != nil:
-		return o.Status
-	case o.Errors != nil:
-		return o.Errors
+	if o.Workers != nil {
+		return o.Workers
 	}
 	return os.Stderr
 }

@@ -59,11 +59,12 @@ type RunOptions struct {
 	// Started, when set, is called once the job runs (e.g. to write the
 	// task's SSH config entry).
 	Started func(info api.TaskInfoResponse)
-	Out     io.Writer // job output
-	Errors  io.Writer // what must reach the user even with Status nil (nil: stderr)
-	Status  io.Writer // progress and status lines
-	// StatusTTY redraws progress in place (Status is a terminal).
-	StatusTTY bool
+	Out io.Writer // job output
+	// Workers receives the other nodes' job output in a multi-node run
+	// (nil: stderr).
+	Workers io.Writer
+	// Progress receives the run's steps (progress.go); nil: none are shown.
+	Progress func(Event)
 }
 
 // Result is how a run ended.
@@ -113,25 +114,6 @@ func newID() string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
-}
-
-// statusAlways writes what the user must read even when progress is
-// silenced (-o json): to Status, else to Errors, else to stderr.
-func (o RunOptions) statusAlways(format string, args ...any) {
-	w := o.Status
-	if w == nil {
-		w = o.Errors
-	}
-	if w == nil {
-		w = os.Stderr
-	}
-	fmt.Fprintf(w, format+"\n", args...)
-}
-
-func (o RunOptions) status(format string, args ...any) {
-	if o.Status != nil {
-		fmt.Fprintf(o.Status, format+"\n", args...)
-	}
 }
 
 // ErrInterrupted means the user's signal cancelled the run before the job
@@ -343,39 +325,22 @@ func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx)
 func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
 	var last api.TaskStatus
 	start, phase := time.Now(), time.Now()
-	var lastProgress time.Time
-	redrawn := false
 	for {
 		info, err := retry(ctx, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
 		if err != nil {
 			return info, fmt.Errorf("task %s: %w", id, err)
 		}
 		if info.Status != last {
-			if redrawn {
-				fmt.Fprintln(o.Status)
-				redrawn = false
-			}
 			if last != "" {
-				o.status("task %s: %s done in %.2fs", id[:8], last, time.Since(phase).Seconds())
+				o.emit(Event{Kind: EventPhaseDone, Task: id[:8], Status: last, Took: time.Since(phase)})
 			}
 			phase, last = time.Now(), info.Status
 		}
-		if p := info.ImagePullProgress; p != nil && info.Status == api.TaskPulling && p.TotalBytes > 0 && o.Status != nil {
-			line := fmt.Sprintf("  pulling %s: %s", o.Image, progressBar(p.DownloadedBytes, p.TotalBytes, p.IsTotalBytesFinal))
-			switch {
-			case o.StatusTTY:
-				fmt.Fprintf(o.Status, "\r\x1b[K%s", line)
-				redrawn = true
-			case time.Since(lastProgress) >= 5*time.Second:
-				fmt.Fprintln(o.Status, line)
-				lastProgress = time.Now()
-			}
+		if p := info.ImagePullProgress; p != nil && info.Status == api.TaskPulling && p.TotalBytes > 0 {
+			o.emit(Event{Kind: EventPull, Task: id[:8], Image: o.Image, Pull: p})
 		}
 		if info.Status == api.TaskTerminated || (info.Status == api.TaskRunning && info.Ports != nil) {
-			if redrawn {
-				fmt.Fprintln(o.Status)
-			}
-			o.status("task %s: %s after %.2fs", id[:8], info.Status, time.Since(start).Seconds())
+			o.emit(Event{Kind: EventReady, Task: id[:8], Status: info.Status, Took: time.Since(start)})
 			return info, nil
 		}
 		select {
@@ -384,18 +349,6 @@ func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOpti
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// progressBar renders "[#####-----] 12/40 MiB".
-func progressBar(done, total int64, final bool) string {
-	const width = 24
-	n := int(float64(width) * float64(done) / float64(max(total, 1)))
-	n = min(max(n, 0), width)
-	suffix := ""
-	if !final {
-		suffix = "+"
-	}
-	return fmt.Sprintf("[%s%s] %d/%d%s MiB", strings.Repeat("#", n), strings.Repeat("-", width-n), done>>20, total>>20, suffix)
 }
 
 func waitRunner(ctx context.Context, r *runnerclient.Client) error {
@@ -530,7 +483,11 @@ func tarDir(dir string, w io.Writer) error {
 // task).
 func follow(ctx context.Context, r *runnerclient.Client, sigs <-chan os.Signal, o RunOptions, res Result) (out Result, killed bool, err error) {
 	interrupts := 0
-	err = watchJob(ctx, r, time.Time{}, o.Out, o.Status, sigs, &res, func() bool {
+	var notes io.Writer
+	if o.Progress != nil {
+		notes = progressWriter{o}
+	}
+	err = watchJob(ctx, r, time.Time{}, o.Out, notes, sigs, &res, func() bool {
 		interrupts++
 		if interrupts == 1 {
 			o.status("stopping the job (Ctrl-C again to kill it)")

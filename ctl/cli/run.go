@@ -88,12 +88,15 @@ func runAction(c *cli.Context) error {
 	o := ctl.RunOptions{Shim: nodes[0].shim, ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
-		Out: jobOutput(c), Status: c.App.ErrWriter, StatusTTY: isTerminal(os.Stderr), Env: map[string]string{}}
+		Out: jobOutput(c), Workers: c.App.ErrWriter, Env: map[string]string{}}
+	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr)}
 	if jsonOut {
-		// Only JSON on stdout: the job's output goes to stderr.
-		o.Out, o.Status, o.StatusTTY = ctl.LineEnds(c.App.ErrWriter), nil, false
-		o.Errors = c.App.ErrWriter
+		// Only JSON on stdout: the job's output goes to stderr, and of the
+		// progress only what the user must read.
+		o.Out = ctl.LineEnds(c.App.ErrWriter)
+		progress.quiet, progress.tty = true, false
 	}
+	o.Progress = progress.event
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
 	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
 		return bad(err.Error())
