@@ -59,7 +59,7 @@ type RunOptions struct {
 	// Started, when set, is called once the job runs (e.g. to write the
 	// task's SSH config entry).
 	Started func(info api.TaskInfoResponse)
-	Out io.Writer // job output
+	Out     io.Writer // job output
 	// Workers receives the other nodes' job output in a multi-node run
 	// (nil: stderr).
 	Workers io.Writer
