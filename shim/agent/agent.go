@@ -192,66 +192,39 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}()
 
-	health := instanceHealth{docker: rt.Ping}
-	var taskMetrics func(context.Context, []string) (string, bool, error)
+	inst := hostInstance{gpus: gpus, health: instanceHealth{docker: rt.Ping}}
+	var gpuMetrics server.GPUMetrics
 	if vendor == api.GPUVendorNVIDIA {
 		xids := nvmlSrc.WatchXIDs(ctx)
-		health.gpus = func(context.Context) *api.DCGMHealth { return nvmlSrc.Health(xids()) }
+		inst.health.gpus = func(context.Context) *api.DCGMHealth { return nvmlSrc.Health(xids()) }
 		every := cfg.GPUMetricsInterval
 		if every <= 0 {
 			every = 5 * time.Second
 		}
-		m := &gpu.Metrics{NVML: nvmlSrc, Interval: every}
-		exp := &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", cfg.DCGMExporterPort), Interval: every}
-		taskMetrics = func(ctx context.Context, ids []string) (string, bool, error) {
-			// A dcgm-exporter on the host wins (dstack's behaviour); NVML otherwise.
-			if cfg.DCGMExporterPort > 0 {
-				if text, err := exp.Fetch(ctx); err == nil {
-					return gpu.FilterExposition(text, ids), true, nil
-				}
-			}
-			return m.Text(ids), true, nil
+		m := nvidiaMetrics{nvml: &gpu.Metrics{NVML: nvmlSrc, Interval: every}}
+		if cfg.DCGMExporterPort > 0 {
+			m.exporter = &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", cfg.DCGMExporterPort), Interval: every}
 		}
+		gpuMetrics = m
 	}
 
 	installCtx, cancelInstalls := context.WithCancel(context.Background())
 	defer cancelInstalls()
 	sd := newShutdown()
 	e := server.New(server.Deps{
-		Version:       version.String(),
-		TandemVersion: version.Tandem(),
-		Tasks:         engine,
-		Runner:        runnerComp,
-		Shim:          shimComp,
-		InstallCtx:    installCtx,
-		InstanceInfo: func() api.InstanceInfoResponse {
-			if len(gpus) == 0 {
-				return api.InstanceInfoResponse{}
-			}
-			return api.InstanceInfoResponse{GPUVendor: gpus[0].Vendor, GPUDriverVersion: gpus[0].DriverVersion}
-		},
-		Host: func() (api.InstanceHostResponse, error) {
-			name, _ := os.Hostname()
-			addrs, err := hostinfo.Addresses()
-			return api.InstanceHostResponse{Hostname: name, Addresses: addrs, GPUCount: len(gpus)}, err
-		},
-		GPUIDs:            engine.GPUIDs,
-		Health:            health.check,
-		TaskMetrics:       taskMetrics,
-		Shutdown:          sd.request,
+		Version:           version.String(),
+		TandemVersion:     version.Tandem(),
+		Tasks:             engine,
+		Runner:            runnerComp,
+		Shim:              shimComp,
+		InstallCtx:        installCtx,
+		Instance:          inst,
+		GPUMetrics:        gpuMetrics,
+		Stopper:           sd,
+		Readiness:         recovered{done: ready},
 		Log:               log,
 		Metrics:           mx.Handler(),
 		MetricsMiddleware: mx.Middleware(),
-		Ready: func(rctx context.Context) error {
-			select {
-			case <-ready:
-				return nil
-			case <-time.After(10 * time.Second):
-				return task.ErrNotReady
-			case <-rctx.Done():
-				return rctx.Err()
-			}
-		},
 	})
 	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
 	ln, err := net.Listen("tcp", addr)
@@ -357,7 +330,8 @@ type shutdown struct {
 
 func newShutdown() *shutdown { return &shutdown{ch: make(chan bool, 1)} }
 
-func (s *shutdown) request(force bool) {
+// Stop asks Run to stop (server.Stopper); the first request wins.
+func (s *shutdown) Stop(force bool) {
 	s.once.Do(func() { s.ch <- force })
 }
 

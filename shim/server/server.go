@@ -30,6 +30,34 @@ type Tasks interface {
 	// JobLog is the raw output the task's runner kept (Tandem's own route;
 	// dstack's server never calls it).
 	JobLog(id string) (io.ReadCloser, error)
+	// GPUIDs are the GPUs a task holds (task.ErrNotFound for none).
+	GPUIDs(id string) ([]string, error)
+}
+
+// Instance answers for the host.
+type Instance interface {
+	Info() api.InstanceInfoResponse
+	// Host says the host's name, addresses and GPU count.
+	Host() (api.InstanceHostResponse, error)
+	// Health returns the DCGM-shaped health, nil when there is none.
+	Health(ctx context.Context) *api.DCGMHealth
+}
+
+// GPUMetrics renders a task's GPU metrics in DCGM's exposition; ok=false
+// when there is no source.
+type GPUMetrics interface {
+	TaskMetrics(ctx context.Context, gpuIDs []string) (text string, ok bool, err error)
+}
+
+// Readiness holds task calls until the tasks are restored after a start;
+// an error answers 503.
+type Readiness interface {
+	Ready(ctx context.Context) error
+}
+
+// Stopper stops the shim after POST /api/shutdown answered.
+type Stopper interface {
+	Stop(force bool)
 }
 
 // Components is what the API needs from a component manager.
@@ -45,26 +73,22 @@ type Deps struct {
 	Tasks         Tasks
 	Runner, Shim  Components
 	// InstallCtx is cancelled on shutdown, ending background installs.
-	InstallCtx   context.Context
-	InstanceInfo func() api.InstanceInfoResponse
-	// Host says the host's name, addresses and GPU count (nil: 404).
-	Host func() (api.InstanceHostResponse, error)
-	// Health returns the DCGM health, nil when not available.
-	Health func(ctx context.Context) *api.DCGMHealth
-	// TaskMetrics returns the filtered exporter text; ok=false when there is
-	// no exporter.
-	TaskMetrics func(ctx context.Context, gpuIDs []string) (text string, ok bool, err error)
-	GPUIDs      func(id string) ([]string, error)
-	// Shutdown is called after the 200 is sent.
-	Shutdown func(force bool)
+	InstallCtx context.Context
+	// Instance answers /api/instance/* (nil: empty info and health, no
+	// host: 404).
+	Instance Instance
+	// GPUMetrics serves /metrics/tasks/{id} (nil: 404).
+	GPUMetrics GPUMetrics
+	// Stopper is told after the 200 of a shutdown was sent (nil: nothing).
+	Stopper Stopper
 	// Metrics serves GET /metrics (nil: 404); MetricsMiddleware counts
 	// requests (nil: none).
 	Metrics           http.Handler
 	MetricsMiddleware echo.MiddlewareFunc
-	// Ready waits (bounded) until the tasks are restored after a start;
-	// task endpoints answer 503 while it fails. nil: always ready.
-	Ready func(ctx context.Context) error
-	Log   *slog.Logger
+	// Readiness holds task endpoints (bounded) until the tasks are
+	// restored after a start (nil: always ready).
+	Readiness Readiness
+	Log       *slog.Logger
 }
 
 // New returns the echo instance serving the shim API.
@@ -100,8 +124,8 @@ type srv struct{ d Deps }
 // ready holds task endpoints until recovery is done (503 past the bound).
 func (s *srv) ready(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if s.d.Ready != nil {
-			if err := s.d.Ready(c.Request().Context()); err != nil {
+		if s.d.Readiness != nil {
+			if err := s.d.Readiness.Ready(c.Request().Context()); err != nil {
 				return toHTTP(err)
 			}
 		}
@@ -174,33 +198,33 @@ func (s *srv) shutdown(c echo.Context) error {
 		return err
 	}
 	c.Response().Flush()
-	if s.d.Shutdown != nil {
-		go s.d.Shutdown(req.Force)
+	if s.d.Stopper != nil {
+		go s.d.Stopper.Stop(req.Force)
 	}
 	return nil
 }
 
 func (s *srv) instanceHealth(c echo.Context) error {
 	var h *api.DCGMHealth
-	if s.d.Health != nil {
-		h = s.d.Health(c.Request().Context())
+	if s.d.Instance != nil {
+		h = s.d.Instance.Health(c.Request().Context())
 	}
 	return httpapi.JSON(c, api.InstanceHealthResponse{DCGM: h})
 }
 
 func (s *srv) instanceInfo(c echo.Context) error {
 	var info api.InstanceInfoResponse
-	if s.d.InstanceInfo != nil {
-		info = s.d.InstanceInfo()
+	if s.d.Instance != nil {
+		info = s.d.Instance.Info()
 	}
 	return httpapi.JSON(c, info)
 }
 
 func (s *srv) host(c echo.Context) error {
-	if s.d.Host == nil {
+	if s.d.Instance == nil {
 		return echo.ErrNotFound
 	}
-	a, err := s.d.Host()
+	a, err := s.d.Instance.Host()
 	if err != nil {
 		return fmt.Errorf("host facts: %w", err)
 	}
@@ -317,21 +341,21 @@ func (s *srv) remove(c echo.Context) error {
 }
 
 func (s *srv) metrics(c echo.Context) error {
-	if s.d.TaskMetrics == nil {
+	if s.d.GPUMetrics == nil {
 		return httpapi.Errorf(http.StatusNotFound, "DCGM Exporter is not available")
 	}
 	id, err := taskID(c)
 	if err != nil {
 		return err
 	}
-	ids, err := s.d.GPUIDs(id)
+	ids, err := s.d.Tasks.GPUIDs(id)
 	if err != nil {
 		if errors.Is(err, task.ErrNotFound) {
 			return httpapi.Errorf(http.StatusNotFound, "Task not found")
 		}
 		return toHTTP(err)
 	}
-	text, ok, err := s.d.TaskMetrics(c.Request().Context(), ids)
+	text, ok, err := s.d.GPUMetrics.TaskMetrics(c.Request().Context(), ids)
 	switch {
 	case !ok:
 		return httpapi.Errorf(http.StatusNotFound, "DCGM Exporter is not available")

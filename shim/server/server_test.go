@@ -25,6 +25,15 @@ func (s staticComponent) StartInstall(context.Context, string, func(error)) erro
 	return s.err
 }
 
+// stopFunc is a Stopper.
+type stopFunc func(bool)
+
+func (f stopFunc) Stop(force bool) {
+	if f != nil {
+		f(force)
+	}
+}
+
 // newTestServer uses the real engine with a runtime that fails every Docker
 // call: API behaviour does not depend on containers starting.
 func newTestServer(t testing.TB, shutdown func(bool)) http.Handler {
@@ -32,13 +41,12 @@ func newTestServer(t testing.TB, shutdown func(bool)) http.Handler {
 		deadRuntime{}, gpu.NewLocks(nil), nil, logging.Discard())
 	t.Cleanup(func() { engine.Wait(); engine.Sync() }) // pipelines, then record writes, end before the temp dir goes
 	return New(Deps{
-		Version:  "0.21.2+tandem.test",
-		Tasks:    engine,
-		Runner:   staticComponent{info: api.ComponentInfo{Name: api.ComponentRunner, Status: api.ComponentInstalled, Version: "1"}},
-		Shim:     staticComponent{info: api.ComponentInfo{Name: api.ComponentShim, Status: api.ComponentInstalling}, err: component.ErrInstalling},
-		GPUIDs:   engine.GPUIDs,
-		Shutdown: shutdown,
-		Log:      logging.Discard(),
+		Version: "0.21.2+tandem.test",
+		Tasks:   engine,
+		Runner:  staticComponent{info: api.ComponentInfo{Name: api.ComponentRunner, Status: api.ComponentInstalled, Version: "1"}},
+		Shim:    staticComponent{info: api.ComponentInfo{Name: api.ComponentShim, Status: api.ComponentInstalling}, err: component.ErrInstalling},
+		Stopper: stopFunc(shutdown),
+		Log:     logging.Discard(),
 	})
 }
 
