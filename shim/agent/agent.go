@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -54,26 +53,17 @@ type Config struct {
 	LogLevel          slog.Level
 	LogFormat         logging.Format
 	RunnerDownloadURL string
-	RunnerBinaryPath  string
-	RunnerHTTPPort    int
-	RunnerSSHPort     int
-	RunnerLogLevel    string
-	RunnerSSHLogLevel string
-	PassEnv           []string // variable names
-	Privileged        bool
-	PJRTDevice        string
 	ServiceMode       bool
-	PullStallTimeout  time.Duration
-	PullTimeout       time.Duration
 	DCGMExporterPort  int
 	// GPUMetricsInterval is how often GPU metrics are sampled or fetched
 	// (--dcgm-exporter-interval; default 5 s).
 	GPUMetricsInterval time.Duration
-	VolumesRoot        string // "/mnt/disks/dstack-volumes"
 	GCPDiskByID        string // "/dev/disk/by-id"
-	// JobLogMaxBytes, JobLogHeadBytes and LogMinFreeBytes are passed to the
-	// runner (--job-log-max-bytes, ...) when set (non-zero).
-	JobLogMaxBytes, JobLogHeadBytes, LogMinFreeBytes int64
+	// Task is the task engine's configuration as the flags set it (runner
+	// binary and ports, pulls, volumes root, env, runner arguments); Run
+	// adds what only it knows (home, network, volumes, GPU vendor) to its
+	// own copy. Zero fields take task.Defaults().
+	Task task.Config
 	// IsolatedNetwork is the bridge network (no inter-container traffic)
 	// that bridge-mode tasks join; "": Docker's default bridge.
 	IsolatedNetwork string
@@ -92,7 +82,10 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("dstack-shim starting", "version", version.String(), "tandem_version", version.Tandem(), "home", cfg.Home)
 
 	// Components.
-	runnerComp := &component.Manager{Name: api.ComponentRunner, Path: cfg.RunnerBinaryPath, Log: log}
+	tcfg := cfg.Task
+	tcfg.RunnerBinary = cmp.Or(tcfg.RunnerBinary, task.Defaults().RunnerBinary)
+	tcfg.VolumesRoot = cmp.Or(tcfg.VolumesRoot, task.Defaults().VolumesRoot)
+	runnerComp := &component.Manager{Name: api.ComponentRunner, Path: tcfg.RunnerBinary, Log: log}
 	shimComp := &component.Manager{Name: api.ComponentShim, Path: cfg.BinaryPath, Log: log}
 	if cfg.RunnerDownloadURL != "" {
 		if err := runnerComp.EnsureInstalled(ctx, cfg.RunnerDownloadURL); err != nil {
@@ -100,9 +93,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 	if info := runnerComp.Info(ctx); info.Status == api.ComponentError {
-		return fmt.Errorf("runner binary %s does not answer `--version` as dstack-runner", cfg.RunnerBinaryPath)
+		return fmt.Errorf("runner binary %s does not answer `--version` as dstack-runner", tcfg.RunnerBinary)
 	} else if info.Status == api.ComponentNotInstalled {
-		log.Warn("runner binary is missing; tasks will fail until it is installed", "path", cfg.RunnerBinaryPath)
+		log.Warn("runner binary is missing; tasks will fail until it is installed", "path", tcfg.RunnerBinary)
 	}
 	if info := shimComp.Info(ctx); info.Status == api.ComponentError {
 		return fmt.Errorf("shim binary %s does not answer `--version` as dstack-shim", cfg.BinaryPath)
@@ -127,12 +120,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if len(gpus) > 0 {
 		vendor = gpus[0].Vendor
 	}
-	env := passEnv(cfg.PassEnv)
-	if cfg.PJRTDevice != "" {
-		env = append(env, "PJRT_DEVICE="+cfg.PJRTDevice)
-	}
 	volumes := &volume.Manager{
-		Root: cfg.VolumesRoot,
+		Root: tcfg.VolumesRoot,
 		Resolvers: map[string]volume.Resolver{
 			"aws": volume.AWS{List: volume.Lsblk},
 			"gcp": volume.GCP{ByID: cfg.GCPDiskByID},
@@ -148,24 +137,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.IsolatedNetwork != "" {
 		taskNet = &netiso.Network{Name: cfg.IsolatedNetwork, Docker: rt.Client(), Log: log}
 	}
-	engine = task.New(task.Config{
-		Network:           taskNet,
-		Observer:          mx,
-		Volumes:           volumes,
-		VolumesRoot:       cfg.VolumesRoot,
-		Home:              cfg.Home,
-		RunnerBinary:      cfg.RunnerBinaryPath,
-		RunnerHTTPPort:    cfg.RunnerHTTPPort,
-		RunnerSSHPort:     cfg.RunnerSSHPort,
-		RunnerLogLevel:    cfg.RunnerLogLevel,
-		RunnerSSHLogLevel: cfg.RunnerSSHLogLevel,
-		RunnerArgs:        runnerLogArgs(cfg),
-		Env:               env,
-		Privileged:        cfg.Privileged,
-		PullStallTimeout:  cfg.PullStallTimeout,
-		PullTimeout:       cfg.PullTimeout,
-		GPUVendor:         vendor,
-	}, rt, locks, &authkeys.Editor{}, log)
+	tcfg.Network, tcfg.Observer, tcfg.Volumes, tcfg.Home, tcfg.GPUVendor = taskNet, mx, volumes, cfg.Home, vendor
+	engine = task.New(tcfg, rt, locks, &authkeys.Editor{}, log)
 
 	// The API serves before anything waits on Docker: a hung daemon must not
 	// make the instance look dead. Task calls wait (bounded) for recovery
@@ -335,20 +308,6 @@ func (s *shutdown) Stop(force bool) {
 	s.once.Do(func() { s.ch <- force })
 }
 
-func passEnv(names []string) []string {
-	var env []string
-	for _, n := range names {
-		n = strings.TrimSpace(n)
-		if n == "" {
-			continue
-		}
-		if v, ok := os.LookupEnv(n); ok {
-			env = append(env, n+"="+v)
-		}
-	}
-	return env
-}
-
 // dockerFacts asks Docker, each call bounded, what the shim adapts to: its
 // root dir (host_info's disk) and how it reaches NVIDIA GPUs. A daemon that
 // does not answer leaves the defaults, logged.
@@ -420,19 +379,4 @@ func alive(engine *task.Engine, addr string, limit time.Duration) bool {
 	case <-time.After(limit):
 		return false
 	}
-}
-
-// runnerLogArgs are the runner flags for the job log bounds the operator
-// set; none by default (the runner's own defaults apply).
-func runnerLogArgs(cfg Config) []string {
-	var args []string
-	for _, f := range []struct {
-		name string
-		v    int64
-	}{{"--job-log-max-bytes", cfg.JobLogMaxBytes}, {"--job-log-head-bytes", cfg.JobLogHeadBytes}, {"--log-min-free-bytes", cfg.LogMinFreeBytes}} {
-		if f.v != 0 {
-			args = append(args, f.name, strconv.FormatInt(f.v, 10))
-		}
-	}
-	return args
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/shim/task"
 )
 
 // TestRunWithoutDocker runs the whole agent on a host whose Docker does
@@ -26,7 +27,7 @@ func TestRunWithoutDocker(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Config{Home: home, HTTPAddress: "127.0.0.1", HTTPPort: 0, LogLevel: logging.LevelTrace,
-			RunnerBinaryPath: filepath.Join(home, "no-runner"), VolumesRoot: filepath.Join(home, "volumes"),
+			Task:        task.Config{RunnerBinary: filepath.Join(home, "no-runner"), VolumesRoot: filepath.Join(home, "volumes")},
 			GCPDiskByID: filepath.Join(home, "by-id"), Ready: func(a string) { addrc <- a }})
 	}()
 	var addr string

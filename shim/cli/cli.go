@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -87,27 +88,29 @@ func config(c *cli.Context) (agent.Config, error) {
 		return agent.Config{}, fmt.Errorf("--pull-stall-timeout must be positive")
 	}
 	return agent.Config{
-		Home:               home,
-		BinaryPath:         bin,
-		HTTPAddress:        c.String("shim-http-address"),
-		HTTPPort:           c.Int("shim-http-port"),
-		LogLevel:           level,
-		LogFormat:          format,
-		RunnerDownloadURL:  c.String("runner-download-url"),
-		RunnerBinaryPath:   c.String("runner-binary-path"),
-		RunnerHTTPPort:     c.Int("runner-http-port"),
-		RunnerSSHPort:      c.Int("runner-ssh-port"),
-		RunnerLogLevel:     c.String("runner-log-level"),
-		RunnerSSHLogLevel:  c.String("runner-ssh-log-level"),
-		PassEnv:            strings.Split(c.String("pass-env"), ","),
-		Privileged:         c.Bool("privileged"),
-		PJRTDevice:         c.String("pjrt-device"),
-		ServiceMode:        c.Bool("service"),
-		PullStallTimeout:   c.Duration("pull-stall-timeout"),
-		PullTimeout:        c.Duration("pull-timeout"),
+		Home:              home,
+		BinaryPath:        bin,
+		HTTPAddress:       c.String("shim-http-address"),
+		HTTPPort:          c.Int("shim-http-port"),
+		LogLevel:          level,
+		LogFormat:         format,
+		RunnerDownloadURL: c.String("runner-download-url"),
+		ServiceMode:       c.Bool("service"),
+		Task: task.Config{
+			RunnerBinary:      c.String("runner-binary-path"),
+			RunnerHTTPPort:    c.Int("runner-http-port"),
+			RunnerSSHPort:     c.Int("runner-ssh-port"),
+			RunnerLogLevel:    c.String("runner-log-level"),
+			RunnerSSHLogLevel: c.String("runner-ssh-log-level"),
+			RunnerArgs:        runnerLogArgs(c),
+			Env:               containerEnv(strings.Split(c.String("pass-env"), ","), c.String("pjrt-device")),
+			Privileged:        c.Bool("privileged"),
+			PullStallTimeout:  c.Duration("pull-stall-timeout"),
+			PullTimeout:       c.Duration("pull-timeout"),
+			VolumesRoot:       c.String("volumes-root"),
+		},
 		DCGMExporterPort:   c.Int("dcgm-exporter-http-port"),
 		GPUMetricsInterval: time.Duration(c.Int("dcgm-exporter-interval")) * time.Millisecond,
-		VolumesRoot:        c.String("volumes-root"),
 		GCPDiskByID:        c.String("gcp-disk-by-id"),
 		ReconcileInterval:  c.Duration("reconcile-interval"),
 		APIAllowContainers: c.Bool("api-allow-containers"),
@@ -115,10 +118,39 @@ func config(c *cli.Context) (agent.Config, error) {
 		APIToken:           c.String("api-token"),
 		APIAllowedHosts:    c.StringSlice("api-allowed-host"),
 		IsolatedNetwork:    c.String("task-network"),
-		JobLogMaxBytes:     c.Int64("job-log-max-bytes"),
-		JobLogHeadBytes:    c.Int64("job-log-head-bytes"),
-		LogMinFreeBytes:    c.Int64("log-min-free-bytes"),
 	}, nil
+}
+
+// containerEnv is what every container gets: the pass-env variables that
+// are set here, as NAME=value, and PJRT_DEVICE when given.
+func containerEnv(names []string, pjrtDevice string) []string {
+	var env []string
+	for _, n := range names {
+		n = strings.TrimSpace(n)
+		if n == "" {
+			continue
+		}
+		if v, ok := os.LookupEnv(n); ok {
+			env = append(env, n+"="+v)
+		}
+	}
+	if pjrtDevice != "" {
+		env = append(env, "PJRT_DEVICE="+pjrtDevice)
+	}
+	return env
+}
+
+// runnerLogArgs passes the job log bounds to each runner when set
+// (non-zero); unset, the runner's own defaults apply, which also keeps
+// dstack's own runner working under this shim.
+func runnerLogArgs(c *cli.Context) []string {
+	var args []string
+	for _, f := range []string{"job-log-max-bytes", "job-log-head-bytes", "log-min-free-bytes"} {
+		if v := c.Int64(f); v != 0 {
+			args = append(args, "--"+f, strconv.FormatInt(v, 10))
+		}
+	}
+	return args
 }
 
 // Flags are dstack-shim's flags with their environment variables.

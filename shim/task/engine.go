@@ -103,7 +103,8 @@ type Config struct {
 }
 
 // Defaults are the engine's defaults: New fills the zero fields of its
-// Config from them, and the shim's flags show and use the same values.
+// Config from them (PullTimeout aside: zero is no cap), and the shim's
+// flags show and use the same values.
 func Defaults() Config {
 	return Config{
 		TerminateWait:    30 * time.Second,
@@ -201,6 +202,11 @@ func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logg
 	cfg.PullStallTimeout = cmp.Or(cfg.PullStallTimeout, d.PullStallTimeout)
 	cfg.VolumesRoot = cmp.Or(cfg.VolumesRoot, d.VolumesRoot)
 	cfg.InfinibandPath = cmp.Or(cfg.InfinibandPath, d.InfinibandPath)
+	cfg.RunnerBinary = cmp.Or(cfg.RunnerBinary, d.RunnerBinary)
+	cfg.RunnerHTTPPort = cmp.Or(cfg.RunnerHTTPPort, d.RunnerHTTPPort)
+	cfg.RunnerSSHPort = cmp.Or(cfg.RunnerSSHPort, d.RunnerSSHPort)
+	cfg.RunnerLogLevel = cmp.Or(cfg.RunnerLogLevel, d.RunnerLogLevel)
+	// PullTimeout stays: its zero means no cap.
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
 	e.life, e.shutdown = context.WithCancel(context.Background())
 	e.idle = sync.NewCond(&e.mu)
