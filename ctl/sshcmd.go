@@ -11,6 +11,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/ident"
+	"github.com/tandem-run/tandem/ctl/sshconfig"
 )
 
 // DefaultPublicKey returns the user's public key line and its file
@@ -163,7 +164,7 @@ func SSHConfigEntry(alias, taskID, shim string, ep SSHEndpoint) (string, error) 
 		return "", fmt.Errorf("ssh config entry: %w", err)
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "# tandem task %s shim %s\nHost %s\n", taskID, shim, alias)
+	fmt.Fprintf(&b, "%s\nHost %s\n", sshconfig.Marker(taskID, shim), alias)
 	for _, kv := range ep.Options() {
 		v := kv[1]
 		if strings.ContainsAny(v, " \t") && kv[0] != "ProxyCommand" {
