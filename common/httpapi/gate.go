@@ -264,6 +264,13 @@ func (g *Gate) admitLoop() {
 				continue
 			}
 			if v.Key != "" && g.queued[v.Key] >= keyWaiting {
+				// Its share of the waiting list is taken: those waiters
+				// get the free slots first, and only a client still over
+				// its share is shed. (Shedding at once reset 48 of 64
+				// concurrent requests of one client to an idle shim.)
+				waiting = g.serveWaiting(waiting)
+			}
+			if v.Key != "" && g.queued[v.Key] >= keyWaiting {
 				g.shed(c)
 				continue
 			}

@@ -215,3 +215,56 @@ func TestGateRefusesAtAcceptAndKeepsTheReserve(t *testing.T) {
 		t.Fatalf("a trusted connection did not get the reserve: %q %v (%+v)", st, err, g2.Stats())
 	}
 }
+
+// TestGateServesOneClientsBurst: 64 connections of one client arriving at
+// once at an idle gate are all served; the waiting-list share (16) sheds
+// only what cannot get a slot. (Shedding before trying the free slots reset
+// 48 of them.)
+func TestGateServesOneClientsBurst(t *testing.T) {
+	lim := DefaultLimits
+	var calls atomic.Int64
+	admit := func(conns []net.Conn) []Admission {
+		if calls.Add(1) == 1 {
+			time.Sleep(300 * time.Millisecond) // the rest pile up: one batch decides them
+		}
+		out := make([]Admission, len(conns))
+		for i := range conns {
+			out[i] = Admission{Trusted: true, Peer: "p", Key: "pid 1"}
+		}
+		return out
+	}
+	release := make(chan struct{})
+	addr, g := gated(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release // every request is in flight at once
+		fmt.Fprint(w, "ok")
+	}), lim, admit)
+	const n = 64
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		conns[i] = dial(t, addr)
+		_, _ = conns[i].Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for g.Stats().Open < n && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	for i, c := range conns {
+		if st, err := readStatus(c); err != nil || !strings.HasPrefix(st, "200") {
+			t.Fatalf("connection %d: %q %v (%+v)", i, st, err, g.Stats())
+		}
+	}
+	if s := g.Stats(); s.Shed != 0 {
+		t.Fatalf("shed %d of one client's connections with slots free: %+v", s.Shed, s)
+	}
+}
+
+func readStatus(c net.Conn) (string, error) {
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return "", err
+	}
+	resp.Body.Close()
+	return resp.Status, nil
+}
