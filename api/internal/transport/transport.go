@@ -82,7 +82,7 @@ func NewWithDialer(addr string, through DialFunc) (*Client, error) {
 		base = "http://" + addr
 	}
 	tr := &http.Transport{
-		DialContext:         dial,
+		DialContext: dial,
 		// Kept alive for reuse: every new connection to a shim costs it a
 		// walk of the process table (who is calling); with 4, 64 pollers
 		// opened a connection per request and GET p99 was 1.7 s, with 64
