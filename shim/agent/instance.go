@@ -35,9 +35,8 @@ func (h hostInstance) Health(ctx context.Context) *api.DCGMHealth { return h.hea
 // nvidiaMetrics serves per-task GPU metrics (server.GPUMetrics): a
 // dcgm-exporter on the host wins (dstack's behaviour), NVML otherwise.
 type nvidiaMetrics struct {
-	exporter     *gpu.Exporter // nil: no exporter port configured
-	nvml         *gpu.Metrics
-	exporterPort int
+	exporter *gpu.Exporter // nil: no exporter port configured
+	nvml     *gpu.Metrics
 }
 
 func (m nvidiaMetrics) TaskMetrics(ctx context.Context, ids []string) (string, bool, error) {
