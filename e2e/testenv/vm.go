@@ -128,6 +128,8 @@ type VM struct {
 	ClientKey, PublicKey, KnownHosts string
 	console                          string
 	qemu                             *exec.Cmd
+	boot                             BootOptions // the last Boot's, for a restart
+	restarted                        bool
 }
 
 // NewVM prepares a VM's directory and SSH key; Boot starts it.
@@ -166,7 +168,10 @@ func (v *VM) Boot(o BootOptions) {
 	if o.CPUs == 0 {
 		o.CPUs = 2
 	}
+	v.boot = o
 	overlay := filepath.Join(v.dir, "disk.qcow2")
+	_ = os.Remove(overlay)
+	_ = os.Remove(v.console)
 	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", o.DiskFormat, "-b", o.Disk, overlay).CombinedOutput(); err != nil {
 		t.Fatalf("qemu-img: %v %s", err, out)
 	}
@@ -179,7 +184,7 @@ func (v *VM) Boot(o BootOptions) {
 		"-serial", "file:" + v.console, "-drive", "file=" + overlay + ",if=virtio,format=qcow2,discard=unmap",
 		"-netdev", netdev, "-device", "virtio-net-pci,netdev=n0,romfile=", "-device", "virtio-rng-pci"}
 	if o.Kernel != "" {
-		args = append(args, "-kernel", o.Kernel, "-initrd", o.Initrd, "-append", "root=/dev/vda rw console=ttyS0 quiet")
+		args = append(args, "-kernel", o.Kernel, "-initrd", o.Initrd, "-append", "root=/dev/vda rw console=ttyS0")
 	}
 	if o.UserData != "" {
 		files := NoCloudSeed(t, filepath.Join(v.dir, "seed"), o.UserData, filepath.Base(v.dir), "tandem-vm")
@@ -295,6 +300,15 @@ func (v *VM) WaitSSH(ctx context.Context, limit time.Duration) time.Duration {
 		}
 		if out, gone := v.exited(); gone {
 			v.t.Fatalf("qemu exited: %s", out)
+		}
+		// A kernel prints to the console within seconds; a console still
+		// empty after 90 s is a QEMU that never ran the guest (seen once in
+		// ~40 boots under TCG). Boot it again, once, and say so.
+		if fi, err := os.Stat(v.console); !v.restarted && time.Since(start) > 90*time.Second && (err != nil || fi.Size() == 0) {
+			v.restarted = true
+			v.t.Logf("the guest printed nothing in %s; killing QEMU and booting it again", time.Since(start).Round(time.Second))
+			_ = syscall.Kill(-v.qemu.Process.Pid, syscall.SIGKILL)
+			v.Boot(v.boot)
 		}
 		select {
 		case <-ctx.Done():
