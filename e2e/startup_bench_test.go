@@ -54,11 +54,12 @@ func runnerArgs(dir, httpPort, sshPort string) []string {
 	return []string{"--log-level", "info", "start", "--temp-dir", dir, "--http-port", httpPort, "--ssh-port", sshPort, "--http-address", "localhost"}
 }
 
-// taskTiming is the shim's "task running" line.
+// taskTiming is the shim's "task running" line (slog writes durations as
+// nanoseconds; JSON keys match the fields case-insensitively).
 type taskTiming struct {
 	Msg                                                 string `json:"msg"`
 	TaskID                                              string `json:"task_id"`
-	Record, Prepare, Pull, Create, Start, Commit, Total int64
+	Record, Prepare, Pull, Create, Start, Commit, Total time.Duration
 }
 
 func readTimings(b *testing.B, path string) map[string]taskTiming {
@@ -72,14 +73,10 @@ func readTimings(b *testing.B, path string) map[string]taskTiming {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
-		var raw map[string]any
-		if json.Unmarshal(sc.Bytes(), &raw) != nil || raw["msg"] != "task running" {
-			continue
+		var t taskTiming
+		if json.Unmarshal(sc.Bytes(), &t) == nil && t.Msg == "task running" {
+			out[t.TaskID] = t
 		}
-		num := func(k string) int64 { v, _ := raw[k].(float64); return int64(v) }
-		id, _ := raw["task_id"].(string)
-		out[id] = taskTiming{TaskID: id, Record: num("record"), Prepare: num("prepare"), Pull: num("pull"),
-			Create: num("create"), Start: num("start"), Commit: num("commit"), Total: num("total")}
 	}
 	return out
 }
@@ -173,9 +170,9 @@ func BenchmarkTaskStartVsDocker(b *testing.B) {
 		if !ok {
 			b.Fatalf("no timing line for task %s", id)
 		}
-		record, prepare, pull = append(record, time.Duration(t.Record)), append(prepare, time.Duration(t.Prepare)), append(pull, time.Duration(t.Pull))
-		create, start, commit = append(create, time.Duration(t.Create)), append(start, time.Duration(t.Start)), append(commit, time.Duration(t.Commit))
-		total = append(total, time.Duration(t.Total))
+		record, prepare, pull = append(record, t.Record), append(prepare, t.Prepare), append(pull, t.Pull)
+		create, start, commit = append(create, t.Create), append(start, t.Start), append(commit, t.Commit)
+		total = append(total, t.Total)
 	}
 	b.ReportMetric(median(bCreate), "bare-create-ms")
 	b.ReportMetric(median(bStart), "bare-start-ms")

@@ -13,7 +13,7 @@ import (
 
 // TestRunWithoutJob runs the whole runner: it serves, and when no job
 // comes within the start timeout it returns ErrNoJob, with its log in its
-// temp dir; the SSH server logs at its own level.
+// temp dir.
 func TestRunWithoutJob(t *testing.T) {
 	t.Setenv("HOME", os.Getenv("HOME")) // Run may correct it
 	dir := t.TempDir()

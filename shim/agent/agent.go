@@ -82,9 +82,7 @@ func Run(ctx context.Context, cfg Config) error {
 	log.Info("dstack-shim starting", "version", version.String(), "tandem_version", version.Tandem(), "home", cfg.Home)
 
 	// Components.
-	tcfg := cfg.Task
-	tcfg.RunnerBinary = cmp.Or(tcfg.RunnerBinary, task.Defaults().RunnerBinary)
-	tcfg.VolumesRoot = cmp.Or(tcfg.VolumesRoot, task.Defaults().VolumesRoot)
+	tcfg := cfg.Task.WithDefaults()
 	runnerComp := &component.Manager{Name: api.ComponentRunner, Path: tcfg.RunnerBinary, Log: log}
 	shimComp := &component.Manager{Name: api.ComponentShim, Path: cfg.BinaryPath, Log: log}
 	if cfg.RunnerDownloadURL != "" {
@@ -146,7 +144,10 @@ func Run(ctx context.Context, cfg Config) error {
 	ready := make(chan struct{})
 	go func() {
 		defer close(ready)
-		diskPath := dockerFacts(ctx, rt, vendor, log)
+		diskPath, answered := dockerFacts(ctx, rt, log)
+		if answered && vendor == api.GPUVendorNVIDIA {
+			engine.LearnGPUAccess() // logs how Docker reaches the GPUs, or why it cannot
+		}
 		if cfg.ServiceMode {
 			writeHostInfo(cfg.Home, gpus, diskPath, log)
 		}
@@ -308,36 +309,19 @@ func (s *shutdown) Stop(force bool) {
 	s.once.Do(func() { s.ch <- force })
 }
 
-// dockerFacts asks Docker, each call bounded, what the shim adapts to: its
-// root dir (host_info's disk) and how it reaches NVIDIA GPUs. A daemon that
-// does not answer leaves the defaults, logged.
-func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, vendor api.GPUVendor, log *slog.Logger) string {
-	diskPath := "/"
+// dockerFacts asks Docker, bounded, for its root dir (host_info's disk) and
+// logs its version. A daemon that does not answer leaves "/", logged, and
+// answered false.
+func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, log *slog.Logger) (diskPath string, answered bool) {
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	if info, err := rt.Client().Info(ictx); err != nil {
+	defer cancel()
+	info, err := rt.Client().Info(ictx)
+	if err != nil {
 		log.Error("docker is not answering; tasks will fail until it does", "err", err)
-	} else {
-		diskPath = info.DockerRootDir
-		log.Info("docker", "server_version", info.ServerVersion, "root", info.DockerRootDir, "runtimes", len(info.Runtimes))
+		return "/", false
 	}
-	cancel()
-	if vendor != api.GPUVendorNVIDIA {
-		return diskPath
-	}
-	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	mode, err := rt.GPUMode(mctx)
-	cancel()
-	switch {
-	case err != nil:
-		log.Warn("cannot tell how Docker reaches NVIDIA GPUs; assuming the runtime hook", "err", err)
-	case mode == "cdi":
-		// Only said here: the engine asks the runtime itself on its first
-		// GPU task.
-		log.Info("NVIDIA GPUs via CDI device requests")
-	case mode == "":
-		log.Warn("Docker has neither the NVIDIA runtime nor CDI; GPU tasks will fail to start until nvidia-container-toolkit is set up")
-	}
-	return diskPath
+	log.Info("docker", "server_version", info.ServerVersion, "root", info.DockerRootDir, "runtimes", len(info.Runtimes))
+	return info.DockerRootDir, true
 }
 
 // writeHostInfo writes host_info.json once (service mode).

@@ -102,9 +102,9 @@ type Config struct {
 	NvidiaCDI bool
 }
 
-// Defaults are the engine's defaults: New fills the zero fields of its
-// Config from them (PullTimeout aside: zero is no cap), and the shim's
-// flags show and use the same values.
+// Defaults are the engine's defaults: WithDefaults (and so New) fills the
+// zero fields of a Config from them, and the shim's flags show and use the
+// same values.
 func Defaults() Config {
 	return Config{
 		TerminateWait:    30 * time.Second,
@@ -117,6 +117,21 @@ func Defaults() Config {
 		RunnerSSHPort:    api.RunnerSSHPort,
 		RunnerLogLevel:   "info",
 	}
+}
+
+// WithDefaults returns c with its zero fields taken from Defaults, but
+// PullTimeout, whose zero means no cap.
+func (c Config) WithDefaults() Config {
+	d := Defaults()
+	c.TerminateWait = cmp.Or(c.TerminateWait, d.TerminateWait)
+	c.PullStallTimeout = cmp.Or(c.PullStallTimeout, d.PullStallTimeout)
+	c.VolumesRoot = cmp.Or(c.VolumesRoot, d.VolumesRoot)
+	c.InfinibandPath = cmp.Or(c.InfinibandPath, d.InfinibandPath)
+	c.RunnerBinary = cmp.Or(c.RunnerBinary, d.RunnerBinary)
+	c.RunnerHTTPPort = cmp.Or(c.RunnerHTTPPort, d.RunnerHTTPPort)
+	c.RunnerSSHPort = cmp.Or(c.RunnerSSHPort, d.RunnerSSHPort)
+	c.RunnerLogLevel = cmp.Or(c.RunnerLogLevel, d.RunnerLogLevel)
+	return c
 }
 
 // Engine runs tasks.
@@ -197,16 +212,7 @@ func (t *task) markDone() { t.doneOnce.Do(func() { close(t.done) }) }
 // New returns an engine. gpus may hold no GPUs; keys may be nil when no
 // task asks for host keys.
 func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logger) *Engine {
-	d := Defaults()
-	cfg.TerminateWait = cmp.Or(cfg.TerminateWait, d.TerminateWait)
-	cfg.PullStallTimeout = cmp.Or(cfg.PullStallTimeout, d.PullStallTimeout)
-	cfg.VolumesRoot = cmp.Or(cfg.VolumesRoot, d.VolumesRoot)
-	cfg.InfinibandPath = cmp.Or(cfg.InfinibandPath, d.InfinibandPath)
-	cfg.RunnerBinary = cmp.Or(cfg.RunnerBinary, d.RunnerBinary)
-	cfg.RunnerHTTPPort = cmp.Or(cfg.RunnerHTTPPort, d.RunnerHTTPPort)
-	cfg.RunnerSSHPort = cmp.Or(cfg.RunnerSSHPort, d.RunnerSSHPort)
-	cfg.RunnerLogLevel = cmp.Or(cfg.RunnerLogLevel, d.RunnerLogLevel)
-	// PullTimeout stays: its zero means no cap.
+	cfg = cfg.WithDefaults()
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
 	e.life, e.shutdown = context.WithCancel(context.Background())
 	e.idle = sync.NewCond(&e.mu)
@@ -378,6 +384,12 @@ func (e *Engine) nvidiaCDI() bool {
 	}
 	return e.gpuMode == "cdi"
 }
+
+// LearnGPUAccess asks the runtime now how it reaches NVIDIA GPUs, instead
+// of on the first GPU task: the agent calls it once Docker answers, so that
+// the shim's log says at start whether GPU tasks can start. A runtime that
+// cannot tell is asked again on the first GPU task.
+func (e *Engine) LearnGPUAccess() { _ = e.nvidiaCDI() }
 
 // Shutdown stops watching containers (they keep running; a restarted shim
 // re-attaches). Idempotent.

@@ -118,7 +118,7 @@ func (r *stepRuntime) Remove(ctx context.Context, idOrName string) error {
 	return nil
 }
 func (r *stepRuntime) LogTail(ctx context.Context, id string, n int) (string, error) { return "", nil }
-func (r *stepRuntime) GPUMode(context.Context) (string, error)                       { return "runtime", nil }
+func (r *stepRuntime) GPUMode(context.Context) (string, error)                       { return "hook", nil }
 
 func (r *stepRuntime) live() int {
 	r.mu.Lock()

@@ -160,7 +160,8 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	began := e.now()
 	// The timing line: the record write, then each stage since the last
 	// (prepare, pull: the image check when it is local, create, start,
-	// commit: ports and the running record), then submit to running.
+	// commit: ports and the running status, its record queued for the
+	// background writer), then submit to running.
 	phases := []any{"record", t.recordTook.Round(100 * time.Microsecond)}
 	mark := func(name string) {
 		now := e.now()

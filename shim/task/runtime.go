@@ -36,8 +36,8 @@ type Runtime interface {
 	Containers(ctx context.Context) ([]ContainerState, error)
 	// Inspect returns one container's state; ErrContainerGone if it is gone.
 	Inspect(ctx context.Context, id string) (ContainerState, error)
-	// GPUMode says how the engine reaches NVIDIA GPUs: "runtime" (the
-	// NVIDIA runtime hook), "cdi" (CDI device requests) or "" (neither).
+	// GPUMode says how the engine reaches NVIDIA GPUs: "hook" (the NVIDIA
+	// runtime), "cdi" (CDI device requests) or "" (neither).
 	GPUMode(ctx context.Context) (string, error)
 }
 
