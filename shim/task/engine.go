@@ -148,21 +148,25 @@ type Engine struct {
 	life     context.Context
 	shutdown context.CancelFunc
 
-	mu         sync.RWMutex // guards tasks, tombstones and every task's record fields
+	// mu guards the table only: tasks and tombstones. Each task's state is
+	// guarded by its own lock (task.mu). When both are held, Engine.mu is
+	// taken first; neither is held across a Docker call or a disk write.
+	mu         sync.RWMutex
 	tasks      map[string]*task
 	tombstones map[string]time.Time // removed ids (tombstone.go)
 	wg         sync.WaitGroup       // pipelines
 	recs       *records             // nil: tasks are not persisted
-	writers    int                  // background record writers running; guarded by mu
-	idle       *sync.Cond           // signalled (on mu) when writers drops to 0
+	writers    writerCount          // background record writers (persist.go)
 	resources  []resource           // host resources in acquire order (resource.go)
 
 	gpuModeMu sync.Mutex // guards gpuMode
 	gpuMode   string     // the runtime's answer to GPUMode, once it gave one
 }
 
-// task is one task. Record fields are guarded by Engine.mu; op serializes
-// terminate and remove of this task (they wait, never crash, on each other).
+// task is one task. The fields above mu are set when the task is made and
+// never change; mu guards the rest. op serializes terminate and remove of
+// this task (they wait, never crash, on each other). Status moves only
+// through Engine.transition.
 type task struct {
 	op sync.Mutex
 
@@ -170,17 +174,22 @@ type task struct {
 	submitted time.Time // when Submit accepted it (zero for restored tasks)
 	created   time.Time // when Submit accepted it, kept across restarts
 	pwHash    string    // hashPassword of the registry password (records keep only this)
+	name      string    // container name
+	tracker   *pull.Tracker
+	cancelPre context.CancelFunc // aborts stages before running
+	done      chan struct{}      // closed when nothing more runs for the task (markDone)
+	// recordTook is how long Submit's first record write took (fsync
+	// included), for the start's timing line; set before the pipeline runs.
+	recordTook time.Duration
+
+	mu        sync.Mutex
 	status    api.TaskStatus
 	reason    api.TerminationReason
 	message   string
-	name      string // container name
 	contID    string
 	ports     []api.PortMapping
 	gpuIDs    []string
-	tracker   *pull.Tracker
 	stopReq   *api.TaskTerminateRequest // set by terminate
-	cancelPre context.CancelFunc        // aborts stages before running
-	done      chan struct{}             // closed when the pipeline ended
 	job       *api.JobStateEvent        // the job's final state, once its runner left it
 	keysAdded bool                      // host keys are in authorized_keys
 	volumes   []string                  // volumes that may be mounted for it
@@ -192,14 +201,12 @@ type task struct {
 	noContainer bool
 	dirty       bool // a newer state awaits writing
 	writing     bool // a background writer runs
-	// recordTook is how long Submit's first record write took (fsync
-	// included), for the start's timing line; set before the pipeline runs.
-	recordTook time.Duration
+	removed     bool // Remove forgot it: no record is written again
 	// network is the bridge network the container joins when it is not
 	// Docker's default (networkResource); not persisted.
 	network string
 
-	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu)
+	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then mu)
 
 	doneOnce sync.Once // markDone closes done once, whichever path ends the task
 }
@@ -215,7 +222,7 @@ func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logg
 	cfg = cfg.WithDefaults()
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
 	e.life, e.shutdown = context.WithCancel(context.Background())
-	e.idle = sync.NewCond(&e.mu)
+	e.writers.idle.L = &e.writers.mu
 	e.resources = newResources(e)
 	if cfg.Home != "" {
 		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks"),
@@ -239,9 +246,9 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	cfg = normalize(cfg)
 	e.mu.Lock()
 	if t, ok := e.tasks[cfg.ID]; ok {
-		same := sameSubmit(t, cfg)
-		info := e.infoLocked(t)
 		e.mu.Unlock()
+		same := sameSubmit(t, cfg)
+		info := e.info(t)
 		if same {
 			return info, nil
 		}
@@ -263,9 +270,9 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		noContainer: true,
 	}
 	e.tasks[cfg.ID] = t
-	info := e.infoLocked(t)
 	e.wg.Add(1)
 	e.mu.Unlock()
+	info := e.info(t)
 	// The first record is on disk before the answer: a task the server was
 	// told about survives a restart. When it cannot be written, nothing
 	// starts and the caller hears why.
@@ -287,71 +294,6 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		e.run(ctx, t)
 	}()
 	return info, nil
-}
-
-// errTransition means the task moved on (terminated) under the pipeline.
-var errTransition = errors.New("status transition rejected")
-
-// commit moves t to next, applying update under the lock. Only running is
-// persisted here: recovery treats every status before it alike (the
-// pipeline died, the task ends), so writing preparing, pulling and creating
-// would buy nothing but fsyncs on the start path. What recovery does need
-// is written where it happens: the submit, host keys before the edit,
-// running with the container id, terminated and stop requests.
-func (e *Engine) commit(t *task, next api.TaskStatus, update func()) error {
-	if err := e.applyStep(t, next, update); err != nil {
-		return err
-	}
-	if next == api.TaskRunning {
-		e.saveSoon(t)
-	}
-	return nil
-}
-
-// applyStep checks the transition table and moves t to next, under the
-// engine's lock; commit adds the persisting.
-func (e *Engine) applyStep(t *task, next api.TaskStatus, update func()) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !t.status.CanTransitionTo(next) {
-		return fmt.Errorf("%w: %s -> %s", errTransition, t.status, next)
-	}
-	// A pending terminate blocks every step forward: the pipeline winds down.
-	if t.stopReq != nil && next != api.TaskTerminated {
-		return fmt.Errorf("%w: terminate requested", errTransition)
-	}
-	if update != nil {
-		update()
-	}
-	t.status = next
-	return nil
-}
-
-// finish commits terminated. A reason already recorded wins; a terminate
-// request's reason beats the pipeline's; never an empty reason.
-func (e *Engine) finish(t *task, reason api.TerminationReason, msg string) {
-	e.applyEnd(t, reason, msg)
-	e.saveSoon(t)
-}
-
-// applyEnd moves t to terminated under the engine's lock; finish adds the
-// persisting.
-func (e *Engine) applyEnd(t *task, reason api.TerminationReason, msg string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if t.status == api.TaskTerminated && t.reason != "" {
-		return
-	}
-	if t.stopReq != nil {
-		reason, msg = t.stopReq.TerminationReason, t.stopReq.TerminationMessage
-		if !reason.Valid() {
-			reason = api.ReasonTerminatedByServer
-		}
-	}
-	if !reason.Valid() {
-		reason = api.ReasonExecutorError
-	}
-	t.status, t.reason, t.message = api.TaskTerminated, reason, msg
 }
 
 // nvidiaCDI says whether NVIDIA GPUs are requested as CDI devices: when

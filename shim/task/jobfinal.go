@@ -98,12 +98,12 @@ func (e *Engine) learnJob(t *task) {
 		}
 		return
 	}
-	e.mu.Lock()
+	t.mu.Lock()
 	first := t.job == nil
 	if first {
 		t.job = ev
 	}
-	e.mu.Unlock()
+	t.mu.Unlock()
 	if first {
 		e.saveSoon(t)
 	}
@@ -115,9 +115,7 @@ func (e *Engine) learnJob(t *task) {
 // lives in the job's dir too: it is opened without following a link and
 // must be a regular file.
 func (e *Engine) JobLog(id string) (io.ReadCloser, error) {
-	e.mu.RLock()
-	t, ok := e.tasks[id]
-	e.mu.RUnlock()
+	t, ok := e.lookup(id)
 	if !ok {
 		return nil, ErrNotFound
 	}

@@ -4,6 +4,7 @@ package task
 
 import (
 	"slices"
+	"sync"
 	"time"
 )
 
@@ -19,47 +20,66 @@ func (e *Engine) saveSoon(t *task) {
 	if e.recs == nil {
 		return
 	}
-	e.mu.Lock()
+	t.mu.Lock()
 	t.dirty = true
 	if t.writing {
-		e.mu.Unlock()
+		t.mu.Unlock()
 		return
 	}
 	t.writing = true
-	e.writers++
-	e.mu.Unlock()
+	t.mu.Unlock()
+	e.writers.add()
 	go func() {
+		defer e.writers.done()
 		backoff := retryFirst
 		for {
-			e.mu.Lock()
+			t.mu.Lock()
 			if !t.dirty {
 				t.writing = false
-				e.writers--
-				if e.writers == 0 {
-					e.idle.Broadcast()
-				}
-				e.mu.Unlock()
+				t.mu.Unlock()
 				return
 			}
 			t.dirty = false
-			e.mu.Unlock()
+			t.mu.Unlock()
 			if err := e.save(t); err == nil {
 				backoff = retryFirst
 				continue
 			}
-			e.mu.Lock()
+			t.mu.Lock()
 			t.dirty = true // whatever is newest now is written on the retry
-			e.mu.Unlock()
+			t.mu.Unlock()
 			select {
 			case <-time.After(backoff):
 			case <-e.life.Done():
-				e.mu.Lock()
+				t.mu.Lock()
 				t.dirty = false
-				e.mu.Unlock()
+				t.mu.Unlock()
 			}
 			backoff = min(2*backoff, retryMax)
 		}
 	}()
+}
+
+// writerCount counts the background record writers, for Sync.
+type writerCount struct {
+	mu   sync.Mutex
+	n    int
+	idle sync.Cond // on mu; signalled when n drops to 0
+}
+
+func (w *writerCount) add() {
+	w.mu.Lock()
+	w.n++
+	w.mu.Unlock()
+}
+
+func (w *writerCount) done() {
+	w.mu.Lock()
+	w.n--
+	if w.n == 0 {
+		w.idle.Broadcast()
+	}
+	w.mu.Unlock()
 }
 
 // Backoff of failed record writes.
@@ -79,10 +99,10 @@ func (e *Engine) mustSave(t *task) {
 
 // Sync waits until no background record write is running.
 func (e *Engine) Sync() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for e.writers > 0 {
-		e.idle.Wait()
+	e.writers.mu.Lock()
+	defer e.writers.mu.Unlock()
+	for e.writers.n > 0 {
+		e.writers.idle.Wait()
 	}
 }
 
@@ -95,16 +115,16 @@ func (e *Engine) save(t *task) error {
 	}
 	t.saveMu.Lock()
 	defer t.saveMu.Unlock()
-	e.mu.RLock()
-	if e.tasks[t.cfg.ID] != t { // removed meanwhile: no resurrection
-		e.mu.RUnlock()
+	t.mu.Lock()
+	if t.removed { // removed meanwhile: no resurrection
+		t.mu.Unlock()
 		return nil
 	}
 	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
 		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
 		Volumes: slices.Clone(t.volumes), Released: t.released, StopRequest: t.stopReq, PasswordHash: t.pwHash,
 		SubmittedAt: t.created, Job: t.job, NoContainer: t.noContainer}
-	e.mu.RUnlock()
+	t.mu.Unlock()
 	if err := e.recs.save(rec); err != nil {
 		e.log.Error("persist task", "task_id", t.cfg.ID, "status", rec.Status, "err", err)
 		return err

@@ -38,7 +38,6 @@ type failure struct {
 // its host resources are released.
 func (e *Engine) run(ctx context.Context, t *task) {
 	log := e.log.With("task_id", t.cfg.ID, "container", t.name)
-	defer t.markDone()
 	defer t.cancelPre()
 	if f := e.start(ctx, t, log); f != nil {
 		e.end(t, log, *f)
@@ -47,14 +46,14 @@ func (e *Engine) run(ctx context.Context, t *task) {
 	e.watch(t, log)
 }
 
-// end releases the task's host resources, then commits terminated, so a
-// terminated task never still holds GPUs or keys.
+// end releases the task's host resources, then commits terminated as its
+// last change, so a terminated task never still holds GPUs or keys.
 func (e *Engine) end(t *task, log *slog.Logger, f failure) {
 	e.release(t, log)
-	e.finish(t, f.reason, f.msg)
-	e.mu.RLock()
+	_ = e.transition(t, change{to: api.TaskTerminated, reason: f.reason, msg: f.msg, persist: persistSoon, last: true})
+	t.mu.Lock()
 	reason := t.reason // a stop request's reason wins over f's
-	e.mu.RUnlock()
+	t.mu.Unlock()
 	e.obs().TaskEnded(reason)
 	level := slog.LevelInfo
 	switch reason {
@@ -67,13 +66,13 @@ func (e *Engine) end(t *task, log *slog.Logger, f failure) {
 // release gives back the task's host resources, in reverse order, exactly
 // once.
 func (e *Engine) release(t *task, log *slog.Logger) {
-	e.mu.Lock()
+	t.mu.Lock()
 	if t.released {
-		e.mu.Unlock()
+		t.mu.Unlock()
 		return
 	}
 	t.released = true
-	e.mu.Unlock()
+	t.mu.Unlock()
 	for i := len(e.resources) - 1; i >= 0; i-- {
 		e.resources[i].release(t, log)
 	}
@@ -83,9 +82,9 @@ func (e *Engine) release(t *task, log *slog.Logger) {
 // watch waits for the running container to exit, whoever stops it, and
 // ends the task with the matching reason.
 func (e *Engine) watch(t *task, log *slog.Logger) {
-	e.mu.RLock()
+	t.mu.Lock()
 	id := t.contID
-	e.mu.RUnlock()
+	t.mu.Unlock()
 	code, err := e.waitExit(e.life, id, log)
 	if e.life.Err() == nil {
 		e.learnJob(t) // before anything else: the job's own word on its end
@@ -93,7 +92,9 @@ func (e *Engine) watch(t *task, log *slog.Logger) {
 	switch {
 	case e.life.Err() != nil:
 		// The shim is shutting down: the task keeps running, and the next
-		// start re-attaches to it. Nothing to end.
+		// start re-attaches to it. Nothing to end, but nothing more runs
+		// for it here either.
+		t.markDone()
 		return
 	case errors.Is(err, ErrContainerGone):
 		e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared"})
@@ -204,9 +205,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	if err := e.commit(t, api.TaskCreating, func() { t.noContainer = false }); err != nil {
 		return aborted()
 	}
-	e.mu.RLock()
+	t.mu.Lock()
 	gpuIDs := slices.Clone(t.gpuIDs)
-	e.mu.RUnlock()
+	t.mu.Unlock()
 	spec := e.containerSpec(t, dir, gpuIDs)
 	// Create must not be cut off halfway by a terminate: we want the id, so
 	// that remove can find what Docker made.
@@ -215,9 +216,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		return fail(api.ReasonCreatingContainerError, "createContainer error: %v", err)
 	}
 	mark("create")
-	e.mu.Lock()
+	t.mu.Lock()
 	t.contID = id
-	e.mu.Unlock()
+	t.mu.Unlock()
 	// The id is written with running, right after the start. Writing it
 	// here put an fsync beside Docker's own start and cost 6-16 ms of it
 	// (issue 30); a shim that dies during the start leaves a record
@@ -232,9 +233,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		_ = e.rt.Remove(context.WithoutCancel(ctx), id)
 		spec = withoutDisplay(spec)
 		if id, err = e.rt.Create(context.WithoutCancel(ctx), spec); err == nil {
-			e.mu.Lock()
+			t.mu.Lock()
 			t.contID = id
-			e.mu.Unlock()
+			t.mu.Unlock()
 			e.mustSave(t)
 			err = e.rt.Start(context.WithoutCancel(ctx), id)
 		}

@@ -11,20 +11,25 @@ import (
 
 // Get returns one task.
 func (e *Engine) Get(id string) (api.TaskInfoResponse, error) {
-	e.mu.RLock()
-	t, ok := e.tasks[id]
+	t, ok := e.lookup(id)
 	if !ok {
-		e.mu.RUnlock()
 		return api.TaskInfoResponse{}, ErrNotFound
 	}
+	t.mu.Lock()
 	look := t.job == nil && (t.status == api.TaskRunning || t.status == api.TaskTerminated) && t.contID != ""
-	e.mu.RUnlock()
+	t.mu.Unlock()
 	if look {
 		e.learnJob(t)
 	}
+	return e.info(t), nil
+}
+
+// lookup finds a task in the table.
+func (e *Engine) lookup(id string) (*task, bool) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	return e.infoLocked(t), nil
+	t, ok := e.tasks[id]
+	return t, ok
 }
 
 // List returns all tasks, sorted by id.
@@ -33,7 +38,9 @@ func (e *Engine) List() []api.TaskListItem {
 	defer e.mu.RUnlock()
 	out := make([]api.TaskListItem, 0, len(e.tasks))
 	for id, t := range e.tasks {
+		t.mu.Lock() // lock order: Engine.mu, then task.mu
 		out = append(out, api.TaskListItem{ID: id, Status: t.status})
+		t.mu.Unlock()
 	}
 	slices.SortFunc(out, func(a, b api.TaskListItem) int { return strings.Compare(a.ID, b.ID) })
 	return out
@@ -41,15 +48,23 @@ func (e *Engine) List() []api.TaskListItem {
 
 // GPUIDs returns the GPUs a task holds (for metrics filtering).
 func (e *Engine) GPUIDs(id string) ([]string, error) {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	t, ok := e.tasks[id]
+	t, ok := e.lookup(id)
 	if !ok {
 		return nil, ErrNotFound
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return slices.Clone(t.gpuIDs), nil
 }
 
+// info is what the API answers for t.
+func (e *Engine) info(t *task) api.TaskInfoResponse {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return e.infoLocked(t)
+}
+
+// infoLocked is info with t.mu held.
 func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 	info := api.TaskInfoResponse{
 		ID:                 t.cfg.ID,

@@ -57,20 +57,24 @@ func (e *Engine) Restore(ctx context.Context) error {
 		e.tasks[t.cfg.ID] = t
 		e.mu.Unlock()
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
-		a := decideRecord(recordView{readable: l.err == nil, status: t.status, hasContainer: t.contID != "", released: t.released})
-		log.Debug("recovery", "record_status", t.status, "action", a)
+		t.mu.Lock()
+		view := recordView{readable: l.err == nil, status: t.status, hasContainer: t.contID != "", released: t.released}
+		t.mu.Unlock()
+		a := decideRecord(view)
+		log.Debug("recovery", "record_status", view.status, "action", a)
 		actions[a.String()]++
 		switch a {
 		case actUnreadable:
 			log.Error("unreadable task record", "err", l.err)
-			t.markDone()
-		case actKeep:
-			t.markDone()
 		case actRelease:
-			t.markDone()
 			e.release(t, log)
 		case actHold:
-			t.status = api.TaskRunning // a creating record with a container is settled as running
+			// A creating record with a container is settled as running.
+			if view.status != api.TaskRunning {
+				if err := e.transition(t, change{to: api.TaskRunning, recovered: true}); err != nil {
+					log.Error("recovery cannot settle the task as running", "err", err)
+				}
+			}
 			for _, r := range e.resources {
 				r.reclaim(t, log)
 			}
@@ -79,7 +83,6 @@ func (e *Engine) Restore(ctx context.Context) error {
 				e.cleanup(ctx, log, "remove the container of a task that never ran", func(ctx context.Context) error { return e.rt.Remove(ctx, t.name) })
 			}
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before the task's container started; submit it again"})
-			t.markDone()
 		}
 		e.mustSave(t)
 	}
@@ -101,7 +104,9 @@ func (e *Engine) cleanup(ctx context.Context, log *slog.Logger, what string, f f
 	}
 }
 
-// restored builds a task from a record (or from a failed read).
+// restored builds a task from a record (or from a failed read). A task
+// that ended before the restart has nothing left to run: its done is
+// closed.
 func (e *Engine) restored(l loaded) *task {
 	t := &task{tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{})}
 	if l.err != nil {
@@ -109,6 +114,7 @@ func (e *Engine) restored(l loaded) *task {
 		t.status, t.reason = api.TaskTerminated, api.ReasonExecutorError
 		t.message = fmt.Sprintf("the shim could not read this task's record after a restart: %v", l.err)
 		t.released, t.ports, t.gpuIDs = true, []api.PortMapping{}, []string{}
+		t.markDone()
 		return t
 	}
 	r := l.rec
@@ -122,6 +128,9 @@ func (e *Engine) restored(l loaded) *task {
 	// A record written before the task ended may predate its create: only
 	// a terminated one is sure that Docker never got a container.
 	t.noContainer = r.NoContainer && r.Status == api.TaskTerminated
+	if t.status == api.TaskTerminated {
+		t.markDone()
+	}
 	return t
 }
 
@@ -140,39 +149,47 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	for _, c := range conts {
 		byID[c.ID], byName[c.Name] = c, c
 	}
-	e.mu.Lock()
-	var pending []*task
+	e.mu.RLock()
+	all := make([]*task, 0, len(e.tasks))
 	for _, t := range e.tasks {
 		byTask[t.cfg.ID] = true
+		all = append(all, t)
+	}
+	e.mu.RUnlock()
+	var pending []*task
+	for _, t := range all {
+		t.mu.Lock()
 		if t.status == api.TaskRunning && !t.watched {
 			t.watched = true
 			pending = append(pending, t)
 		}
+		t.mu.Unlock()
 	}
-	e.mu.Unlock()
 	for _, t := range pending {
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
-		c, ok := byID[t.contID]
+		t.mu.Lock()
+		contID := t.contID
+		t.mu.Unlock()
+		c, ok := byID[contID]
 		if !ok {
 			c, ok = byName[t.name]
 		}
 		switch decideHeld(containerView{found: ok, neverStarted: c.NeverStarted}) {
 		case actEndGone:
 			e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared while the shim was down"})
-			t.markDone()
 		case actEndNeverStarted:
 			e.cleanup(ctx, log, "remove a container that never started", func(ctx context.Context) error { return e.rt.Remove(ctx, c.ID) })
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before starting the container; submit it again"})
-			t.markDone()
 		case actAttach: // a stopped container ends at once in watch
-			e.mu.Lock()
+			t.mu.Lock()
 			t.contID = c.ID
 			if c.Ports != nil {
 				t.ports = c.Ports
 			}
-			e.mu.Unlock()
+			gpus := t.gpuIDs
+			t.mu.Unlock()
 			e.mustSave(t)
-			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", t.gpuIDs)
+			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", gpus)
 			e.follow(t, log)
 		}
 	}
@@ -191,18 +208,29 @@ func (e *Engine) follow(t *task, log *slog.Logger) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		defer t.markDone()
-		e.watch(t, log)
+		e.watch(t, log) // ends the task (or marks it done at shutdown)
 	}()
 }
 
-// adopt takes over a labelled container that has no record.
+// adopt takes over a labelled container that has no record. The task is
+// made in its status (running, or terminated with the container's exit)
+// before it enters the table; nothing moves it until it does.
 func (e *Engine) adopt(c ContainerState) {
 	t := &task{cfg: api.TaskConfig{ID: c.TaskID, Name: c.Name, ContainerUser: "root", NetworkMode: "host"},
 		tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{}),
 		name: c.Name, contID: c.ID, ports: c.Ports, gpuIDs: c.GPUIDs}
 	if t.gpuIDs == nil {
 		t.gpuIDs = []string{}
+	}
+	if c.Running {
+		t.status, t.watched = api.TaskRunning, true
+	} else {
+		t.status, t.reason, t.released = api.TaskTerminated, api.ReasonDoneByRunner, true
+		if c.ExitCode != 0 {
+			t.reason = api.ReasonContainerExitedWithError
+			t.message = fmt.Sprintf("container exited with code %d (adopted after a shim restart)", c.ExitCode)
+		}
+		t.markDone()
 	}
 	log := e.log.With("task_id", c.TaskID, "container", c.Name)
 	e.mu.Lock()
@@ -214,22 +242,9 @@ func (e *Engine) adopt(c ContainerState) {
 		return
 	}
 	e.tasks[c.TaskID] = t
-	if a == actAdoptRunning {
-		t.status, t.watched = api.TaskRunning, true
-	} else {
-		t.status = api.TaskTerminated
-	}
 	e.mu.Unlock()
 	if !c.Running {
-		reason, msg := api.ReasonDoneByRunner, ""
-		if c.ExitCode != 0 {
-			reason, msg = api.ReasonContainerExitedWithError, fmt.Sprintf("container exited with code %d (adopted after a shim restart)", c.ExitCode)
-		}
-		e.mu.Lock()
-		t.reason, t.message, t.released = reason, msg, true
-		e.mu.Unlock()
 		e.mustSave(t)
-		t.markDone()
 		log.Info("adopted a stopped task container", "exit_code", c.ExitCode)
 		return
 	}
@@ -237,7 +252,7 @@ func (e *Engine) adopt(c ContainerState) {
 		r.reclaim(t, log)
 	}
 	e.mustSave(t)
-	log.Info("adopted a running task container", "gpus", t.gpuIDs)
+	log.Info("adopted a running task container", "gpus", c.GPUIDs)
 	e.follow(t, log)
 }
 

@@ -19,7 +19,7 @@ import (
 // resource is one kind of host resource.
 type resource interface {
 	// acquire takes what t's config asks for. What it holds is written
-	// into t (under Engine.mu), and persisted before any host side effect
+	// into t (under t.mu), and persisted before any host side effect
 	// that outlives the shim, so a crash leaves a release that finds
 	// nothing rather than a change nobody undoes.
 	acquire(ctx context.Context, t *task) *failure
@@ -48,25 +48,25 @@ func (r gpuResource) acquire(_ context.Context, t *task) *failure {
 		}
 		ids = got
 	}
-	r.e.mu.Lock()
+	t.mu.Lock()
 	t.gpuIDs = ids // persisted with the container id: locks start empty after a restart
-	r.e.mu.Unlock()
+	t.mu.Unlock()
 	return nil
 }
 
 func (r gpuResource) release(t *task, _ *slog.Logger) {
-	r.e.mu.RLock()
+	t.mu.Lock()
 	ids := slices.Clone(t.gpuIDs)
-	r.e.mu.RUnlock()
+	t.mu.Unlock()
 	if len(ids) > 0 {
 		r.e.gpus.Release(t.cfg.ID, ids)
 	}
 }
 
 func (r gpuResource) reclaim(t *task, log *slog.Logger) {
-	r.e.mu.RLock()
+	t.mu.Lock()
 	ids := slices.Clone(t.gpuIDs)
-	r.e.mu.RUnlock()
+	t.mu.Unlock()
 	if len(ids) > 0 {
 		if err := r.e.gpus.Lock(t.cfg.ID, ids); err != nil {
 			log.Error("the task's GPUs are held by another task", "gpus", ids, "err", err)
@@ -86,9 +86,9 @@ func (r hostKeysResource) acquire(_ context.Context, t *task) *failure {
 	}
 	// Recorded before the edit: a crash in between leaves a removal that
 	// finds nothing, never a line nobody removes.
-	r.e.mu.Lock()
+	t.mu.Lock()
 	t.keysAdded = true
-	r.e.mu.Unlock()
+	t.mu.Unlock()
 	if err := r.e.save(t); err != nil {
 		return &failure{api.ReasonExecutorError, fmt.Sprintf("host keys error: the task's record cannot be saved, so no key is added: %v", err)}
 	}
@@ -99,9 +99,9 @@ func (r hostKeysResource) acquire(_ context.Context, t *task) *failure {
 }
 
 func (r hostKeysResource) release(t *task, log *slog.Logger) {
-	r.e.mu.RLock()
+	t.mu.Lock()
 	added, user := t.keysAdded, t.cfg.HostSSHUser
-	r.e.mu.RUnlock()
+	t.mu.Unlock()
 	if added && r.e.keys != nil {
 		if err := r.e.keys.Remove(user, t.cfg.ID); err != nil {
 			log.Error("remove host keys", "err", err)
@@ -128,9 +128,9 @@ func (r volumesResource) acquire(ctx context.Context, t *task) *failure {
 	for _, v := range t.cfg.Volumes {
 		names = append(names, v.Name)
 	}
-	r.e.mu.Lock()
+	t.mu.Lock()
 	t.volumes = names
-	r.e.mu.Unlock()
+	t.mu.Unlock()
 	if err := r.e.save(t); err != nil {
 		return &failure{api.ReasonExecutorError, fmt.Sprintf("prepareVolumes error: the task's record cannot be saved, so nothing is mounted: %v", err)}
 	}
@@ -143,9 +143,9 @@ func (r volumesResource) acquire(ctx context.Context, t *task) *failure {
 }
 
 func (r volumesResource) release(t *task, log *slog.Logger) {
-	r.e.mu.RLock()
+	t.mu.Lock()
 	vols := slices.Clone(t.volumes)
-	r.e.mu.RUnlock()
+	t.mu.Unlock()
 	for _, v := range vols {
 		if r.e.cfg.Volumes == nil {
 			log.Error("a volume is recorded but this shim has no volume support", "volume", v)
@@ -158,9 +158,9 @@ func (r volumesResource) release(t *task, log *slog.Logger) {
 }
 
 func (r volumesResource) reclaim(t *task, log *slog.Logger) {
-	r.e.mu.RLock()
+	t.mu.Lock()
 	vols := slices.Clone(t.volumes)
-	r.e.mu.RUnlock()
+	t.mu.Unlock()
 	if r.e.cfg.Volumes == nil {
 		return
 	}
@@ -198,9 +198,9 @@ func (r networkResource) acquire(ctx context.Context, t *task) *failure {
 	if err != nil {
 		return &failure{api.ReasonCreatingContainerError, fmt.Sprintf("isolated network error: %v", err)}
 	}
-	r.e.mu.Lock()
+	t.mu.Lock()
 	t.network = name
-	r.e.mu.Unlock()
+	t.mu.Unlock()
 	return nil
 }
 

@@ -39,9 +39,9 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 	for _, m := range cfg.InstanceMounts {
 		binds = append(binds, Bind{Source: filepath.Clean(m.InstancePath), Target: m.Path})
 	}
-	e.mu.RLock()
+	t.mu.Lock()
 	network := t.network
-	e.mu.RUnlock()
+	t.mu.Unlock()
 	spec := ContainerSpec{
 		Name:        t.name,
 		Image:       cfg.ImageName,

@@ -28,10 +28,10 @@ func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminate
 	}
 	defer t.op.Unlock()
 
-	e.mu.Lock()
+	t.mu.Lock()
 	if t.status == api.TaskTerminated {
 		info := e.infoLocked(t)
-		e.mu.Unlock()
+		t.mu.Unlock()
 		return info, nil
 	}
 	if t.stopReq == nil {
@@ -39,7 +39,7 @@ func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminate
 		t.stopReq = &r
 	}
 	status, contID := t.status, t.contID
-	e.mu.Unlock()
+	t.mu.Unlock()
 	e.mustSave(t) // the reason must survive a restart: retried until written
 
 	t.cancelPre()
@@ -66,9 +66,9 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 		return err
 	}
 	defer t.op.Unlock()
-	e.mu.RLock()
-	status := t.status
-	e.mu.RUnlock()
+	t.mu.Lock()
+	status, noContainer := t.status, t.noContainer
+	t.mu.Unlock()
 	if status != api.TaskTerminated {
 		return fmt.Errorf("%w: cannot remove task %s with %s status", ErrConflict, id, status)
 	}
@@ -82,7 +82,7 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	// By name: it also finds a container whose id was never recorded. A
 	// task restored from an unreadable record has neither name nor dir.
 	if t.name != "" {
-		if !t.noContainer {
+		if !noContainer {
 			if err := e.rt.Remove(ctx, t.name); err != nil {
 				return err
 			}
@@ -94,6 +94,9 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 		}
 	}
 	t.saveMu.Lock() // no save may write the record back after this
+	t.mu.Lock()
+	t.removed = true
+	t.mu.Unlock()
 	e.mu.Lock()
 	delete(e.tasks, id)
 	e.bury(id)
@@ -110,17 +113,12 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 // lockOp takes the task's op lock, then checks the task still exists (a
 // concurrent remove may have won the lock first).
 func (e *Engine) lockOp(id string) (*task, error) {
-	e.mu.RLock()
-	t, ok := e.tasks[id]
-	e.mu.RUnlock()
+	t, ok := e.lookup(id)
 	if !ok {
 		return nil, ErrNotFound
 	}
 	t.op.Lock()
-	e.mu.RLock()
-	cur, ok := e.tasks[id]
-	e.mu.RUnlock()
-	if !ok || cur != t {
+	if cur, ok := e.lookup(id); !ok || cur != t {
 		t.op.Unlock()
 		return nil, ErrNotFound
 	}
