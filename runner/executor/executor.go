@@ -208,12 +208,11 @@ func (x *Executor) PullConsumed() <-chan struct{} { return x.pullDone }
 func (x *Executor) Submit(b api.SubmitBody) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	switch x.state {
-	case WaitSubmit:
-	case WaitRun:
-		x.cfg.Log.Warn("job re-submitted; replacing the previous one")
-	default:
+	if !canMove(x.state, WaitRun) {
 		return fmt.Errorf("%w: submit in state %s", ErrState, x.state)
+	}
+	if x.state == WaitRun {
+		x.cfg.Log.Warn("job re-submitted; replacing the previous one")
 	}
 	// The cluster key is authorized now, not when the job starts: the
 	// master's launcher (mpirun, torchrun) may reach this node before its
@@ -225,8 +224,7 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 	}
 	x.body = &b
 	x.submitAt = x.cfg.Now()
-	x.state = WaitRun
-	return nil
+	return x.moveLocked(WaitRun, "submit")
 }
 
 // UploadArchive stores a file archive under its id.
@@ -359,9 +357,7 @@ func (x *Executor) Stop() {
 		}
 		return
 	}
-	if x.state != WaitLogsFinished {
-		x.state = WaitLogsFinished
-	}
+	_ = x.moveLocked(WaitLogsFinished, "stop") // allowed from every state
 }
 
 // Pull returns the events after ts, at most PullCap bytes of logs; when the

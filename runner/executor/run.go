@@ -7,10 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,7 +19,6 @@ import (
 	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/runner/ptyproc"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
@@ -38,12 +35,10 @@ import (
 // false when resolution failed; the failure is then a job state.
 func (x *Executor) Run() (api.RunResponse, bool, error) {
 	x.mu.Lock()
-	if x.state != WaitRun {
-		st := x.state
+	if err := x.moveLocked(ServeLogs, "run"); err != nil {
 		x.mu.Unlock()
-		return api.RunResponse{}, false, fmt.Errorf("%w: run in state %s", ErrState, st)
+		return api.RunResponse{}, false, err
 	}
-	x.state = ServeLogs
 	body := *x.body
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
@@ -89,7 +84,7 @@ func (x *Executor) openRunnerLog() *slog.Logger {
 func (x *Executor) finish() {
 	x.writeFinal()
 	x.mu.Lock()
-	x.state = WaitLogsFinished
+	_ = x.moveLocked(WaitLogsFinished, "finish") // allowed from every state
 	x.mu.Unlock()
 	close(x.finished)
 }
@@ -284,46 +279,23 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	}
 	_ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY})
 
-	prog := cmdline[0]
-	if filepath.Base(prog) == prog {
-		if p, err := exec.LookPath(prog); err == nil {
-			prog = p
-		}
-	}
-	cmd := exec.Command(prog, cmdline[1:]...)
-	cmd.Args[0] = cmdline[0]
-	cmd.Dir = wd
-	cmd.Env = account.EnvList(env)
-	master, tty, err := pty.Open()
-	if err != nil {
-		return failed(fmt.Errorf("open pty: %w", err))
-	}
-	defer master.Close()
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	spec := ptyproc.Spec{Path: cmdline[0], Args: cmdline, Dir: wd, Env: account.EnvList(env), TTY: true, ProcRoot: x.cfg.ProcRoot}
 	if x.cfg.CanSetUser {
-		_ = tty.Chown(user.UID, user.GID)
-		groups := make([]uint32, 0, len(user.Groups))
-		for _, g := range user.Groups {
-			groups = append(groups, uint32(g))
-		}
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(user.UID), Gid: uint32(user.GID), Groups: groups}
+		spec.Cred = &ptyproc.Cred{UID: user.UID, GID: user.GID, Groups: user.Groups}
 	}
 	oomBefore := oomKills(x.cfg.CgroupRoot)
-	if err := cmd.Start(); err != nil {
-		tty.Close()
-		// As a shell reports it: 127 for a command not found, 126 for one
-		// that cannot run.
-		code := 126
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
-			code = 127
+	proc, err := ptyproc.Start(spec)
+	if err != nil {
+		ev := failed(err)
+		var se *ptyproc.StartError
+		if errors.As(err, &se) {
+			ev.ExitStatus = &se.Code
 		}
-		ev := failed(fmt.Errorf("start %s: %w", cmdline[0], err))
-		ev.ExitStatus = &code
 		return ev
 	}
-	tty.Close()
-	sid := cmd.Process.Pid
+	defer proc.Close()
+	master := proc.Terminal()
+	sid := proc.Pid()
 	log.Info("Job started", "pid", sid, "user", user.Username, "uid", user.UID, "working_dir", wd)
 
 	x.mu.Lock()
@@ -349,21 +321,17 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 			}
 		}
 	}()
-	exited := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exited)
-	}()
+	exited := proc.Exited()
 
 	var cause error
 	select {
 	case <-exited:
 	case <-ctx.Done():
 		cause = context.Cause(ctx)
-		x.stopSequence(master, sid, exited, &cut)
+		x.stopSequence(proc, &cut)
 	case <-pipe.QuotaHit():
 		cause = errLogQuota
-		signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
+		proc.SignalSession(syscall.SIGKILL)
 		<-exited
 	}
 	// The main process is gone. Leftovers holding the terminal must not keep
@@ -373,16 +341,16 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	select {
 	case <-readDone:
 	case <-time.After(x.cfg.DrainGrace / 2):
-		signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
-		signalSession(x.cfg.ProcRoot, sid, syscall.SIGTERM)
+		proc.SignalSession(syscall.SIGHUP)
+		proc.SignalSession(syscall.SIGTERM)
 		select {
 		case <-readDone:
 		case <-time.After(x.cfg.DrainGrace / 2):
-			signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
+			proc.SignalSession(syscall.SIGKILL)
 			select {
 			case <-readDone:
 			case <-time.After(time.Second):
-				master.Close()
+				proc.Close()
 				<-readDone
 			}
 		}
@@ -390,7 +358,7 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	_ = pipe.Close()
 
 	// A shell's convention (and docker's): 128 + the signal's number.
-	code, killedBy := ptyproc.ExitStatus(cmd.ProcessState)
+	code, killedBy := proc.Wait()
 	switch {
 	case errors.Is(cause, errLogQuota):
 		return api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonLogQuotaExceeded,
@@ -446,7 +414,8 @@ func oomKills(root string) int64 {
 // back, the session is hung up at once and nothing the shell wrote after
 // that moment (its prompt) is kept. A foreground program that handles
 // SIGINT itself keeps the terminal, and so its full grace.
-func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}, cut *outputCut) {
+func (x *Executor) stopSequence(proc *ptyproc.Proc, cut *outputCut) {
+	master, sid, exited := proc.Terminal(), proc.Pid(), proc.Exited()
 	fd := int(master.Fd())
 	intr := byte(3)
 	if t, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil && t.Cc[unix.VINTR] != 0 {
@@ -477,23 +446,23 @@ func (x *Executor) stopSequence(master *os.File, sid int, exited <-chan struct{}
 				// written until now, then hang up.
 				pending, _ := unix.IoctlGetInt(fd, unix.TIOCINQ)
 				cut.at(pending)
-				signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
-				signalSession(x.cfg.ProcRoot, sid, syscall.SIGCONT)
+				proc.SignalSession(syscall.SIGHUP)
+				proc.SignalSession(syscall.SIGCONT)
 				x.runnerLog.Info("Stopping job: the shell took the terminal back, hung up")
 				waiting = false
 			}
 		}
 	}
 	x.runnerLog.Info("Stopping job: SIGTERM and SIGHUP to the session")
-	signalSession(x.cfg.ProcRoot, sid, syscall.SIGTERM)
-	signalSession(x.cfg.ProcRoot, sid, syscall.SIGHUP)
+	proc.SignalSession(syscall.SIGTERM)
+	proc.SignalSession(syscall.SIGHUP)
 	select {
 	case <-exited:
 		return
 	case <-time.After(x.cfg.KillGrace):
 	}
 	x.runnerLog.Info("Stopping job: SIGKILL to the session")
-	signalSession(x.cfg.ProcRoot, sid, syscall.SIGKILL)
+	proc.SignalSession(syscall.SIGKILL)
 	<-exited
 }
 

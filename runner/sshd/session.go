@@ -1,16 +1,16 @@
 package sshd
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 
-	"github.com/creack/pty"
 	gssh "github.com/gliderlabs/ssh"
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/ptyio"
@@ -51,15 +51,22 @@ func shellFor(login account.Login) []string {
 	return nil
 }
 
-func (s *Server) credential(login account.Login) *syscall.Credential {
+// cred is who the login's processes run as; nil (the runner's user) when
+// the runner cannot switch users.
+func (s *Server) cred(login account.Login) *ptyproc.Cred {
 	if !s.cfg.CanSetUser {
 		return nil
 	}
-	groups := make([]uint32, 0, len(login.Groups))
-	for _, g := range login.Groups {
-		groups = append(groups, uint32(g))
+	return &ptyproc.Cred{UID: login.UID, GID: login.GID, Groups: login.Groups}
+}
+
+// homeOrRoot is the login's home when it is a directory, else /: where
+// its sessions start.
+func homeOrRoot(login account.Login) string {
+	if fi, err := os.Stat(login.Home); err == nil && fi.IsDir() {
+		return login.Home
 	}
-	return &syscall.Credential{Uid: uint32(login.UID), Gid: uint32(login.GID), Groups: groups}
+	return "/"
 }
 
 // sessionEnv is the job's environment plus the login's identity.
@@ -126,26 +133,22 @@ func (s *Server) session(sess gssh.Session) {
 			log.Warn("agent forwarding", "err", err)
 		}
 	}
-	var cmd *exec.Cmd
+	spec := ptyproc.Spec{Path: shellArgv[0], Dir: homeOrRoot(login)}
 	if opts.hasCommand {
 		// command= runs instead of whatever was asked (a shell, a command,
 		// a subsystem); what was asked is in SSH_ORIGINAL_COMMAND.
 		if raw := sess.RawCommand(); raw != "" {
 			env = append(env, "SSH_ORIGINAL_COMMAND="+raw)
 		}
-		cmd = exec.Command(shellArgv[0], append(shellArgv[1:], "-c", opts.command)...)
+		spec.Args = append(slices.Clone(shellArgv), "-c", opts.command)
 	} else if raw := sess.RawCommand(); raw != "" {
-		cmd = exec.Command(shellArgv[0], append(shellArgv[1:], "-c", raw)...)
+		spec.Args = append(slices.Clone(shellArgv), "-c", raw)
 	} else {
-		cmd = exec.Command(shellArgv[0], append(shellArgv[1:], "-l")...)
-		cmd.Args[0] = "-" + filepath.Base(shellArgv[0]) // a login shell
+		spec.Args = append(slices.Clone(shellArgv), "-l")
+		spec.Args[0] = "-" + filepath.Base(shellArgv[0]) // a login shell
 	}
-	cmd.Env = env
-	cmd.Dir = "/"
-	if fi, err := os.Stat(login.Home); err == nil && fi.IsDir() {
-		cmd.Dir = login.Home
-	}
-	code, err := s.run(sess, cmd, login)
+	spec.Env = env
+	code, err := s.run(sess, spec, login)
 	if err != nil {
 		log.Warn("ssh session", "err", err)
 		fmt.Fprintf(sess.Stderr(), "tandem: %v\r\n", err)
@@ -153,86 +156,73 @@ func (s *Server) session(sess gssh.Session) {
 	_ = sess.Exit(code)
 }
 
-// run executes cmd for the session (in a pty if one was requested) and
+// run starts spec for the session (in a pty if one was requested) and
 // returns its exit status.
-func (s *Server) run(sess gssh.Session, cmd *exec.Cmd, login account.Login) (int, error) {
+func (s *Server) run(sess gssh.Session, spec ptyproc.Spec, login account.Login) (int, error) {
 	sigs := make(chan gssh.Signal, 4)
 	sess.Signals(sigs)
 	defer sess.Signals(nil)
+	spec.Cred = s.cred(login)
 	ptyReq, winCh, isPty := sess.Pty()
-	if isPty {
-		cmd.Env = append(cmd.Env, "TERM="+ptyReq.Term)
-		master, tty, err := pty.Open()
+	if !isPty {
+		spec.Stdin, spec.Stdout, spec.Stderr = sess, sess, sess.Stderr()
+		proc, err := ptyproc.Start(spec)
 		if err != nil {
-			return 255, fmt.Errorf("open pty: %w", err)
+			return startCode(err), err
 		}
-		defer master.Close()
-		_ = pty.Setsize(master, &pty.Winsize{Rows: uint16(ptyReq.Window.Height), Cols: uint16(ptyReq.Window.Width)})
-		if s.cfg.CanSetUser {
-			_ = tty.Chown(login.UID, login.GID)
-		}
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Credential: s.credential(login)}
-		if err := cmd.Start(); err != nil {
-			tty.Close()
-			return 127, fmt.Errorf("start shell: %w", err)
-		}
-		tty.Close()
-		go func() {
-			for w := range winCh {
-				_ = pty.Setsize(master, &pty.Winsize{Rows: uint16(w.Height), Cols: uint16(w.Width)})
-			}
-		}()
-		go func() { _, _ = io.Copy(master, sess) }()
-		out := make(chan struct{})
-		reader := ptyio.NewReader(master)
-		go func() { _, _ = io.Copy(sess, reader); close(out) }()
-		code := s.wait(sess, cmd, sigs)
-		reader.Plain() // the shell exited: its hang-up may come any moment
-		<-out          // the terminal drained: every byte is sent before exit-status
-		return code, nil
+		// exec copies the output before Wait returns: every byte is sent
+		// before exit-status.
+		return s.wait(sess, proc, sigs), nil
 	}
-	stdin, err := cmd.StdinPipe()
+	spec.Env = append(spec.Env, "TERM="+ptyReq.Term)
+	spec.TTY, spec.Size = true, &ptyproc.Size{Rows: uint16(ptyReq.Window.Height), Cols: uint16(ptyReq.Window.Width)}
+	proc, err := ptyproc.Start(spec)
 	if err != nil {
-		return 255, err
+		return startCode(err), err
 	}
-	cmd.Stdout, cmd.Stderr = sess, sess.Stderr()
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.credential(login)}
-	if err := cmd.Start(); err != nil {
-		return 127, fmt.Errorf("start: %w", err)
-	}
+	defer proc.Close()
 	go func() {
-		_, _ = io.Copy(stdin, sess)
-		stdin.Close()
+		for w := range winCh {
+			_ = proc.Resize(ptyproc.Size{Rows: uint16(w.Height), Cols: uint16(w.Width)})
+		}
 	}()
-	return s.wait(sess, cmd, sigs), nil
+	go func() { _, _ = io.Copy(proc.Terminal(), sess) }()
+	out := make(chan struct{})
+	reader := ptyio.NewReader(proc.Terminal())
+	go func() { _, _ = io.Copy(sess, reader); close(out) }()
+	code := s.wait(sess, proc, sigs)
+	reader.Plain() // the shell exited: its hang-up may come any moment
+	<-out          // the terminal drained: every byte is sent before exit-status
+	return code, nil
 }
 
-// wait waits for cmd, forwarding the client's signals to its process group
+// startCode is the exit status of a process that did not start.
+func startCode(err error) int {
+	var se *ptyproc.StartError
+	if errors.As(err, &se) {
+		return se.Code
+	}
+	return 255
+}
+
+// wait waits for proc, forwarding the client's signals to its process group
 // and hanging it up when the client goes away.
-func (s *Server) wait(sess gssh.Session, cmd *exec.Cmd, sigs <-chan gssh.Signal) int {
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	pid := cmd.Process.Pid
+func (s *Server) wait(sess gssh.Session, proc *ptyproc.Proc, sigs <-chan gssh.Signal) int {
 	for {
 		select {
-		case err := <-done:
-			return ptyproc.FromWait(err)
+		case <-proc.Exited():
+			code, _ := proc.Wait()
+			return code
 		case sig := <-sigs:
 			if n, ok := signals[sig]; ok {
-				_ = syscall.Kill(-pid, n)
+				_ = proc.Signal(n)
 			}
 		case <-sess.Context().Done():
-			_ = syscall.Kill(-pid, syscall.SIGHUP)
-			return <-exitOf(done)
+			_ = proc.HangUp()
+			code, _ := proc.Wait()
+			return code
 		}
 	}
-}
-
-func exitOf(done <-chan error) <-chan int {
-	c := make(chan int, 1)
-	go func() { c <- ptyproc.FromWait(<-done) }()
-	return c
 }
 
 var signals = map[gssh.Signal]syscall.Signal{
@@ -278,13 +268,9 @@ func (s *Server) sftp(sess gssh.Session) {
 		s.session(sess) // refused, or the forced command runs instead
 		return
 	}
-	cmd := exec.Command(s.cfg.Self, "sftp-server")
-	cmd.Env = []string{"HOME=" + login.Home}
-	cmd.Dir = "/"
-	if fi, err := os.Stat(login.Home); err == nil && fi.IsDir() {
-		cmd.Dir = login.Home
-	}
-	code, err := s.run(sess, cmd, login)
+	spec := ptyproc.Spec{Path: s.cfg.Self, Args: []string{s.cfg.Self, "sftp-server"},
+		Env: []string{"HOME=" + login.Home}, Dir: homeOrRoot(login)}
+	code, err := s.run(sess, spec, login)
 	if err != nil {
 		s.cfg.Log.Warn("sftp", "user", sess.User(), "err", err)
 	}

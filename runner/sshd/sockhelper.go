@@ -71,7 +71,7 @@ func (s *Server) helper(ctx context.Context, login account.Login, op, network, a
 	cmd.ExtraFiles = []*os.File{child} // fd 3
 	cmd.Env = []string{"PATH=/usr/bin:/bin"}
 	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.credential(login)}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred(login).Sys()}
 	if err := cmd.Start(); err != nil {
 		child.Close()
 		return nil, fmt.Errorf("start %s: %w", SockHelperCommand, err)
