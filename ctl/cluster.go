@@ -85,22 +85,35 @@ func clusterKey(comment string) (*api.SSHKey, error) {
 	return &api.SSHKey{Private: string(pem.EncodeToMemory(block)), Public: strings.TrimSpace(string(ssh.MarshalAuthorizedKey(spub))) + " " + comment}, nil
 }
 
-// RunCluster runs one job on every node as the dstack server runs a
-// multi-node task: host networking, the same commands everywhere, node 0 the
-// master. Every node gets cluster_info (the nodes' addresses, master first),
-// its rank and the job's SSH key pair, so mpirun and torchrun reach the
-// other nodes through their runners' SSH servers. The run ends with the
-// master (the others are stopped then: dstack's master-done); a worker that
-// fails or dies first fails the run and stops the rest. Every task is
-// removed at the end.
-func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error) {
+// Cluster is a multi-node run: one job on every node, as the dstack server
+// runs a multi-node task. Stop ends it early (every node), as Run's does.
+type Cluster struct {
+	*stopper
+	o     RunOptions
+	nodes []Node
+}
+
+// NewCluster returns the run of o on nodes, not started yet.
+func NewCluster(o RunOptions, nodes []Node) *Cluster {
+	return &Cluster{stopper: newStopper(), o: o, nodes: nodes}
+}
+
+// Execute runs one job on every node: host networking, the same commands
+// everywhere, node 0 the master. Every node gets cluster_info (the nodes'
+// addresses, master first), its rank and the job's SSH key pair, so mpirun
+// and torchrun reach the other nodes through their runners' SSH servers.
+// The run ends with the master (the others are stopped then: dstack's
+// master-done); a worker that fails or dies first fails the run and stops
+// the rest. Every task is removed at the end.
+func (c *Cluster) Execute(ctx context.Context) (Result, error) {
+	o, nodes := c.o, c.nodes
 	switch {
 	case len(nodes) < 2:
 		return Result{}, errors.New("a multi-node run needs at least two nodes")
 	case len(o.Commands) == 0:
 		return Result{}, errors.New("no command given: tandem run [flags] -- COMMAND")
 	case o.Detach:
-		return Result{}, errors.New("--detach runs one node; a multi-node run is followed to its end")
+		return Result{}, errors.New("a detached run has one node; a multi-node run is followed to its end")
 	case o.Network != "" && o.Network != "host":
 		return Result{}, errors.New("a multi-node run uses host networking (the nodes reach each other at the hosts' addresses), as dstack's does")
 	}
@@ -108,10 +121,8 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 	if p := o.Progress; p != nil { // several nodes report at once: no redrawing
 		o.Progress = func(e Event) { e.Concurrent = true; p(e) }
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
+	ctx, cancel := c.begin(ctx)
 	defer cancel(nil)
-	sigs := routeSignals(o.Interrupt, cancel)
-	defer sigs.close()
 
 	runID := newID()
 	name := o.Name
@@ -160,7 +171,7 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 		}
 		_ = onEach(cs, func(n *clusterNode) error {
 			if err := cleanup(context.WithoutCancel(ctx), n.shim, n.id, timeout); err != nil {
-				o.statusAlways("tandem: %s: task %s was left on the shim: %v\nremove it with: tandem rm -f --shim %s %s", n, ShortID(n.id), err, n.Shim, n.name)
+				o.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
 			}
 			return nil
 		})
@@ -205,14 +216,14 @@ func RunCluster(ctx context.Context, o RunOptions, nodes []Node) (Result, error)
 	if err := startJob(ctx, cs[0].runner, o); err != nil {
 		return fail(fmt.Errorf("%s: %w", cs[0], err))
 	}
-	sigs.running.Store(true)
+	c.started()
 	if interrupted(ctx) {
 		return fail(ErrInterrupted)
 	}
 	if o.Started != nil {
 		o.Started(cs[0].info)
 	}
-	res, killNow = followCluster(ctx, cs, sigs.job, o, res)
+	res, killNow = followCluster(ctx, cs, c.stops, o, res)
 	return res, nil
 }
 
@@ -233,7 +244,7 @@ func clusterFacts(ctx context.Context, cs []*clusterNode, gpus int) (ips []strin
 		case errors.Is(err, api.ErrNotFound):
 			// dstack's own shim: the address it was dialed at is all we know.
 			if n.IP == "" && n.Target == "" {
-				return errors.New("its shim does not list the host's addresses; give them with --node-ip")
+				return withHint(HintNodeIP, errors.New("its shim does not list the host's addresses"))
 			}
 			if n.IP == "" {
 				fixed[n.rank] = n.Target
@@ -276,8 +287,8 @@ type nodeEnd struct {
 
 // followCluster streams the master's output (and the workers', prefixed)
 // and waits for the run's end: the master's, a worker's failure, or the
-// user's signals (the first stops every job, the second kills).
-func followCluster(ctx context.Context, cs []*clusterNode, sigs <-chan os.Signal, o RunOptions, res Result) (Result, bool) {
+// caller's Stop (every job is stopped) or ctx ending (every node is killed).
+func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}, o RunOptions, res Result) (Result, bool) {
 	wctx, stopWatching := context.WithCancel(ctx)
 	defer stopWatching()
 	ends := make(chan nodeEnd, len(cs))
@@ -302,7 +313,7 @@ func followCluster(ctx context.Context, cs []*clusterNode, sigs <-chan os.Signal
 		o.status("%s: stopping every node", why)
 		_ = onEach(cs, func(n *clusterNode) error { return n.runner.Stop(context.WithoutCancel(ctx)) })
 	}
-	pending, interrupts := len(cs), 0
+	pending := len(cs)
 	var first *nodeEnd // what decided the run
 	var settle <-chan time.Time
 	for pending > 0 {
@@ -327,14 +338,13 @@ func followCluster(ctx context.Context, cs []*clusterNode, sigs <-chan os.Signal
 					settle = time.After(30 * time.Second)
 				}
 			}
-		case <-sigs:
-			interrupts++
-			if interrupts == 1 {
+		case <-stops:
+			if !res.Interrupted {
 				res.Interrupted = true
 				stopAll("interrupted (Ctrl-C again to kill)")
 				settle = time.After(30 * time.Second)
-				continue
 			}
+		case <-ctx.Done():
 			o.status("killing every node")
 			res.State, res.Interrupted = api.JobTerminated, true
 			return res, true

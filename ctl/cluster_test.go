@@ -200,7 +200,7 @@ func TestClusterFacts(t *testing.T) {
 		t.Fatalf("dstack shims: %v %v", ips, err)
 	}
 	dstack[1].Target = ""
-	if _, _, err := clusterFacts(context.Background(), dstack, 0); err == nil || !strings.Contains(err.Error(), "--node-ip") {
+	if _, _, err := clusterFacts(context.Background(), dstack, 0); err == nil || HintOf(err) != HintNodeIP {
 		t.Fatalf("dstack shim dialed by name: %v", err)
 	}
 }

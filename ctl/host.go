@@ -211,7 +211,7 @@ func (o HostOptions) binaries(arch string) (shim, runner string, err error) {
 	if shim == "" || runner == "" {
 		dist := o.Dist
 		if dist == "" {
-			return "", "", errors.New("give --shim-binary and --runner-binary, or --dist (a `make release` directory)")
+			return "", "", withHint(HintBinaries, errors.New("no agent binaries given"))
 		}
 		if shim == "" {
 			shim = filepath.Join(dist, "dstack-shim-linux-"+arch)
@@ -462,7 +462,7 @@ func UninstallHost(ctx context.Context, o HostOptions) error {
 			}
 		}
 		if lerr == nil && len(live) > 0 && !o.Force {
-			return fmt.Errorf("the shim has %d task(s) not terminated (%s): stop them first, or --force", len(live), strings.Join(live, ", "))
+			return withHint(HintForce, fmt.Errorf("the shim has %d task(s) not terminated (%s): stop them first", len(live), strings.Join(live, ", ")))
 		}
 	}
 	l := o.Layout

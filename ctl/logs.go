@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -65,7 +64,7 @@ func Logs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.
 	}
 	ls, err := r.Logs(ctx, since)
 	if err != nil {
-		return fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", DisplayName(info), addr, err)
+		return withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, err))
 	}
 	defer ls.Close()
 	for {
@@ -84,8 +83,9 @@ func Logs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.
 
 // Attach follows a running task's job: its output from since on (the
 // start when zero) to out, until the job ends; the result carries the
-// job's exit. A signal on interrupt detaches, leaving the job running.
-func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, interrupt <-chan os.Signal, out, status io.Writer) (Result, error) {
+// job's exit. Cancelling ctx while it follows detaches (Result.Detached),
+// leaving the job running.
+func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out, status io.Writer) (Result, error) {
 	info, r, addr, err := runnerOf(ctx, ref, o, "attach")
 	res := Result{TaskID: info.ID, Name: TaskName(info)}
 	var hcErr error
@@ -101,15 +101,13 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, int
 		return res, err
 	}
 	if hcErr != nil {
-		return res, fmt.Errorf("runner of task %s at %s: %w (if the shim runs it elsewhere, give --runner-port)", DisplayName(info), addr, hcErr)
+		return res, withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, hcErr))
 	}
-	err = watchJob(ctx, r, since, out, status, interrupt, &res, func() bool {
+	err = watchJob(ctx, r, since, out, status, nil, &res, func() bool { return false })
+	if ctx.Err() != nil {
 		res.Detached, res.Interrupted = true, true
-		if status != nil {
-			fmt.Fprintf(status, "detached; the job runs on (tandem attach %s, tandem stop %s)\n", DisplayName(info), DisplayName(info))
-		}
-		return true
-	})
+		return res, nil
+	}
 	if err != nil {
 		return res, fmt.Errorf("%s: %w", DisplayName(info), err)
 	}
@@ -145,7 +143,7 @@ func attachEnded(ctx context.Context, info api.TaskInfoResponse, o TaskOptions, 
 func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoResponse, force bool, timeout uint) error {
 	if info.Status != api.TaskTerminated && !JobEnded(info) {
 		if !force {
-			return fmt.Errorf("task %s is %s: stop it first (tandem stop) or use --force", DisplayName(info), info.Status)
+			return withHint(HintForce, fmt.Errorf("task %s is %s: stop it first", DisplayName(info), info.Status))
 		}
 	}
 	if err := cleanup(ctx, shim, info.ID, timeout); err != nil {

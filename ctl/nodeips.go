@@ -22,7 +22,7 @@ func pickNodeIPs(addrs [][]string, fixed, targets []string) ([]string, error) {
 		if fixed[i] != "" {
 			ip, err := netip.ParseAddr(fixed[i])
 			if err != nil || ip.IsLoopback() || ip.IsUnspecified() {
-				return nil, fmt.Errorf("node %d: --node-ip %q is not a usable IP address", i, fixed[i])
+				return nil, fmt.Errorf("node %d: address %q is not a usable IP address", i, fixed[i])
 			}
 			out[i] = ip.String()
 		} else {
@@ -96,7 +96,7 @@ func pickNodeIPs(addrs [][]string, fixed, targets []string) ([]string, error) {
 		for i, list := range addrs {
 			fmt.Fprintf(&b, "\n  node %d: %s", i, strings.Join(list, " "))
 		}
-		return nil, fmt.Errorf("the nodes share no network (a subnet where each has its own address); give each node's address with --node-ip, in node order:%s", b.String())
+		return nil, withHint(HintNodeIP, fmt.Errorf("the nodes share no network (a subnet where each has its own address); their addresses, in node order:%s", b.String()))
 	}
 	for i := range out {
 		if out[i] == "" {

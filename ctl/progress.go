@@ -14,9 +14,10 @@ type EventKind int
 const (
 	// EventInfo is a progress line (a shim answered, the job runs, ...).
 	EventInfo EventKind = iota
-	// EventNotice must reach the user even where progress is not shown
-	// (machine-readable output): a task left behind, with how to remove it.
-	EventNotice
+	// EventTaskLeft must reach the user even where progress is not shown
+	// (machine-readable output): the run could not remove its task (Task,
+	// Name on Shim; Node in a multi-node run) because of Err.
+	EventTaskLeft
 	// EventPhaseDone says a task left a status: Status, after Took.
 	EventPhaseDone
 	// EventReady says the wait for a task ended: it is Status (running or
@@ -26,8 +27,8 @@ const (
 	EventPull
 )
 
-// Event is one step of a run, for the caller to show as it likes; the
-// library writes no progress itself.
+// Event is one step of a run, for the caller to render as it likes; the
+// library writes and draws no progress itself.
 type Event struct {
 	Kind   EventKind
 	Task   string         // task id, short
@@ -35,39 +36,14 @@ type Event struct {
 	Took   time.Duration  // EventPhaseDone, EventReady
 	Image  string         // EventPull
 	Pull   *api.ImagePullProgress
-	Text   string // EventInfo, EventNotice
+	Text   string // EventInfo
+	Shim   string // EventTaskLeft
+	Name   string // EventTaskLeft
+	Node   string // EventTaskLeft in a multi-node run: the node's label
+	Err    error  // EventTaskLeft
 	// Concurrent: several runs report at once (a multi-node run), so a
 	// renderer must not redraw lines in place.
 	Concurrent bool
-}
-
-// String is the event as one line of text.
-func (e Event) String() string {
-	switch e.Kind {
-	case EventPhaseDone:
-		return fmt.Sprintf("task %s: %s done in %.2fs", e.Task, e.Status, e.Took.Seconds())
-	case EventReady:
-		return fmt.Sprintf("task %s: %s after %.2fs", e.Task, e.Status, e.Took.Seconds())
-	case EventPull:
-		if e.Pull == nil {
-			return "  pulling " + e.Image
-		}
-		return fmt.Sprintf("  pulling %s: %s", e.Image, progressBar(e.Pull.DownloadedBytes, e.Pull.TotalBytes, e.Pull.IsTotalBytesFinal))
-	}
-	return e.Text
-}
-
-// progressBar draws done/total as 24 cells and MiB; "+" while the total
-// may still grow.
-func progressBar(done, total int64, final bool) string {
-	const width = 24
-	n := int(float64(width) * float64(done) / float64(max(total, 1)))
-	n = min(max(n, 0), width)
-	suffix := ""
-	if !final {
-		suffix = "+"
-	}
-	return fmt.Sprintf("[%s%s] %d/%d%s MiB", strings.Repeat("#", n), strings.Repeat("-", width-n), done>>20, total>>20, suffix)
 }
 
 // emit hands e to o.Progress, if any.
@@ -79,12 +55,6 @@ func (o RunOptions) emit(e Event) {
 
 func (o RunOptions) status(format string, args ...any) {
 	o.emit(Event{Kind: EventInfo, Text: fmt.Sprintf(format, args...)})
-}
-
-// statusAlways reports what the user must read even when progress is not
-// shown (EventNotice).
-func (o RunOptions) statusAlways(format string, args ...any) {
-	o.emit(Event{Kind: EventNotice, Text: fmt.Sprintf(format, args...)})
 }
 
 // progressWriter turns lines written by helpers that take a writer into

@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -116,109 +115,180 @@ func newID() string {
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
 }
 
-// ErrInterrupted means the user's signal cancelled the run before the job
-// started.
-var ErrInterrupted = errors.New("interrupted")
+// Run is one run, driven step by step: Submit, WaitTask, StartJob,
+// Follow, then Remove; Execute takes them in order and removes the task
+// whatever happens (unless detached). Stop ends it early, gracefully.
+type Run struct {
+	*stopper // Stop
 
-// Run drives one run to its end and removes the task (unless detached).
-func Run(ctx context.Context, o RunOptions) (Result, error) {
+	o      RunOptions
+	shim   *shimclient.Client
+	id     string
+	name   string
+	info   api.TaskInfoResponse // as WaitTask last saw it
+	runner *runnerclient.Client // set by StartJob
+}
+
+// NewRun checks o and returns its run, not started yet.
+func NewRun(o RunOptions) (*Run, error) {
 	if len(o.Commands) == 0 {
-		return Result{}, errors.New("no command given: tandem run [flags] -- COMMAND")
+		return nil, errors.New("no command given")
 	}
 	if o.Network == "" {
 		o.Network = "host"
 	}
 	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	sigs := routeSignals(o.Interrupt, cancel)
-	defer sigs.close()
-	hc, err := helloShim(ctx, shim, o.Shim)
-	if err != nil {
-		return Result{Interrupted: interrupted(ctx)}, err
-	}
-	o.status("shim %s (%s)", o.Shim, hc.Version)
 	id := newID()
 	name := o.Name
 	if name == "" {
 		name = "tandem-" + id[:8]
 	}
-	res := Result{TaskID: id, Name: name}
-	cfg := taskConfig(o, id, name)
-	// A submit repeated with the same config is a no-op on the shim, so
-	// one lost to a slow or restarting shim is made again.
-	if _, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.SubmitTask(ctx, cfg) }); err != nil {
-		res.Interrupted = interrupted(ctx)
-		return res, fmt.Errorf("the shim rejected the task: %w", err)
+	return &Run{stopper: newStopper(), o: o, shim: shim, id: id, name: name}, nil
+}
+
+// ID is the run's task id.
+func (r *Run) ID() string { return r.id }
+
+// Name is the run's name (its task's).
+func (r *Run) Name() string { return r.name }
+
+// Submit checks that the shim answers and submits the task. A submit
+// repeated with the same config is a no-op on the shim, so one lost to a
+// slow or restarting shim is made again.
+func (r *Run) Submit(ctx context.Context) error {
+	hc, err := helloShim(ctx, r.shim, r.o.Shim)
+	if err != nil {
+		return err
+	}
+	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
+	cfg := taskConfig(r.o, r.id, r.name)
+	if _, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, r.shim.SubmitTask(ctx, cfg) }); err != nil {
+		return fmt.Errorf("the shim rejected the task: %w", err)
+	}
+	return nil
+}
+
+// WaitTask waits until the task runs with its ports known; a task that
+// ended first is a *TaskEndedError.
+func (r *Run) WaitTask(ctx context.Context) error {
+	info, err := waitTask(ctx, r.shim, r.id, r.o)
+	if err != nil {
+		return err
+	}
+	r.info = info
+	if info.Status == api.TaskTerminated {
+		return taskEnded(info, r.o.Network)
+	}
+	return nil
+}
+
+// StartJob waits for the task's runner, submits the job, uploads the code
+// and starts the job; from here on Stop stops the job.
+func (r *Run) StartJob(ctx context.Context) error {
+	runner, err := readyRunner(ctx, r.o.Shim, r.info, r.o.RunnerPort, r.o.Dial)
+	if err != nil {
+		return err
+	}
+	r.runner = runner
+	if err := submitJob(ctx, runner, r.o, r.id, r.name); err != nil {
+		return err
+	}
+	r.started()
+	if r.o.Started != nil {
+		r.o.Started(r.info)
+	}
+	return nil
+}
+
+// Follow streams the job's output and waits for its end. Stop stops the
+// job gracefully; ctx ending tears it down at once (killed is then true,
+// and the caller removes the task with no grace). A runner that went away
+// is explained by the shim's word on the task. The caller's signals are
+// its business: turn them into Stop and a cancelled context.
+func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
+	res = Result{TaskID: r.id, Name: r.name}
+	res, killed, err = follow(ctx, r.runner, r.stops, r.o, res)
+	if err == nil || killed {
+		return res, killed, err
+	}
+	// The runner is gone: the shim knows why.
+	info, gerr := retry(ctx, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.shim.GetTask(ctx, r.id) })
+	switch {
+	case errors.Is(gerr, api.ErrNotFound):
+		res.State = api.JobTerminated
+		return res, false, fmt.Errorf("task %s was terminated and removed by someone else (tandem stop or the server)", ShortID(r.id))
+	case gerr == nil && info.Status == api.TaskTerminated:
+		res.State, res.Reason, res.Message = api.JobTerminated, info.TerminationReason, info.TerminationMessage
+		return res, false, fmt.Errorf("task %s was terminated: %s %s", ShortID(r.id), api.Printable(string(info.TerminationReason)), api.Printable(strings.TrimSpace(info.TerminationMessage)))
+	}
+	return res, false, err
+}
+
+// Remove terminates the task (with a 5 s grace, none when now) and
+// removes it; a task already gone is fine.
+func (r *Run) Remove(ctx context.Context, now bool) error {
+	timeout := uint(5)
+	if now {
+		timeout = 0
+	}
+	return cleanup(ctx, r.shim, r.id, timeout)
+}
+
+// Execute takes the run's steps in order and, unless it detaches, removes
+// the task at the end whatever happened; a removal that fails is reported
+// as an EventTaskLeft.
+func (r *Run) Execute(ctx context.Context) (Result, error) {
+	ctx, cancel := r.begin(ctx)
+	defer cancel(nil)
+	res := Result{TaskID: r.id, Name: r.name}
+	if err := r.Submit(ctx); err != nil {
+		if res.Interrupted = interrupted(ctx); res.Interrupted {
+			return res, ErrInterrupted
+		}
+		return res, err
 	}
 	// Whatever happens from here on, take the task down, unless detached.
-	// A user's interrupt before the job ran, or a second one, kills at once.
+	// An interrupt before the job ran, or a kill, removes it at once.
 	killNow := false
 	defer func() {
 		if res.Detached {
 			return
 		}
-		timeout := uint(5)
-		if killNow || res.Interrupted {
-			timeout = 0
-		}
-		if err := cleanup(context.WithoutCancel(ctx), shim, id, timeout); err != nil {
-			o.statusAlways("tandem: task %s was left on the shim: %v\nremove it with: tandem rm -f --shim %s %s", ShortID(id), err, o.Shim, name)
+		if err := r.Remove(context.WithoutCancel(ctx), killNow || res.Interrupted); err != nil {
+			r.o.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.o.Shim, Err: err})
 		}
 	}()
 	fail := func(err error) (Result, error) {
 		if interrupted(ctx) {
 			res.Interrupted, res.State = true, api.JobTerminated
-			o.status("interrupted: removing task %s", ShortID(id))
+			r.o.status("interrupted: removing task %s", ShortID(r.id))
 			return res, ErrInterrupted
 		}
 		return res, err
 	}
-	info, err := waitTask(ctx, shim, id, o)
-	if err != nil {
-		return fail(err)
-	}
-	if info.Status == api.TaskTerminated {
-		res.State, res.Reason, res.Message = api.JobFailed, info.TerminationReason, info.TerminationMessage
-		return res, taskEnded(info, o.Network)
-	}
-	runner, err := readyRunner(ctx, o.Shim, info, o.RunnerPort, o.Dial)
-	if err != nil {
-		if interrupted(ctx) {
-			return fail(err)
+	if err := r.WaitTask(ctx); err != nil {
+		var ended *TaskEndedError
+		if errors.As(err, &ended) {
+			res.State, res.Reason, res.Message = api.JobFailed, r.info.TerminationReason, r.info.TerminationMessage
+			return res, err
 		}
-		return res, err
-	}
-	if err := submitJob(ctx, runner, o, id, name); err != nil {
 		return fail(err)
 	}
-	sigs.running.Store(true)
-	if interrupted(ctx) { // a signal between the job's start and the switch
+	if err := r.StartJob(ctx); err != nil {
+		return fail(err)
+	}
+	if interrupted(ctx) { // a Stop between the job's start and the switch
 		return fail(ErrInterrupted)
 	}
-	if o.Started != nil {
-		o.Started(info)
-	}
-	if o.Detach {
+	if r.o.Detach {
 		res.Detached, res.State = true, api.JobRunning
 		return res, nil
 	}
-	res, killNow, err = follow(ctx, runner, sigs.job, o, res)
-	if err != nil {
-		// The runner is gone: the shim knows why.
-		info, gerr := retry(ctx, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
-		switch {
-		case errors.Is(gerr, api.ErrNotFound):
-			res.State = api.JobTerminated
-			return res, fmt.Errorf("task %s was terminated and removed by someone else (tandem stop or the server)", ShortID(id))
-		case gerr == nil && info.Status == api.TaskTerminated:
-			res.State, res.Reason, res.Message = api.JobTerminated, info.TerminationReason, info.TerminationMessage
-			return res, fmt.Errorf("task %s was terminated: %s %s", ShortID(id), api.Printable(string(info.TerminationReason)), api.Printable(strings.TrimSpace(info.TerminationMessage)))
-		}
-	}
+	var err error
+	res, killNow, err = r.Follow(ctx)
 	return res, err
 }
 
@@ -244,15 +314,20 @@ func taskConfig(o RunOptions, id, name string) api.TaskConfig {
 // reason and the container's last lines (escaped per line), with a hint
 // for the host-network port clash.
 func taskEnded(info api.TaskInfoResponse, network string) error {
-	hint := ""
+	err := error(&TaskEndedError{Info: info})
 	if network != "bridge" && strings.Contains(info.TerminationMessage, "address already in use") {
-		hint = "\nanother host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task"
+		return withHint(HintBridgeNetwork, err)
 	}
+	return err
+}
+
+// printableLines is msg trimmed, each line made printable.
+func printableLines(msg string) string {
 	var lines []string
-	for _, l := range strings.Split(strings.TrimSpace(info.TerminationMessage), "\n") {
+	for _, l := range strings.Split(strings.TrimSpace(msg), "\n") {
 		lines = append(lines, api.Printable(l))
 	}
-	return fmt.Errorf("task ended before the job started: %s: %s%s", api.Printable(string(info.TerminationReason)), strings.Join(lines, "\n"), hint)
+	return strings.Join(lines, "\n")
 }
 
 // readyRunner is a client of the task's runner once it answers.
@@ -262,7 +337,7 @@ func readyRunner(ctx context.Context, shimAddr string, info api.TaskInfoResponse
 		return nil, err
 	}
 	if err := waitRunner(ctx, r); err != nil {
-		return nil, fmt.Errorf("runner at %s did not answer: %w (if the shim runs it elsewhere, give --runner-port)", addr, err)
+		return nil, withHint(HintRunnerPort, fmt.Errorf("runner at %s did not answer: %w", addr, err))
 	}
 	return r, nil
 }
@@ -282,43 +357,6 @@ func cleanup(ctx context.Context, shim *shimclient.Client, id string, timeout ui
 	}
 	return nil
 }
-
-// signalRouter sends the user's signals where they belong: before the job
-// runs the first one cancels everything; once it runs they go to job (stop,
-// then kill).
-type signalRouter struct {
-	running atomic.Bool
-	job     chan os.Signal
-	done    chan struct{}
-}
-
-func routeSignals(in <-chan os.Signal, cancel context.CancelCauseFunc) *signalRouter {
-	s := &signalRouter{job: make(chan os.Signal, 4), done: make(chan struct{})}
-	go func() {
-		for {
-			select {
-			case <-s.done:
-				return
-			case sig, ok := <-in:
-				if !ok {
-					return
-				}
-				if !s.running.Load() {
-					cancel(ErrInterrupted)
-					continue
-				}
-				select {
-				case s.job <- sig:
-				case <-s.done:
-					return
-				}
-			}
-		}
-	}()
-	return s
-}
-
-func (s *signalRouter) close() { close(s.done) }
 
 func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
 
@@ -401,7 +439,7 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 func prepareJob(ctx context.Context, r *runnerclient.Client, o RunOptions, body api.SubmitBody) error {
 	if err := r.Submit(ctx, body); err != nil {
 		if o.Network == "host" && errors.Is(err, api.ErrConflict) {
-			return fmt.Errorf("submit job: %w: the runner at this port already has a job: another host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task", err)
+			return withHint(HintBridgeNetwork, fmt.Errorf("submit job: %w: the runner at this port already has a job", err))
 		}
 		return fmt.Errorf("submit job: %w", err)
 	}
@@ -481,34 +519,36 @@ func tarDir(dir string, w io.Writer) error {
 // follow streams raw output and waits for the job's end; the first signal
 // stops the job, the second returns at once (killed: the caller kills the
 // task).
-func follow(ctx context.Context, r *runnerclient.Client, sigs <-chan os.Signal, o RunOptions, res Result) (out Result, killed bool, err error) {
-	interrupts := 0
+func follow(ctx context.Context, r *runnerclient.Client, stops <-chan struct{}, o RunOptions, res Result) (out Result, killed bool, err error) {
+	stopped := false
 	var notes io.Writer
 	if o.Progress != nil {
 		notes = progressWriter{o}
 	}
-	err = watchJob(ctx, r, time.Time{}, o.Out, notes, sigs, &res, func() bool {
-		interrupts++
-		if interrupts == 1 {
+	err = watchJob(ctx, r, time.Time{}, o.Out, notes, stops, &res, func() bool {
+		if !stopped {
+			stopped = true
 			o.status("stopping the job (Ctrl-C again to kill it)")
 			_ = r.Stop(ctx)
-			return false
 		}
-		o.status("killing the job")
-		res.State, res.Interrupted, killed = api.JobTerminated, true, true
-		return true
+		return false
 	})
-	if err == nil && interrupts > 0 && res.State == api.JobTerminated {
+	if ctx.Err() != nil {
+		o.status("killing the job")
+		res.State, res.Interrupted = api.JobTerminated, true
+		return res, true, nil
+	}
+	if err == nil && stopped && res.State == api.JobTerminated {
 		res.Interrupted = true
 	}
-	return res, killed, err
+	return res, false, err
 }
 
 // watchJob streams the job's raw output from since on to out and pulls its
 // states until the final one, which it records in res once every byte of
-// output was shown (or 10 s passed). Each signal calls onSignal; true ends
-// the watch there.
-func watchJob(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, sigs <-chan os.Signal, res *Result, onSignal func() bool) error {
+// output was shown (or 10 s passed). Each stop request calls onStop; true
+// ends the watch there.
+func watchJob(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
 	defer cancelWS()
@@ -535,8 +575,8 @@ func watchJob(ctx context.Context, r *runnerclient.Client, since time.Time, out,
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-sigs:
-			if onSignal() {
+		case <-stops:
+			if onStop() {
 				return nil
 			}
 		case <-time.After(500 * time.Millisecond):

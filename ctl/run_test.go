@@ -43,26 +43,10 @@ func TestResultExitCodeAndDescribe(t *testing.T) {
 	}
 }
 
-func TestProgressBar(t *testing.T) {
-	for _, tc := range []struct {
-		done, total int64
-		final       bool
-		want        string
-	}{
-		{0, 40 << 20, true, "[------------------------] 0/40 MiB"},
-		{10 << 20, 40 << 20, false, "[######------------------] 10/40+ MiB"},
-		{40 << 20, 40 << 20, true, "[########################] 40/40 MiB"},
-		{50 << 20, 40 << 20, true, "[########################] 50/40 MiB"},
-	} {
-		if got := progressBar(tc.done, tc.total, tc.final); got != tc.want {
-			t.Errorf("progressBar(%d, %d) = %q want %q", tc.done, tc.total, got, tc.want)
-		}
-	}
-}
-
 // TestPrepareJobConflictOnHostNetwork: a runner that already has a job
 // answers 409; on the host network that means another task holds the
-// runner's ports, and the error says so and stays an api.ErrConflict.
+// runner's ports: the error hints at bridge networking and stays an
+// api.ErrConflict.
 func TestPrepareJobConflictOnHostNetwork(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "job already submitted", http.StatusConflict)
@@ -77,8 +61,8 @@ func TestPrepareJobConflictOnHostNetwork(t *testing.T) {
 		if !errors.Is(err, api.ErrConflict) {
 			t.Fatalf("%s: %v is not a conflict", network, err)
 		}
-		if hint := strings.Contains(err.Error(), "another host-network task"); hint != (network == "host") {
-			t.Errorf("%s: %v", network, err)
+		if hinted := HintOf(err) == HintBridgeNetwork; hinted != (network == "host") {
+			t.Errorf("%s: %v has hint %v", network, err, HintOf(err))
 		}
 	}
 }

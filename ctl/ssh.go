@@ -74,7 +74,7 @@ func DialSSH(ctx context.Context, s SSHTarget) (*Tunnel, error) {
 	if !ok {
 		u, err := user.Current()
 		if err != nil {
-			return nil, fmt.Errorf("--ssh %q: no user given", s.Target)
+			return nil, fmt.Errorf("ssh target %q: no user given", s.Target)
 		}
 		login, hostport = u.Username, s.Target
 	}

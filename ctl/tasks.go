@@ -142,21 +142,21 @@ func reportedPorts(info api.TaskInfoResponse) Ports {
 }
 
 // RunnerHTTPPort is where the task's runner serves its API: override (the
-// user's flag) first, then what the shim reports. The error names the flag.
+// user's) first, then what the shim reports. The error hints at the port.
 func RunnerHTTPPort(info api.TaskInfoResponse, override int) (int, error) {
-	return runnerPort(info, override, reportedPorts(info).HTTP, "--runner-port")
+	return runnerPort(info, override, reportedPorts(info).HTTP, HintRunnerPort)
 }
 
 // RunnerSSHPort is where the task's runner serves SSH (see RunnerHTTPPort).
 func RunnerSSHPort(info api.TaskInfoResponse, override int) (int, error) {
-	return runnerPort(info, override, reportedPorts(info).SSH, "--runner-ssh-port")
+	return runnerPort(info, override, reportedPorts(info).SSH, HintRunnerSSHPort)
 }
 
-func runnerPort(info api.TaskInfoResponse, override, reported int, flag string) (int, error) {
+func runnerPort(info api.TaskInfoResponse, override, reported int, hint Hint) (int, error) {
 	if port := cmp.Or(override, reported); port != 0 {
 		return port, nil
 	}
-	return 0, fmt.Errorf("the shim reports no runner port for task %s yet (status %s); give it with %s", ShortID(info.ID), info.Status, flag)
+	return 0, withHint(hint, fmt.Errorf("the shim reports no runner port for task %s yet (status %s)", ShortID(info.ID), info.Status))
 }
 
 // runnerFor returns a client of the task's runner on the shim's host, and

@@ -64,10 +64,10 @@ func TestRunnerPorts(t *testing.T) {
 		t.Errorf("bare shim: %+v %v", p, err)
 	}
 	pending := api.TaskInfoResponse{ID: "t", Status: api.TaskPulling, Tandem: &api.TaskDetails{NetworkMode: "bridge"}}
-	if _, err := RunnerHTTPPort(pending, 0); err == nil || !strings.Contains(err.Error(), "--runner-port") {
+	if _, err := RunnerHTTPPort(pending, 0); err == nil || HintOf(err) != HintRunnerPort {
 		t.Errorf("no ports yet: %v", err)
 	}
-	if _, err := RunnerSSHPort(pending, 0); err == nil || !strings.Contains(err.Error(), "--runner-ssh-port") {
+	if _, err := RunnerSSHPort(pending, 0); err == nil || HintOf(err) != HintRunnerSSHPort {
 		t.Errorf("no ssh port yet: %v", err)
 	}
 	if p, err := RunnerSSHPort(pending, 2222); err != nil || p != 2222 {

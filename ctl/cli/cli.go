@@ -59,7 +59,7 @@ func dialTo(c *cli.Context, target string) (func(context.Context, string, string
 	}
 	t, err := ctl.DialSSH(c.Context, ctl.SSHTarget{Target: target, Identity: c.String("identity"), KnownHosts: c.String("known-hosts")})
 	if err != nil {
-		return nil, nil, exitError{ctl.ExitFailure, err.Error()}
+		return nil, nil, exitError{ctl.ExitFailure, errText(err)}
 	}
 	return t.Dial, func() { t.Close() }, nil
 }
@@ -80,7 +80,7 @@ func App() *cli.App {
 				os.Exit(ee.code)
 			}
 			if err != nil {
-				fmt.Fprintln(c.App.ErrWriter, "tandem:", err)
+				fmt.Fprintln(c.App.ErrWriter, "tandem:", errText(err))
 				os.Exit(ctl.ExitFailure)
 			}
 		},
@@ -174,7 +174,7 @@ func shim(c *cli.Context) (*shimclient.Client, func(), error) {
 	s, err := ctl.NewShimClient(c.String("shim"), c.String("shim-token"), dial)
 	if err != nil {
 		closeDial()
-		return nil, nil, exitError{ctl.ExitFailure, err.Error()}
+		return nil, nil, exitError{ctl.ExitFailure, errText(err)}
 	}
 	return s, closeDial, nil
 }

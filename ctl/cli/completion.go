@@ -52,7 +52,7 @@ func completionCmd() *cli.Command {
 			case "fish":
 				s, err := c.App.ToFishCompletion()
 				if err != nil {
-					return exitError{ctl.ExitFailure, err.Error()}
+					return exitError{ctl.ExitFailure, errText(err)}
 				}
 				_, err = fmt.Fprint(c.App.Writer, s)
 				return err

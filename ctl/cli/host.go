@@ -58,13 +58,13 @@ func hostCmd() *cli.Command {
 			Action: func(c *cli.Context) error {
 				o, err := hostOptions(c)
 				if err != nil {
-					return exitError{ctl.ExitFailure, err.Error()}
+					return exitError{ctl.ExitFailure, errText(err)}
 				}
 				ctx, cancel := context.WithTimeout(c.Context, 10*time.Minute)
 				defer cancel()
 				rep, err := ctl.InstallHost(ctx, o)
 				if err != nil {
-					return exitError{ctl.ExitFailure, err.Error()}
+					return exitError{ctl.ExitFailure, errText(err)}
 				}
 				changed := "nothing changed"
 				if len(rep.Changed) > 0 {
@@ -86,10 +86,10 @@ func hostCmd() *cli.Command {
 			Action: func(c *cli.Context) error {
 				o, err := hostOptions(c)
 				if err != nil {
-					return exitError{ctl.ExitFailure, err.Error()}
+					return exitError{ctl.ExitFailure, errText(err)}
 				}
 				if err := ctl.UninstallHost(c.Context, o); err != nil {
-					return exitError{ctl.ExitFailure, err.Error()}
+					return exitError{ctl.ExitFailure, errText(err)}
 				}
 				fmt.Fprintln(c.App.Writer, "uninstalled from", o.Target.Target)
 				return nil

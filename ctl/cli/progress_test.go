@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -12,7 +13,9 @@ import (
 func TestProgressPrinter(t *testing.T) {
 	pull := ctl.Event{Kind: ctl.EventPull, Task: "abcd1234", Image: "img", Pull: &api.ImagePullProgress{DownloadedBytes: 1 << 20, TotalBytes: 4 << 20, IsTotalBytesFinal: true}}
 	ready := ctl.Event{Kind: ctl.EventReady, Task: "abcd1234", Status: api.TaskRunning, Took: 1500 * time.Millisecond}
-	notice := ctl.Event{Kind: ctl.EventNotice, Text: "tandem: task left"}
+	left := ctl.Event{Kind: ctl.EventTaskLeft, Task: "abcd1234", Name: "train", Shim: "10.0.0.2:10998", Err: errors.New("terminate: timeout")}
+	leftNode := left
+	leftNode.Node = "node 1 (gpu-b)"
 	tests := []struct {
 		name       string
 		tty, quiet bool
@@ -25,7 +28,10 @@ func TestProgressPrinter(t *testing.T) {
 			"  pulling img: [######------------------] 1/4 MiB\ntask abcd1234: running after 1.50s\n"},
 		{"several runs at once: no redrawing", true, false, []ctl.Event{func() ctl.Event { e := pull; e.Concurrent = true; return e }()},
 			"  pulling img: [######------------------] 1/4 MiB\n"},
-		{"quiet shows notices only", false, true, []ctl.Event{pull, ready, notice}, "tandem: task left\n"},
+		{"quiet shows only a task left behind, with how to remove it", false, true, []ctl.Event{pull, ready, left},
+			"tandem: task abcd1234 was left on the shim: terminate: timeout\nremove it with: tandem rm -f --shim 10.0.0.2:10998 train\n"},
+		{"a node's task left behind names the node", false, false, []ctl.Event{leftNode},
+			"tandem: node 1 (gpu-b): task abcd1234 was left on the shim: terminate: timeout\nremove it with: tandem rm -f --shim 10.0.0.2:10998 train\n"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -38,5 +44,22 @@ func TestProgressPrinter(t *testing.T) {
 				t.Errorf("got %q\nwant %q", b.String(), tc.want)
 			}
 		})
+	}
+}
+
+func TestProgressBar(t *testing.T) {
+	for _, tc := range []struct {
+		done, total int64
+		final       bool
+		want        string
+	}{
+		{0, 40 << 20, true, "[------------------------] 0/40 MiB"},
+		{10 << 20, 40 << 20, false, "[######------------------] 10/40+ MiB"},
+		{40 << 20, 40 << 20, true, "[########################] 40/40 MiB"},
+		{50 << 20, 40 << 20, true, "[########################] 50/40 MiB"},
+	} {
+		if got := progressBar(tc.done, tc.total, tc.final); got != tc.want {
+			t.Errorf("progressBar(%d, %d) = %q want %q", tc.done, tc.total, got, tc.want)
+		}
 	}
 }

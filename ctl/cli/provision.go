@@ -39,7 +39,7 @@ func cloudinitCmd() *cli.Command {
 				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: c.StringSlice("authorized-key"), Env: map[string]string{},
 				InstallDocker: c.Bool("install-docker")}
 			if err := parseEnv(c.StringSlice("env"), v.Env); err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			render := v.UserData
 			if c.Bool("script") {
@@ -47,7 +47,7 @@ func cloudinitCmd() *cli.Command {
 			}
 			out, err := render()
 			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			_, err = fmt.Fprint(c.App.Writer, out)
 			return err
@@ -74,7 +74,7 @@ func entrypointCmd() *cli.Command {
 			if c.Bool("json") {
 				argv, err := e.Command()
 				if err != nil {
-					return exitError{ctl.ExitFailure, err.Error()}
+					return exitError{ctl.ExitFailure, errText(err)}
 				}
 				enc := json.NewEncoder(c.App.Writer)
 				enc.SetEscapeHTML(false)
@@ -82,7 +82,7 @@ func entrypointCmd() *cli.Command {
 			}
 			s, err := e.Render()
 			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			_, err = fmt.Fprint(c.App.Writer, s)
 			return err

@@ -8,10 +8,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/urfave/cli/v2"
 
@@ -159,16 +157,21 @@ func runAction(c *cli.Context) error {
 			}
 		}
 	}
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	o.Interrupt = sigs
-	var res ctl.Result
-	if len(cluster) > 1 {
-		res, err = ctl.RunCluster(context.Background(), o, cluster)
-	} else {
-		res, err = ctl.Run(context.Background(), o)
+	var run interface {
+		Execute(context.Context) (ctl.Result, error)
+		Stop()
 	}
+	if len(cluster) > 1 {
+		run = ctl.NewCluster(o, cluster)
+	} else if run, err = ctl.NewRun(o); err != nil {
+		return exitError{ctl.ExitFailure, errText(err)}
+	}
+	// The first Ctrl-C stops the run gracefully, the second ends it now.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	stopSignals := onSignals(run.Stop, func() { cancel(ctl.ErrInterrupted) })
+	res, err := run.Execute(ctx)
+	stopSignals()
 	code := res.ExitCode()
 	switch {
 	case errors.Is(err, ctl.ErrInterrupted):
@@ -183,7 +186,7 @@ func runAction(c *cli.Context) error {
 		out := map[string]any{"task_id": res.TaskID, "name": res.Name, "state": res.State, "exit_status": res.ExitStatus,
 			"termination_reason": res.Reason, "termination_message": res.Message, "exit_code": code, "detached": res.Detached}
 		if err != nil {
-			out["error"] = err.Error()
+			out["error"] = errText(err)
 		}
 		if werr := writeJSON(c, out); werr != nil {
 			return werr
@@ -197,7 +200,7 @@ func runAction(c *cli.Context) error {
 	case err != nil && errors.Is(err, ctl.ErrInterrupted):
 		return exitError{code, "interrupted: the task was terminated and removed"}
 	case err != nil:
-		return exitError{code, err.Error()}
+		return exitError{code, errText(err)}
 	case res.Detached:
 		fmt.Fprintf(c.App.Writer, "%s\t%s\n", res.Name, res.TaskID)
 		return nil
@@ -302,14 +305,21 @@ func attachCmd() *cli.Command {
 				return err
 			}
 			defer closeDial()
-			sigs := make(chan os.Signal, 1)
-			signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-			defer signal.Stop(sigs)
-			res, err := ctl.Attach(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), sigs, jobOutput(c), c.App.ErrWriter)
+			// Ctrl-C detaches: the job runs on.
+			ctx, detach := context.WithCancel(c.Context)
+			defer detach()
+			stopSignals := onSignals(detach, func() {})
+			res, err := ctl.Attach(ctx, c.Args().First(), taskOptions(c, dial), sinceFlag(c), jobOutput(c), c.App.ErrWriter)
+			stopSignals()
 			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			if res.Detached {
+				name := res.Name
+				if name == "" {
+					name = ctl.ShortID(res.TaskID)
+				}
+				fmt.Fprintf(c.App.ErrWriter, "detached; the job runs on (tandem attach %s, tandem stop %s)\n", name, name)
 				return exitError{ctl.ExitInterrupted, ""}
 			}
 			if code := res.ExitCode(); code != 0 {

@@ -46,11 +46,11 @@ func psCmd() *cli.Command {
 			defer closeDial()
 			s, err := ctl.NewShimClient(c.String("shim"), c.String("shim-token"), dial)
 			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			infos, err := ctl.Tasks(c.Context, s)
 			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			rows := []psRow{}
 			for _, info := range infos {
@@ -175,7 +175,7 @@ func logsCmd() *cli.Command {
 			}
 			defer closeDial()
 			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), jobOutput(c)); err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			return nil
 		}}
@@ -199,7 +199,7 @@ func sshCmd() *cli.Command {
 				User: c.String("user"), Dial: dial}, c.Args().Slice()[1:])
 			closeDial()
 			if err != nil {
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			bin, err := exec.LookPath("ssh")
 			if err != nil {
@@ -212,7 +212,7 @@ func sshCmd() *cli.Command {
 				if errors.As(err, &ee) {
 					return exitError{ee.ExitCode(), ""}
 				}
-				return exitError{ctl.ExitFailure, err.Error()}
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			return nil
 		}}
@@ -233,7 +233,7 @@ func removeTasks(c *cli.Context, refs []string, force bool, timeout uint, verb s
 			err = ctl.Remove(c.Context, s, info, force, timeout)
 		}
 		if err != nil {
-			fmt.Fprintln(c.App.ErrWriter, "tandem:", err)
+			fmt.Fprintln(c.App.ErrWriter, "tandem:", errText(err))
 			failed = append(failed, ref)
 			continue
 		}
@@ -301,7 +301,7 @@ func listTasks(c *cli.Context) ([]api.TaskInfoResponse, error) {
 	defer done()
 	infos, err := ctl.Tasks(c.Context, s)
 	if err != nil {
-		return nil, exitError{ctl.ExitFailure, err.Error()}
+		return nil, exitError{ctl.ExitFailure, errText(err)}
 	}
 	return infos, nil
 }

@@ -1,0 +1,19 @@
+package cli
+
+import "github.com/tandem-run/tandem/ctl"
+
+// hints say, in this CLI's flags, how to get past an error the library
+// marked with a ctl.Hint.
+var hints = map[ctl.Hint]string{
+	ctl.HintRunnerPort:    " (if the shim runs it elsewhere, give --runner-port)",
+	ctl.HintRunnerSSHPort: "; give it with --runner-ssh-port",
+	ctl.HintBridgeNetwork: "\nanother host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task",
+	ctl.HintNodeIP:        "\ngive each node's address with --node-ip, in node order",
+	ctl.HintForce:         " (tandem stop), or use --force",
+	ctl.HintBinaries:      ": give --shim-binary and --runner-binary, or --dist (a `make release` directory)",
+}
+
+// errText is err for people: its text and the hint it carries, if any.
+func errText(err error) string {
+	return err.Error() + hints[ctl.HintOf(err)]
+}

@@ -1,0 +1,26 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/tandem-run/tandem/ctl"
+)
+
+func TestErrTextAddsTheFlag(t *testing.T) {
+	// Every hint the library has is said in this CLI's words.
+	for h := ctl.HintRunnerPort; h <= ctl.HintBinaries; h++ {
+		if hints[h] == "" {
+			t.Errorf("hint %d has no text", h)
+		}
+	}
+	err := fmt.Errorf("logs: %w", &ctl.HintError{Hint: ctl.HintRunnerPort, Err: errors.New("runner of task x at h:1: refused")})
+	if got := errText(err); !strings.HasPrefix(got, "logs: runner of task x") || !strings.HasSuffix(got, "give --runner-port)") {
+		t.Fatalf("errText = %q", got)
+	}
+	if got := errText(errors.New("plain")); got != "plain" {
+		t.Fatalf("an error without a hint: %q", got)
+	}
+}

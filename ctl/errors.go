@@ -1,0 +1,69 @@
+package ctl
+
+import (
+	"errors"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// ErrInterrupted means the caller ended the run early (Run.Stop before the
+// job ran, or its context cancelled with this cause).
+var ErrInterrupted = errors.New("interrupted")
+
+// Hint is what a caller can give to get past an error. The library names
+// no CLI flags; a front end says how its users give each one.
+type Hint int
+
+const (
+	HintNone Hint = iota
+	// HintRunnerPort: the runner's HTTP port on the host, when the shim
+	// does not report it or the runner is not where it says.
+	HintRunnerPort
+	// HintRunnerSSHPort: the runner's SSH port on the host.
+	HintRunnerSSHPort
+	// HintBridgeNetwork: run in bridge networking, so that tasks do not
+	// share the host's runner ports.
+	HintBridgeNetwork
+	// HintNodeIP: each node's address, when it cannot be found.
+	HintNodeIP
+	// HintForce: do it although a task is still running.
+	HintForce
+	// HintBinaries: the agents' binaries to install.
+	HintBinaries
+)
+
+// HintError is an error a caller can get past as its Hint says.
+type HintError struct {
+	Hint Hint
+	Err  error
+}
+
+func (e *HintError) Error() string { return e.Err.Error() }
+func (e *HintError) Unwrap() error { return e.Err }
+
+// withHint marks err with h (nil stays nil).
+func withHint(h Hint, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &HintError{Hint: h, Err: err}
+}
+
+// HintOf is the hint err carries, if any.
+func HintOf(err error) Hint {
+	var he *HintError
+	if errors.As(err, &he) {
+		return he.Hint
+	}
+	return HintNone
+}
+
+// TaskEndedError is a task that ended before its job started: the shim's
+// reason and message.
+type TaskEndedError struct {
+	Info api.TaskInfoResponse
+}
+
+func (e *TaskEndedError) Error() string {
+	return "task ended before the job started: " + api.Printable(string(e.Info.TerminationReason)) + ": " + printableLines(e.Info.TerminationMessage)
+}

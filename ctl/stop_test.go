@@ -1,0 +1,62 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"testing"
+)
+
+func TestStopperBeforeTheJobCancelsTheRun(t *testing.T) {
+	s := newStopper()
+	ctx, cancel := s.begin(context.Background())
+	defer cancel(nil)
+	s.Stop()
+	<-ctx.Done()
+	if !errors.Is(context.Cause(ctx), ErrInterrupted) || !interrupted(ctx) {
+		t.Fatalf("cause %v, want ErrInterrupted", context.Cause(ctx))
+	}
+	if len(s.stops) != 0 {
+		t.Fatal("a stop before the job runs must not reach the follower")
+	}
+}
+
+func TestStopperBeforeBeginIsKept(t *testing.T) {
+	s := newStopper()
+	s.Stop() // a Ctrl-C while the run is being set up
+	ctx, cancel := s.begin(context.Background())
+	defer cancel(nil)
+	if !interrupted(ctx) {
+		t.Fatal("a stop that came before the run began was lost")
+	}
+}
+
+func TestStopperWhileTheJobRunsGoesToTheFollower(t *testing.T) {
+	s := newStopper()
+	ctx, cancel := s.begin(context.Background())
+	defer cancel(nil)
+	s.started()
+	for range 10 { // many presses never block
+		s.Stop()
+	}
+	if ctx.Err() != nil {
+		t.Fatal("a stop while the job runs must not cancel the run: the job is stopped gracefully")
+	}
+	select {
+	case <-s.stops:
+	default:
+		t.Fatal("the follower got no stop request")
+	}
+}
+
+func TestNewRunNeedsACommand(t *testing.T) {
+	if _, err := NewRun(RunOptions{Shim: "127.0.0.1:1"}); err == nil {
+		t.Fatal("a run without a command was accepted")
+	}
+	r, err := NewRun(RunOptions{Shim: "127.0.0.1:1", Commands: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.o.Network != "host" || len(r.ID()) != 36 || r.Name() != "tandem-"+r.ID()[:8] {
+		t.Fatalf("defaults: network %q id %q name %q", r.o.Network, r.ID(), r.Name())
+	}
+}
