@@ -4,6 +4,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,13 +23,17 @@ import (
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/executor"
-	"github.com/tandem-run/tandem/runner/logs"
 	"github.com/tandem-run/tandem/runner/metrics"
 	"github.com/tandem-run/tandem/runner/server"
 	"github.com/tandem-run/tandem/runner/sshd"
 )
 
 // Config is the runner's configuration.
+// Config is the runner's one configuration: its own settings, and its
+// components' configs as the flags set them (the executor's limits and
+// graces, the SSH server's limits, policy and ciphers). Run adds only what
+// it alone knows (paths, accounts, credentials) to those, never copies
+// them field by field.
 type Config struct {
 	LogLevel       slog.Level
 	LogFormat      logging.Format
@@ -36,30 +41,56 @@ type Config struct {
 	HTTPAddress    string
 	HTTPPort       int
 	SSHPort        int
+	SSHAddress     string
 	AuthorizedKeys []string
 	// SSHLogLevel is the SSH server's own level (dstack's --ssh-log-level),
 	// apart from the runner's.
-	SSHLogLevel slog.Level
-	SSHCiphers  []string
-	SSHAddress  string
-	// SSH carries the SSH server's limits and policy switches (LoginGrace,
-	// MaxStartups, PerSource, GatewayPorts, PermitUserEnvironment).
-	SSH          sshd.Config
-	DstackDir    string // "/dstack"
+	SSHLogLevel  slog.Level
+	DstackDir    string
 	StartTimeout time.Duration
 	LogsWait     time.Duration
 	// Linger keeps the runner up this long after the logs were pulled, for
 	// late readers (a CLI attaching over WebSocket, a retried pull).
 	Linger time.Duration
-	// MaxUpload and MaxUploadTotal bound uploads (executor defaults when 0).
-	MaxUpload, MaxUploadTotal int64
-	// LogRetention and LogMinFree bound the job's logs on disk (executor
-	// defaults when zero).
-	LogRetention logs.Retention
-	LogMinFree   int64
-	// InterruptGrace is the stop's Ctrl-C grace (executor default when 0).
-	InterruptGrace time.Duration
-	Stdout         io.Writer
+	Stdout io.Writer
+
+	Executor executor.Config
+	SSH      sshd.Config
+}
+
+// Defaults are the runner's defaults, its components' included: the flags
+// show and use them, and Run fills a zero field from them (WithDefaults).
+func Defaults() Config {
+	return Config{
+		LogLevel:     slog.LevelInfo,
+		LogFormat:    logging.FormatText,
+		TempDir:      "/tmp/runner",
+		HTTPPort:     api.RunnerHTTPPort,
+		SSHPort:      api.RunnerSSHPort,
+		SSHLogLevel:  slog.LevelInfo,
+		DstackDir:    "/dstack",
+		StartTimeout: 5 * time.Minute,
+		LogsWait:     5 * time.Minute,
+		Linger:       10 * time.Second,
+		Executor:     executor.Defaults(),
+		SSH:          sshd.Defaults(),
+	}
+}
+
+// WithDefaults returns c with its zero fields taken from Defaults (the
+// components fill their own in their constructors).
+func (c Config) WithDefaults() Config {
+	d := Defaults()
+	c.TempDir = cmp.Or(c.TempDir, d.TempDir)
+	c.HTTPPort = cmp.Or(c.HTTPPort, d.HTTPPort)
+	c.SSHPort = cmp.Or(c.SSHPort, d.SSHPort)
+	c.DstackDir = cmp.Or(c.DstackDir, d.DstackDir)
+	c.StartTimeout = cmp.Or(c.StartTimeout, d.StartTimeout)
+	c.LogsWait = cmp.Or(c.LogsWait, d.LogsWait)
+	if c.Stdout == nil {
+		c.Stdout = os.Stdout
+	}
+	return c
 }
 
 // ErrNoJob is returned when no job arrived in time or a signal came first.
@@ -67,18 +98,7 @@ var ErrNoJob = errors.New("no job submitted")
 
 // Run runs the runner until the job is done and its logs were read.
 func Run(ctx context.Context, cfg Config) error {
-	if cfg.StartTimeout == 0 {
-		cfg.StartTimeout = 5 * time.Minute
-	}
-	if cfg.LogsWait == 0 {
-		cfg.LogsWait = 5 * time.Minute
-	}
-	if cfg.DstackDir == "" {
-		cfg.DstackDir = "/dstack"
-	}
-	if cfg.Stdout == nil {
-		cfg.Stdout = os.Stdout
-	}
+	cfg = cfg.WithDefaults()
 	base, logf, err := logging.ToFile(min(cfg.LogLevel, cfg.SSHLogLevel), cfg.LogFormat, cfg.Stdout, filepath.Join(cfg.TempDir, "default.log"))
 	if err != nil {
 		return err
@@ -119,31 +139,19 @@ func Run(ctx context.Context, cfg Config) error {
 	sc.HostKeyDir = filepath.Join(cfg.TempDir, "ssh")
 	sc.Accounts = accounts
 	sc.Env = func() []string { return x.SessionEnv() }
-	sc.CanSetUser, sc.Self, sc.Tracker, sc.Ciphers = canSet, self, tracker, cfg.SSHCiphers
+	sc.CanSetUser, sc.Self, sc.Tracker = canSet, self, tracker
 	sc.Log = logging.AtLevel(base, cfg.SSHLogLevel)
 	sshSrv, err := sshd.New(sc, keys)
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)
 	}
-	x, err = executor.New(executor.Config{
-		TempDir:        cfg.TempDir,
-		Paths:          executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"},
-		Accounts:       accounts,
-		SelfUID:        uid,
-		CgroupRoot:     "/sys/fs/cgroup",
-		CanSetUser:     canSet,
-		BaseEnv:        os.Environ(),
-		Log:            log,
-		Stdout:         cfg.Stdout,
-		Connections:    tracker,
-		AuthorizeKey:   func(line string) error { return keys.Add(line) },
-		SSHPort:        cfg.SSHPort,
-		MaxUpload:      cfg.MaxUpload,
-		MaxUploadTotal: cfg.MaxUploadTotal,
-		InterruptGrace: cfg.InterruptGrace,
-		LogRetention:   cfg.LogRetention,
-		LogMinFree:     cfg.LogMinFree,
-	})
+	// The same for the executor.
+	xc := cfg.Executor
+	xc.TempDir, xc.Paths = cfg.TempDir, executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"}
+	xc.Accounts, xc.SelfUID, xc.CanSetUser, xc.BaseEnv = accounts, uid, canSet, os.Environ()
+	xc.Log, xc.Stdout, xc.Connections, xc.SSHPort = log, cfg.Stdout, tracker, cfg.SSHPort
+	xc.AuthorizeKey = func(line string) error { return keys.Add(line) }
+	x, err = executor.New(xc)
 	if err != nil {
 		return err
 	}

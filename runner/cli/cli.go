@@ -8,15 +8,12 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/agent"
-	"github.com/tandem-run/tandem/runner/executor"
 	"github.com/tandem-run/tandem/runner/logs"
 	"github.com/tandem-run/tandem/runner/sshd"
 )
@@ -27,7 +24,12 @@ const versionVerbose = "version-verbose"
 
 // App returns the dstack-runner command. `--version` prints exactly
 // "dstack-runner version <v>": the shim's component manager parses it.
-func App() *cli.App {
+func App() *cli.App { return app(agent.Run) }
+
+// app is the command with start's runner injected (tests capture the
+// config the flags make).
+func app(run func(context.Context, agent.Config) error) *cli.App {
+	d := agent.Defaults()
 	return &cli.App{
 		Name:    "dstack-runner",
 		Usage:   "run one dstack job inside its container",
@@ -36,8 +38,8 @@ func App() *cli.App {
 		// must arrive as the one value it is.
 		DisableSliceFlagSeparator: true,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "log-level", Value: "info", Usage: "fatal, error, warn, info, debug, trace or 1..6"},
-			&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: []string{"TANDEM_LOG_FORMAT"}, Usage: "text or json (one object per line)"},
+			&cli.StringFlag{Name: "log-level", Value: d.LogLevel.String(), Usage: "fatal, error, warn, info, debug, trace or 1..6"},
+			&cli.StringFlag{Name: "log-format", Value: string(d.LogFormat), EnvVars: []string{"TANDEM_LOG_FORMAT"}, Usage: "text or json (one object per line)"},
 			&cli.BoolFlag{Name: versionVerbose, Usage: "print the version, Tandem's release and the Go toolchain"},
 		},
 		Before: func(c *cli.Context) error {
@@ -63,28 +65,28 @@ func App() *cli.App {
 			Name:  "start",
 			Usage: "start the runner and wait for a job",
 			Flags: []cli.Flag{
-				&cli.StringFlag{Name: "temp-dir", Value: "/tmp/runner", Usage: "runtime dir for logs and uploads"},
+				&cli.StringFlag{Name: "temp-dir", Value: d.TempDir, Usage: "runtime dir for logs and uploads"},
 				&cli.StringFlag{Name: "home-dir", Hidden: true, Usage: "ignored; accepted for old shims"},
 				&cli.StringFlag{Name: "http-address", Usage: "HTTP bind address (default: all interfaces)"},
-				&cli.IntFlag{Name: "http-port", Value: api.RunnerHTTPPort, Usage: "HTTP API port"},
-				&cli.IntFlag{Name: "ssh-port", Value: api.RunnerSSHPort, Usage: "SSH server port"},
+				&cli.IntFlag{Name: "http-port", Value: d.HTTPPort, Usage: "HTTP API port"},
+				&cli.IntFlag{Name: "ssh-port", Value: d.SSHPort, Usage: "SSH server port"},
 				&cli.StringSliceFlag{Name: "ssh-authorized-key", Usage: "authorized public key (repeatable)"},
-				&cli.StringFlag{Name: "ssh-log-level", Value: "INFO", Usage: "SSH server log level"},
+				&cli.StringFlag{Name: "ssh-log-level", Value: d.SSHLogLevel.String(), Usage: "SSH server log level"},
 				&cli.StringSliceFlag{Name: "ssh-ciphers", Hidden: true, Usage: "SSH ciphers offered (default: AES-GCM)"},
 				&cli.StringFlag{Name: "ssh-address", Usage: "SSH bind address (default: all interfaces)"},
-				&cli.DurationFlag{Name: "ssh-login-grace", Value: 30 * time.Second, Usage: "time a connection has to authenticate"},
-				&cli.IntFlag{Name: "ssh-max-startups", Value: 32, Usage: "unauthenticated connections held at once (the oldest is dropped past it)"},
-				&cli.IntFlag{Name: "ssh-max-startups-per-source", Value: 8, Usage: "unauthenticated connections held from one address"},
+				&cli.DurationFlag{Name: "ssh-login-grace", Value: d.SSH.LoginGrace, Usage: "time a connection has to authenticate"},
+				&cli.IntFlag{Name: "ssh-max-startups", Value: d.SSH.MaxStartups, Usage: "unauthenticated connections held at once (the oldest is dropped past it)"},
+				&cli.IntFlag{Name: "ssh-max-startups-per-source", Value: d.SSH.PerSource, Usage: "unauthenticated connections held from one address"},
 				&cli.BoolFlag{Name: "ssh-gateway-ports", Usage: "let -R listen on non-loopback addresses"},
 				&cli.BoolFlag{Name: "ssh-permit-user-environment", Usage: "apply environment= options of authorized keys"},
-				&cli.DurationFlag{Name: "start-timeout", Value: 5 * time.Minute, Hidden: true, Usage: "exit 1 when no job runs within this"},
-				&cli.DurationFlag{Name: "logs-wait", Value: 5 * time.Minute, Hidden: true, Usage: "after the job, wait this long at most for logs to be read"},
-				&cli.DurationFlag{Name: "linger", Value: 10 * time.Second, Hidden: true, Usage: "stay up this long after the logs were pulled, for late readers"},
-				&cli.DurationFlag{Name: "interrupt-grace", Value: 3 * time.Second, Hidden: true, Usage: "on stop, time Ctrl-C is given before SIGTERM/SIGHUP"},
-				&cli.Int64Flag{Name: "max-upload-bytes", Value: executor.DefaultMaxUpload, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_BYTES"}, Usage: "largest upload_code or upload_archive body (413 past it)"},
-				&cli.Int64Flag{Name: "max-upload-total-bytes", Value: executor.DefaultMaxUploadTotal, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_TOTAL_BYTES"}, Usage: "all uploads of a job together"},
-				&cli.Int64Flag{Name: "job-log-max-bytes", Value: logs.DefaultLogMax, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_MAX_BYTES"}, Usage: "disk kept per job log file (raw output, stripped lines): the head and the latest output; -1 keeps all"},
-				&cli.Int64Flag{Name: "job-log-head-bytes", Value: logs.DefaultLogHead, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_HEAD_BYTES"}, Usage: "of --job-log-max-bytes, the start of the output always kept"},
+				&cli.DurationFlag{Name: "start-timeout", Value: d.StartTimeout, Hidden: true, Usage: "exit 1 when no job runs within this"},
+				&cli.DurationFlag{Name: "logs-wait", Value: d.LogsWait, Hidden: true, Usage: "after the job, wait this long at most for logs to be read"},
+				&cli.DurationFlag{Name: "linger", Value: d.Linger, Hidden: true, Usage: "stay up this long after the logs were pulled, for late readers"},
+				&cli.DurationFlag{Name: "interrupt-grace", Value: d.Executor.InterruptGrace, Hidden: true, Usage: "on stop, time Ctrl-C is given before SIGTERM/SIGHUP"},
+				&cli.Int64Flag{Name: "max-upload-bytes", Value: d.Executor.MaxUpload, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_BYTES"}, Usage: "largest upload_code or upload_archive body (413 past it)"},
+				&cli.Int64Flag{Name: "max-upload-total-bytes", Value: d.Executor.MaxUploadTotal, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_TOTAL_BYTES"}, Usage: "all uploads of a job together"},
+				&cli.Int64Flag{Name: "job-log-max-bytes", Value: d.Executor.LogRetention.Max, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_MAX_BYTES"}, Usage: "disk kept per job log file (raw output, stripped lines): the head and the latest output; -1 keeps all"},
+				&cli.Int64Flag{Name: "job-log-head-bytes", Value: d.Executor.LogRetention.Head, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_HEAD_BYTES"}, Usage: "of --job-log-max-bytes, the start of the output always kept"},
 				&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_RUNNER_LOG_MIN_FREE_BYTES"}, Usage: "free space under --temp-dir below which output is no longer kept (the job goes on); 0: a tenth of the filesystem, at most 256 MiB; -1: none"},
 			},
 			Action: func(c *cli.Context) error {
@@ -102,29 +104,19 @@ func App() *cli.App {
 				}
 				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGQUIT)
 				defer stop()
-				return agent.Run(ctx, agent.Config{
-					LogLevel:       level,
-					LogFormat:      format,
-					TempDir:        c.String("temp-dir"),
-					HTTPAddress:    c.String("http-address"),
-					HTTPPort:       c.Int("http-port"),
-					SSHPort:        c.Int("ssh-port"),
-					AuthorizedKeys: c.StringSlice("ssh-authorized-key"),
-					SSHLogLevel:    sshLevel,
-					SSHCiphers:     splitCommas(c.StringSlice("ssh-ciphers")),
-					SSHAddress:     c.String("ssh-address"),
-					SSH: sshd.Config{LoginGrace: c.Duration("ssh-login-grace"), MaxStartups: c.Int("ssh-max-startups"),
-						PerSource: c.Int("ssh-max-startups-per-source"), GatewayPorts: c.Bool("ssh-gateway-ports"),
-						PermitUserEnvironment: c.Bool("ssh-permit-user-environment")},
-					StartTimeout:   c.Duration("start-timeout"),
-					LogsWait:       c.Duration("logs-wait"),
-					Linger:         c.Duration("linger"),
-					MaxUpload:      c.Int64("max-upload-bytes"),
-					InterruptGrace: c.Duration("interrupt-grace"),
-					MaxUploadTotal: c.Int64("max-upload-total-bytes"),
-					LogRetention:   logs.Retention{Head: c.Int64("job-log-head-bytes"), Max: c.Int64("job-log-max-bytes")},
-					LogMinFree:     c.Int64("log-min-free-bytes"),
-				})
+				cfg := agent.Defaults()
+				cfg.LogLevel, cfg.LogFormat, cfg.SSHLogLevel = level, format, sshLevel
+				cfg.TempDir, cfg.HTTPAddress, cfg.HTTPPort = c.String("temp-dir"), c.String("http-address"), c.Int("http-port")
+				cfg.SSHAddress, cfg.SSHPort, cfg.AuthorizedKeys = c.String("ssh-address"), c.Int("ssh-port"), c.StringSlice("ssh-authorized-key")
+				cfg.StartTimeout, cfg.LogsWait, cfg.Linger = c.Duration("start-timeout"), c.Duration("logs-wait"), c.Duration("linger")
+				cfg.SSH.Ciphers = splitCommas(c.StringSlice("ssh-ciphers"))
+				cfg.SSH.LoginGrace, cfg.SSH.MaxStartups, cfg.SSH.PerSource = c.Duration("ssh-login-grace"), c.Int("ssh-max-startups"), c.Int("ssh-max-startups-per-source")
+				cfg.SSH.GatewayPorts, cfg.SSH.PermitUserEnvironment = c.Bool("ssh-gateway-ports"), c.Bool("ssh-permit-user-environment")
+				x := &cfg.Executor
+				x.InterruptGrace, x.MaxUpload, x.MaxUploadTotal = c.Duration("interrupt-grace"), c.Int64("max-upload-bytes"), c.Int64("max-upload-total-bytes")
+				x.LogRetention = logs.Retention{Head: c.Int64("job-log-head-bytes"), Max: c.Int64("job-log-max-bytes")}
+				x.LogMinFree = c.Int64("log-min-free-bytes")
+				return run(ctx, cfg)
 			},
 		}},
 	}

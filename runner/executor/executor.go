@@ -5,6 +5,7 @@
 package executor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -126,43 +127,55 @@ type Executor struct {
 }
 
 // New prepares the temp dir and event stores.
-func New(cfg Config) (*Executor, error) {
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+// Defaults are the executor's defaults: New fills the zero fields of its
+// Config from them (WithDefaults), and the runner's flags show and use the
+// same values.
+func Defaults() Config {
+	return Config{
+		ProcRoot:       "/proc",
+		CgroupRoot:     "/sys/fs/cgroup",
+		InterruptGrace: 3 * time.Second,
+		KillGrace:      5 * time.Second,
+		DrainGrace:     2 * time.Second,
+		PullCap:        1 << 20,
+		MaxUpload:      DefaultMaxUpload,
+		MaxUploadTotal: DefaultMaxUploadTotal,
+		LogRetention:   logs.Retention{Head: logs.DefaultLogHead, Max: logs.DefaultLogMax},
 	}
-	if cfg.Log == nil {
-		cfg.Log = logging.Discard()
-	}
-	if cfg.ProcRoot == "" {
-		cfg.ProcRoot = "/proc"
-	}
-	if cfg.InterruptGrace == 0 {
-		cfg.InterruptGrace = 3 * time.Second
-	}
-	if cfg.KillGrace == 0 {
-		cfg.KillGrace = 5 * time.Second
-	}
-	if cfg.DrainGrace == 0 {
-		cfg.DrainGrace = 2 * time.Second
-	}
-	if cfg.PullCap == 0 {
-		cfg.PullCap = 1 << 20
-	}
-	if cfg.Stdout == nil {
-		cfg.Stdout = io.Discard
-	}
-	if cfg.MaxUpload == 0 {
-		cfg.MaxUpload = DefaultMaxUpload
-	}
-	if cfg.MaxUploadTotal == 0 {
-		cfg.MaxUploadTotal = DefaultMaxUploadTotal
-	}
+}
+
+// WithDefaults returns c with its zero fields taken from Defaults (and a
+// clock, a logger and an output), but CgroupRoot, whose empty value skips
+// OOM detection, and LogMinFree, which New sizes from the filesystem.
+func (c Config) WithDefaults() Config {
+	d := Defaults()
+	c.ProcRoot = cmp.Or(c.ProcRoot, d.ProcRoot)
+	c.InterruptGrace = cmp.Or(c.InterruptGrace, d.InterruptGrace)
+	c.KillGrace = cmp.Or(c.KillGrace, d.KillGrace)
+	c.DrainGrace = cmp.Or(c.DrainGrace, d.DrainGrace)
+	c.PullCap = cmp.Or(c.PullCap, d.PullCap)
+	c.MaxUpload = cmp.Or(c.MaxUpload, d.MaxUpload)
+	c.MaxUploadTotal = cmp.Or(c.MaxUploadTotal, d.MaxUploadTotal)
 	switch {
-	case cfg.LogRetention.Max == 0:
-		cfg.LogRetention = logs.Retention{Head: logs.DefaultLogHead, Max: logs.DefaultLogMax}
-	case cfg.LogRetention.Max < 0:
-		cfg.LogRetention = logs.Retention{}
+	case c.LogRetention.Max == 0:
+		c.LogRetention = d.LogRetention
+	case c.LogRetention.Max < 0: // unbounded
+		c.LogRetention = logs.Retention{}
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Log == nil {
+		c.Log = logging.Discard()
+	}
+	if c.Stdout == nil {
+		c.Stdout = io.Discard
+	}
+	return c
+}
+
+func New(cfg Config) (*Executor, error) {
+	cfg = cfg.WithDefaults()
 	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
 	}

@@ -5,6 +5,7 @@
 package sshd
 
 import (
+	"cmp"
 	"context"
 	"crypto/ecdsa"
 	"crypto/ed25519"
@@ -139,35 +140,37 @@ func (k *KeySet) matching(key gssh.PublicKey) []authKey {
 	return out
 }
 
+// Defaults are the SSH server's limits: New fills the zero fields of its
+// Config from them (WithDefaults), and the runner's flags show and use the
+// same values.
+func Defaults() Config {
+	return Config{MaxConns: 256, KeepAlive: 30 * time.Second, KeepAliveMax: 4, MaxChannels: 512,
+		LoginGrace: 30 * time.Second, MaxStartups: 32, PerSource: 8}
+}
+
+// WithDefaults returns c with its zero fields taken from Defaults (and a
+// tracker and a clock).
+func (c Config) WithDefaults() Config {
+	d := Defaults()
+	c.MaxConns = cmp.Or(c.MaxConns, d.MaxConns)
+	c.KeepAlive = cmp.Or(c.KeepAlive, d.KeepAlive)
+	c.KeepAliveMax = cmp.Or(c.KeepAliveMax, d.KeepAliveMax)
+	c.MaxChannels = cmp.Or(c.MaxChannels, d.MaxChannels)
+	c.LoginGrace = cmp.Or(c.LoginGrace, d.LoginGrace)
+	c.MaxStartups = cmp.Or(c.MaxStartups, d.MaxStartups)
+	c.PerSource = cmp.Or(c.PerSource, d.PerSource)
+	if c.Tracker == nil {
+		c.Tracker = NewTracker()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
 // New prepares the server (host keys, handlers) without listening.
 func New(cfg Config, keys *KeySet) (*Server, error) {
-	if cfg.MaxConns == 0 {
-		cfg.MaxConns = 256
-	}
-	if cfg.KeepAlive == 0 {
-		cfg.KeepAlive = 30 * time.Second
-	}
-	if cfg.KeepAliveMax == 0 {
-		cfg.KeepAliveMax = 4
-	}
-	if cfg.MaxChannels == 0 {
-		cfg.MaxChannels = 512
-	}
-	if cfg.Tracker == nil {
-		cfg.Tracker = NewTracker()
-	}
-	if cfg.LoginGrace == 0 {
-		cfg.LoginGrace = 30 * time.Second
-	}
-	if cfg.MaxStartups == 0 {
-		cfg.MaxStartups = 32
-	}
-	if cfg.PerSource == 0 {
-		cfg.PerSource = 8
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
+	cfg = cfg.WithDefaults()
 	signers, err := hostKeys(cfg.HostKeyDir)
 	if err != nil {
 		return nil, err
