@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/network"
@@ -44,15 +45,50 @@ type Network struct {
 	Name   string
 	Docker Docker
 	Log    *slog.Logger
+	// Recheck is how long a check of the network holds: Ensure within it
+	// asks Docker nothing (0: DefaultRecheck). A burst of task starts then
+	// costs one inspect, not one each, queued behind every create.
+	Recheck time.Duration
+	Now     func() time.Time // nil: time.Now
 
-	mu sync.Mutex // one Ensure at a time: no two creates racing in this shim
+	mu      sync.Mutex // one Ensure at a time: no two creates racing in this shim
+	checked time.Time  // when the network was last found isolated; guarded by mu
 }
 
+// DefaultRecheck is how long a check of the network holds by default. A
+// network removed within it (it cannot be while a task uses it) fails the
+// next task's create, and the check after it makes the network again.
+const DefaultRecheck = 5 * time.Second
+
 // Ensure returns the network's name once it exists with inter-container
-// communication off, creating it when missing.
+// communication off, creating it when missing. Callers that come while a
+// check runs wait for it and share its answer.
 func (n *Network) Ensure(ctx context.Context) (string, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	now := time.Now
+	if n.Now != nil {
+		now = n.Now
+	}
+	recheck := n.Recheck
+	if recheck <= 0 {
+		recheck = DefaultRecheck
+	}
+	if !n.checked.IsZero() && now().Sub(n.checked) < recheck {
+		return n.Name, nil
+	}
+	name, err := n.ensureLocked(ctx)
+	if err == nil {
+		n.checked = now()
+	} else {
+		n.checked = time.Time{}
+	}
+	return name, err
+}
+
+// ensureLocked inspects the network and creates it when missing; n.mu is
+// held.
+func (n *Network) ensureLocked(ctx context.Context) (string, error) {
 	for attempt := 0; ; attempt++ {
 		got, err := n.Docker.NetworkInspect(ctx, n.Name, network.InspectOptions{})
 		switch {
