@@ -55,7 +55,7 @@ func BenchmarkShim64Tasks(b *testing.B) {
 		return dockerrt.Build(task.ContainerSpec{Image: h.image, Entrypoint: []string{api.RunnerBinaryInContainer},
 			Cmd: []string{"start", "--temp-dir", api.RunnerDirInContainer}, NetworkMode: name, Init: true,
 			ExposedTCP: []int{api.RunnerHTTPPort, api.RunnerSSHPort},
-			Binds: []task.Bind{{Source: dir, Target: api.RunnerDirInContainer}, {Source: h.runner, Target: api.RunnerBinaryInContainer, ReadOnly: true}}})
+			Binds:      []task.Bind{{Source: dir, Target: api.RunnerDirInContainer}, {Source: h.runner, Target: api.RunnerBinaryInContainer, ReadOnly: true}}})
 	}
 	docker := func(shape func(int) (*container.Config, *container.HostConfig)) time.Duration {
 		ids := make([]string, n)
