@@ -126,9 +126,7 @@ func Run(ctx context.Context, cfg Config) error {
 		},
 		Log: log,
 	}
-	var engine *task.Engine // set below, before the API serves
-	mx := metrics.New(metrics.Sources{GPUsTotal: func() int { return len(gpus) }, GPUsFree: locks.Free,
-		Tasks: func() []api.TaskListItem { return engine.List() }})
+	mx := metrics.New()
 	volumes.Observe = mx.VolumeMount
 	runnerComp.Observe, shimComp.Observe = mx.ComponentInstalled, mx.ComponentInstalled
 	var taskNet task.Network
@@ -136,7 +134,7 @@ func Run(ctx context.Context, cfg Config) error {
 		taskNet = &netiso.Network{Name: cfg.IsolatedNetwork, Docker: rt.Client(), Log: log}
 	}
 	tcfg.Network, tcfg.Observer, tcfg.Volumes, tcfg.Home, tcfg.GPUVendor = taskNet, mx, volumes, cfg.Home, vendor
-	engine = task.New(tcfg, rt, locks, &authkeys.Editor{}, log)
+	engine := task.New(tcfg, rt, locks, &authkeys.Editor{}, log)
 
 	// The API serves before anything waits on Docker: a hung daemon must not
 	// make the instance look dead. Task calls wait (bounded) for recovery
@@ -197,7 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Stopper:           sd,
 		Readiness:         recovered{done: ready},
 		Log:               log,
-		Metrics:           mx.Handler(),
+		Metrics:           mx.Handler(metrics.Sources{Tasks: engine, GPUs: locks}),
 		MetricsMiddleware: mx.Middleware(),
 	})
 	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))

@@ -101,6 +101,13 @@ func (l *Locks) Release(task string, ids []string) {
 	}
 }
 
+// Total returns the number of GPUs.
+func (l *Locks) Total() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.holder)
+}
+
 // Free returns the number of unlocked GPUs.
 func (l *Locks) Free() int {
 	l.mu.Lock()

@@ -17,17 +17,19 @@ import (
 	"github.com/tandem-run/tandem/common/httpapi"
 )
 
-// Sources are read at scrape time.
+// Sources are what the handler reads at scrape time: the task engine and
+// the GPU locks (either may be nil).
 type Sources struct {
-	Tasks     func() []api.TaskListItem
-	GPUsTotal func() int
-	GPUsFree  func() int
+	Tasks interface{ List() []api.TaskListItem }
+	GPUs  interface {
+		Total() int
+		Free() int
+	}
 }
 
 // Metrics holds the shim's series. It implements task.Observer and the
 // volume and component observers.
 type Metrics struct {
-	src Sources
 	// proc is /proc/self and stat /proc/stat (tests point them at fixtures).
 	proc, stat string
 
@@ -51,8 +53,8 @@ var statuses = []api.TaskStatus{api.TaskPending, api.TaskPreparing, api.TaskPull
 var defBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}
 
 // New makes the series; the process and Go runtime ones are read at scrape.
-func New(src Sources) *Metrics {
-	m := &Metrics{src: src, proc: "/proc/self", stat: "/proc/stat",
+func New() *Metrics {
+	m := &Metrics{proc: "/proc/self", stat: "/proc/stat",
 		submitted: newFamily("tandem_shim_task_submissions_total", "Tasks accepted by POST /api/tasks.", counter, nil),
 		ended:     newFamily("tandem_shim_task_ends_total", "Tasks that ended, by termination reason.", counter, nil, "reason"),
 		submitToRunning: newFamily("tandem_shim_task_submit_to_running_seconds", "Time from submit to a running container.", histogram,
@@ -77,25 +79,27 @@ func New(src Sources) *Metrics {
 	return m
 }
 
-// Handler serves the series in Prometheus text format (0.0.4).
-func (m *Metrics) Handler() http.Handler {
+// Handler serves the series in Prometheus text format (0.0.4), with the
+// gauges read from src at each scrape. It is made once the sources exist
+// (the engine takes the Metrics as its observer first).
+func (m *Metrics) Handler(src Sources) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		_ = flushTo(w, m.write)
+		_ = flushTo(w, func(w *bufio.Writer) { m.write(w, src) })
 	})
 }
 
 // write writes every family: ours, the task and GPU gauges read now, then
 // the process and runtime ones. A /proc read that fails leaves its series
 // at 0 rather than failing the scrape.
-func (m *Metrics) write(w *bufio.Writer) {
+func (m *Metrics) write(w *bufio.Writer, src Sources) {
 	for _, f := range []*family{m.submitted, m.ended, m.submitToRunning, m.pullBytes, m.pullSeconds, m.requests,
 		m.requestSeconds, m.recoverySeconds, m.recoveryTasks, m.volumeMounts, m.componentInstall} {
 		f.write(w)
 	}
 	counts := map[api.TaskStatus]int{}
-	if m.src.Tasks != nil {
-		for _, t := range m.src.Tasks() {
+	if src.Tasks != nil {
+		for _, t := range src.Tasks.List() {
 			counts[t.Status]++
 		}
 	}
@@ -103,12 +107,8 @@ func (m *Metrics) write(w *bufio.Writer) {
 	for _, st := range statuses {
 		sample(w, "tandem_shim_tasks", []string{"status"}, []string{string(st)}, "", "", float64(counts[st]))
 	}
-	if m.src.GPUsTotal != nil {
-		total := m.src.GPUsTotal()
-		free := total
-		if m.src.GPUsFree != nil {
-			free = m.src.GPUsFree()
-		}
+	if src.GPUs != nil {
+		total, free := src.GPUs.Total(), src.GPUs.Free()
 		header(w, "tandem_shim_gpus", "GPUs on the host, by state (total, allocated).", gauge)
 		sample(w, "tandem_shim_gpus", []string{"state"}, []string{"allocated"}, "", "", float64(total-free))
 		sample(w, "tandem_shim_gpus", []string{"state"}, []string{"total"}, "", "", float64(total))

@@ -18,18 +18,24 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-func fixture(src Sources) *Metrics {
-	m := New(src)
+// fixture is a Metrics with src for its scrapes and /proc fixtures.
+type fixtureMetrics struct {
+	*Metrics
+	src Sources
+}
+
+func fixture(src Sources) fixtureMetrics {
+	m := fixtureMetrics{Metrics: New(), src: src}
 	m.proc, m.stat = "testdata/proc/self", "testdata/proc/stat"
 	return m
 }
 
 // scrape parses the exposition with Prometheus' own parser, so what we
 // write by hand is held to what a real scraper accepts.
-func scrape(t *testing.T, m *Metrics) (map[string]*dto.MetricFamily, string) {
+func scrape(t *testing.T, m fixtureMetrics) (map[string]*dto.MetricFamily, string) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	m.Handler(m.src).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/plain; version=0.0.4") {
 		t.Fatalf("content type %q", ct)
 	}
@@ -67,7 +73,7 @@ next:
 
 func TestExposition(t *testing.T) {
 	tasks := []api.TaskListItem{{ID: "a", Status: api.TaskRunning}, {ID: "b", Status: api.TaskRunning}, {ID: "c", Status: api.TaskPulling}}
-	m := fixture(Sources{Tasks: func() []api.TaskListItem { return tasks }, GPUsTotal: func() int { return 8 }, GPUsFree: func() int { return 5 }})
+	m := fixture(Sources{Tasks: taskList(tasks), GPUs: gpuCounts{total: 8, free: 5}})
 	m.TaskSubmitted()
 	m.TaskSubmitted()
 	m.TaskRunning(300 * time.Millisecond)
@@ -205,10 +211,19 @@ func TestReadProcMissing(t *testing.T) {
 		t.Fatal("no error for a missing stat")
 	}
 	// The scrape still succeeds with the process series at 0.
-	m := New(Sources{})
+	m := fixtureMetrics{Metrics: New()}
 	m.proc = t.TempDir()
 	fams, _ := scrape(t, m)
 	if v := value(t, fams, "process_open_fds").Gauge.GetValue(); v != 0 {
 		t.Errorf("open fds %v", v)
 	}
 }
+
+type taskList []api.TaskListItem
+
+func (l taskList) List() []api.TaskListItem { return l }
+
+type gpuCounts struct{ total, free int }
+
+func (g gpuCounts) Total() int { return g.total }
+func (g gpuCounts) Free() int  { return g.free }
