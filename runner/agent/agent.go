@@ -19,6 +19,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
+	"github.com/tandem-run/tandem/common/lifecycle"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/account"
@@ -98,94 +99,140 @@ var ErrNoJob = errors.New("no job submitted")
 
 // Run runs the runner until the job is done and its logs were read.
 func Run(ctx context.Context, cfg Config) error {
-	cfg = cfg.WithDefaults()
-	base, logf, err := logging.ToFile(min(cfg.LogLevel, cfg.SSHLogLevel), cfg.LogFormat, cfg.Stdout, filepath.Join(cfg.TempDir, "default.log"))
+	a := &agent{cfg: cfg.WithDefaults()}
+	defer a.Stop()
+	for _, start := range []func() error{a.startLog, a.startHost, a.startExecutor, a.startSSH, a.startAPI} {
+		if err := start(); err != nil {
+			return err
+		}
+	}
+	return a.lifecycle(ctx)
+}
+
+// agent is the running runner. Its parts start in order, each from what
+// the ones before made, and stop in reverse (lifecycle.Stack).
+type agent struct {
+	cfg  Config
+	base *slog.Logger // every level (the SSH server's may be lower)
+	log  *slog.Logger // the runner's level
+
+	accounts account.Accounts
+	uid      int
+	canSet   bool // the runner may switch users
+	keys     *sshd.KeySet
+	tracker  *sshd.Tracker
+	x        *executor.Executor
+
+	lifecycle.Stack // what started, stopped in reverse by Run
+}
+
+func (a *agent) startLog() error {
+	base, logf, err := logging.ToFile(min(a.cfg.LogLevel, a.cfg.SSHLogLevel), a.cfg.LogFormat, a.cfg.Stdout, filepath.Join(a.cfg.TempDir, "default.log"))
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
-	log := logging.AtLevel(base, cfg.LogLevel)
-	log.Info("dstack-runner starting", "version", version.String(), "tandem_version", version.Tandem(), "temp_dir", cfg.TempDir)
+	a.OnStop(func() { logf.Close() })
+	a.base, a.log = base, logging.AtLevel(base, a.cfg.LogLevel)
+	a.log.Info("dstack-runner starting", "version", version.String(), "tandem_version", version.Tandem(), "temp_dir", a.cfg.TempDir)
+	return nil
+}
 
-	uid := os.Geteuid()
-	accounts := account.Accounts{Root: "/"}
-	home := homeOf(accounts, uid)
+// startHost learns the runner's user and what it may do, and prepares the
+// dstack dir.
+func (a *agent) startHost() error {
+	a.uid, a.accounts = os.Geteuid(), account.Accounts{Root: "/"}
+	home := homeOf(a.accounts, a.uid)
 	if os.Getenv("HOME") != home {
-		log.Warn("HOME does not match the passwd entry; fixing", "home", home)
+		a.log.Warn("HOME does not match the passwd entry; fixing", "home", home)
 		_ = os.Setenv("HOME", home)
 	}
-	if err := prepareDstackDir(cfg.DstackDir); err != nil {
-		log.Warn("prepare dstack dir", "dir", cfg.DstackDir, "err", err)
+	if err := prepareDstackDir(a.cfg.DstackDir); err != nil {
+		a.log.Warn("prepare dstack dir", "dir", a.cfg.DstackDir, "err", err)
 	}
-	canSet := uid == 0 && hasCaps("/proc/self/status", 0, 6, 7) // CHOWN, SETGID, SETUID
-	if !canSet {
-		log.Info("runner cannot switch users; jobs run as the runner's user", "uid", uid)
+	a.canSet = a.uid == 0 && hasCaps("/proc/self/status", 0, 6, 7) // CHOWN, SETGID, SETUID
+	if !a.canSet {
+		a.log.Info("runner cannot switch users; jobs run as the runner's user", "uid", a.uid)
 	}
-	keys := &sshd.KeySet{}
-	for _, k := range cfg.AuthorizedKeys {
-		if err := keys.Add(k); err != nil {
-			log.Warn("ignoring an authorized key", "err", err)
+	a.keys, a.tracker = &sshd.KeySet{}, sshd.NewTracker()
+	for _, k := range a.cfg.AuthorizedKeys {
+		if err := a.keys.Add(k); err != nil {
+			a.log.Warn("ignoring an authorized key", "err", err)
 		}
 	}
-	tracker := sshd.NewTracker()
+	return nil
+}
+
+// startExecutor makes the executor: the limits and graces come from the
+// flags, the rest is this runner's.
+func (a *agent) startExecutor() error {
+	xc := a.cfg.Executor
+	xc.TempDir, xc.Paths = a.cfg.TempDir, executor.Paths{DstackDir: a.cfg.DstackDir, EtcProfile: "/etc/profile"}
+	xc.Accounts, xc.SelfUID, xc.CanSetUser, xc.BaseEnv = a.accounts, a.uid, a.canSet, os.Environ()
+	xc.Log, xc.Stdout, xc.Connections, xc.SSHPort = a.log, a.cfg.Stdout, a.tracker, a.cfg.SSHPort
+	xc.AuthorizeKey = func(line string) error { return a.keys.Add(line) }
+	x, err := executor.New(xc)
+	if err != nil {
+		return err
+	}
+	a.x = x
+	a.OnStop(func() { x.Close() })
+	return nil
+}
+
+// startSSH serves SSH: the limits, policy and ciphers come from the flags;
+// sessions start from the executor's environment.
+func (a *agent) startSSH() error {
 	self, err := os.Executable()
 	if err != nil {
 		self = api.RunnerBinaryInContainer
 	}
-	var x *executor.Executor
-	// The limits and policy switches come from the flags; the rest is
-	// this runner's.
-	sc := cfg.SSH
-	sc.HostKeyDir = filepath.Join(cfg.TempDir, "ssh")
-	sc.Accounts = accounts
-	sc.Env = func() []string { return x.SessionEnv() }
-	sc.CanSetUser, sc.Self, sc.Tracker = canSet, self, tracker
-	sc.Log = logging.AtLevel(base, cfg.SSHLogLevel)
-	sshSrv, err := sshd.New(sc, keys)
+	sc := a.cfg.SSH
+	sc.HostKeyDir, sc.Accounts, sc.Env = filepath.Join(a.cfg.TempDir, "ssh"), a.accounts, a.x.SessionEnv
+	sc.CanSetUser, sc.Self, sc.Tracker = a.canSet, self, a.tracker
+	sc.Log = logging.AtLevel(a.base, a.cfg.SSHLogLevel)
+	srv, err := sshd.New(sc, a.keys)
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)
 	}
-	// The same for the executor.
-	xc := cfg.Executor
-	xc.TempDir, xc.Paths = cfg.TempDir, executor.Paths{DstackDir: cfg.DstackDir, EtcProfile: "/etc/profile"}
-	xc.Accounts, xc.SelfUID, xc.CanSetUser, xc.BaseEnv = accounts, uid, canSet, os.Environ()
-	xc.Log, xc.Stdout, xc.Connections, xc.SSHPort = log, cfg.Stdout, tracker, cfg.SSHPort
-	xc.AuthorizeKey = func(line string) error { return keys.Add(line) }
-	x, err = executor.New(xc)
+	ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.SSHAddress, strconv.Itoa(a.cfg.SSHPort)))
 	if err != nil {
-		return err
-	}
-	defer x.Close()
-	// SSH serves only now: a session's environment comes from the executor.
-	sshLn, err := net.Listen("tcp", net.JoinHostPort(cfg.SSHAddress, strconv.Itoa(cfg.SSHPort)))
-	if err != nil {
-		return fmt.Errorf("ssh listen :%d: %w", cfg.SSHPort, err)
+		return fmt.Errorf("ssh listen :%d: %w", a.cfg.SSHPort, err)
 	}
 	go func() {
-		if err := sshSrv.Serve(sshLn); err != nil {
-			log.Error("ssh server stopped", "err", err)
+		if err := srv.Serve(ln); err != nil {
+			a.log.Error("ssh server stopped", "err", err)
 		}
 	}()
-	defer sshSrv.Close()
-	log.Info("ssh server serving", "addr", sshLn.Addr().String(), "authorized_keys", len(cfg.AuthorizedKeys))
+	a.OnStop(func() { srv.Close() })
+	a.log.Info("ssh server serving", "addr", ln.Addr().String(), "authorized_keys", len(a.cfg.AuthorizedKeys))
+	return nil
+}
 
-	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), Executor: x, Metrics: metrics.Collector{}, Log: log})
-	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
+// startAPI serves the runner's HTTP API.
+func (a *agent) startAPI() error {
+	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), Executor: a.x, Metrics: metrics.Collector{}, Log: a.log})
+	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
 	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
-	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, nil, log)
+	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, nil, a.log)
 	gate.Attach(hs)
 	go func() { _ = hs.Serve(gate) }()
-	log.Info("runner API serving", "addr", gate.Addr().String())
-	defer func() {
+	a.OnStop(func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
-	}()
+	})
+	a.log.Info("runner API serving", "addr", gate.Addr().String())
+	return nil
+}
 
+// lifecycle waits for a job (StartTimeout), for its end, and for its logs
+// to be read (LogsWait at most), then lingers for late readers.
+func (a *agent) lifecycle(ctx context.Context) error {
+	cfg, x, log := a.cfg, a.x, a.log
 	select {
 	case <-x.Started():
 	case <-time.After(cfg.StartTimeout):

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
+	"github.com/tandem-run/tandem/common/lifecycle"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/memtrim"
 	"github.com/tandem-run/tandem/common/sdnotify"
@@ -72,176 +73,285 @@ type Config struct {
 }
 
 // Run runs the shim until ctx ends or an API shutdown; running containers
-// are never stopped on exit.
+// are never stopped on exit. Its parts start in order, each from what the
+// ones before made, and stop in reverse (lifecycle.Stack).
 func Run(ctx context.Context, cfg Config) error {
-	log, logFile, err := logging.ToFile(cfg.LogLevel, cfg.LogFormat, os.Stderr, filepath.Join(cfg.Home, "shim.log"))
+	a := &agent{cfg: cfg, tcfg: cfg.Task.WithDefaults()}
+	defer a.Stop()
+	steps := []struct {
+		name  string
+		start func(context.Context) error
+	}{
+		{"log", a.startLog},
+		{"components", a.startComponents},
+		{"docker", a.startDocker},
+		{"gpus", a.startGPUs},
+		{"engine", a.startEngine},
+		{"recovery", a.startRecovery},
+		{"api", a.startAPI},
+		{"systemd", a.startSystemd},
+	}
+	for _, st := range steps {
+		if err := st.start(ctx); err != nil {
+			return err
+		}
+	}
+	return a.wait(ctx)
+}
+
+// agent is the running shim. Its fields are set by the start steps, in
+// order; OnStop registers what undoes each.
+type agent struct {
+	cfg  Config
+	tcfg task.Config // the engine's, with what only the agent knows added
+	log  *slog.Logger
+
+	runnerComp, shimComp *component.Manager
+	rt                   *dockerrt.Runtime
+	nvml                 *gpu.NVML
+	gpus                 []gpu.GPU
+	locks                *gpu.Locks
+	vendor               api.GPUVendor
+	mx                   *metrics.Metrics
+	engine               *task.Engine
+	ready                chan struct{} // closed once recovery is done
+	ln                   net.Listener
+	hs                   *http.Server
+	serveErr             chan error // Serve's return; served says wait took it
+	served               bool
+	sd                   *shutdown
+	force                bool // the API asked for a forced shutdown
+
+	lifecycle.Stack // what started, stopped in reverse by Run
+}
+
+func (a *agent) startLog(context.Context) error {
+	log, logFile, err := logging.ToFile(a.cfg.LogLevel, a.cfg.LogFormat, os.Stderr, filepath.Join(a.cfg.Home, "shim.log"))
 	if err != nil {
 		return err
 	}
-	defer logFile.Close()
-	log.Info("dstack-shim starting", "version", version.String(), "tandem_version", version.Tandem(), "home", cfg.Home)
+	a.log = log
+	a.OnStop(func() { logFile.Close() })
+	log.Info("dstack-shim starting", "version", version.String(), "tandem_version", version.Tandem(), "home", a.cfg.Home)
+	return nil
+}
 
-	// Components.
-	tcfg := cfg.Task.WithDefaults()
-	runnerComp := &component.Manager{Name: api.ComponentRunner, Path: tcfg.RunnerBinary, Log: log}
-	shimComp := &component.Manager{Name: api.ComponentShim, Path: cfg.BinaryPath, Log: log}
-	if cfg.RunnerDownloadURL != "" {
-		if err := runnerComp.EnsureInstalled(ctx, cfg.RunnerDownloadURL); err != nil {
+// startComponents checks (and with a download URL installs) the runner and
+// the shim binaries.
+func (a *agent) startComponents(ctx context.Context) error {
+	a.runnerComp = &component.Manager{Name: api.ComponentRunner, Path: a.tcfg.RunnerBinary, Log: a.log}
+	a.shimComp = &component.Manager{Name: api.ComponentShim, Path: a.cfg.BinaryPath, Log: a.log}
+	if a.cfg.RunnerDownloadURL != "" {
+		if err := a.runnerComp.EnsureInstalled(ctx, a.cfg.RunnerDownloadURL); err != nil {
 			return fmt.Errorf("install runner: %w", err)
 		}
 	}
-	if info := runnerComp.Info(ctx); info.Status == api.ComponentError {
-		return fmt.Errorf("runner binary %s does not answer `--version` as dstack-runner", tcfg.RunnerBinary)
+	if info := a.runnerComp.Info(ctx); info.Status == api.ComponentError {
+		return fmt.Errorf("runner binary %s does not answer `--version` as dstack-runner", a.tcfg.RunnerBinary)
 	} else if info.Status == api.ComponentNotInstalled {
-		log.Warn("runner binary is missing; tasks will fail until it is installed", "path", tcfg.RunnerBinary)
+		a.log.Warn("runner binary is missing; tasks will fail until it is installed", "path", a.tcfg.RunnerBinary)
 	}
-	if info := shimComp.Info(ctx); info.Status == api.ComponentError {
-		return fmt.Errorf("shim binary %s does not answer `--version` as dstack-shim", cfg.BinaryPath)
+	if info := a.shimComp.Info(ctx); info.Status == api.ComponentError {
+		return fmt.Errorf("shim binary %s does not answer `--version` as dstack-shim", a.cfg.BinaryPath)
 	}
+	return nil
+}
 
-	// Docker. A daemon that is down does not stop the shim from serving: the
-	// API stays up and tasks report Docker's error (dstack restart-loops here).
+// startDocker makes the Docker client. A daemon that is down does not stop
+// the shim from serving: the API stays up and tasks report Docker's error
+// (dstack restart-loops here).
+func (a *agent) startDocker(context.Context) error {
 	rt, err := dockerrt.New()
 	if err != nil {
 		return err
 	}
-	defer rt.Close()
-	// GPUs: every vendor is asked; discrete GPUs of two vendors stop the
-	// shim with a clear error instead of a silent pick.
-	nvmlSrc := gpu.NewNVML()
-	gpus, err := gpu.Discover(ctx, log, nvmlSrc, gpu.AMD{Root: "/"})
+	a.rt = rt
+	a.OnStop(func() { rt.Close() })
+	return nil
+}
+
+// startGPUs asks every vendor for GPUs; discrete GPUs of two vendors stop
+// the shim with a clear error instead of a silent pick.
+func (a *agent) startGPUs(ctx context.Context) error {
+	a.nvml = gpu.NewNVML()
+	gpus, err := gpu.Discover(ctx, a.log, a.nvml, gpu.AMD{Root: "/"})
 	if err != nil {
 		return err
 	}
-	locks := gpu.NewLocksFor(gpus)
-	var vendor api.GPUVendor
+	a.gpus, a.locks = gpus, gpu.NewLocksFor(gpus)
 	if len(gpus) > 0 {
-		vendor = gpus[0].Vendor
+		a.vendor = gpus[0].Vendor
 	}
+	return nil
+}
+
+// startEngine builds the task engine from everything it uses; nothing
+// changes it afterwards. Its stop ends the watchers (containers keep
+// running) and waits for the records to be on disk.
+func (a *agent) startEngine(context.Context) error {
 	volumes := &volume.Manager{
-		Root: tcfg.VolumesRoot,
+		Root: a.tcfg.VolumesRoot,
 		Resolvers: map[string]volume.Resolver{
 			"aws": volume.AWS{List: volume.Lsblk},
-			"gcp": volume.GCP{ByID: cfg.GCPDiskByID},
+			"gcp": volume.GCP{ByID: a.cfg.GCPDiskByID},
 		},
-		Log: log,
+		Log: a.log,
 	}
-	mx := metrics.New()
-	volumes.Observe = mx.VolumeMount
-	runnerComp.Observe, shimComp.Observe = mx.ComponentInstalled, mx.ComponentInstalled
+	a.mx = metrics.New()
+	volumes.Observe = a.mx.VolumeMount
+	a.runnerComp.Observe, a.shimComp.Observe = a.mx.ComponentInstalled, a.mx.ComponentInstalled
 	var taskNet task.Network
-	if cfg.IsolatedNetwork != "" {
-		taskNet = &netiso.Network{Name: cfg.IsolatedNetwork, Docker: rt.Client(), Log: log}
+	if a.cfg.IsolatedNetwork != "" {
+		taskNet = &netiso.Network{Name: a.cfg.IsolatedNetwork, Docker: a.rt.Client(), Log: a.log}
 	}
-	tcfg.Network, tcfg.Observer, tcfg.Volumes, tcfg.Home, tcfg.GPUVendor = taskNet, mx, volumes, cfg.Home, vendor
-	engine := task.New(tcfg, rt, locks, &authkeys.Editor{}, log)
+	a.tcfg.Network, a.tcfg.Observer, a.tcfg.Volumes, a.tcfg.Home, a.tcfg.GPUVendor = taskNet, a.mx, volumes, a.cfg.Home, a.vendor
+	a.engine = task.New(a.tcfg, a.rt, a.locks, &authkeys.Editor{}, a.log)
+	a.OnStop(func() {
+		a.engine.Shutdown()
+		a.engine.Sync() // records on disk before the process goes
+		a.log.Info("dstack-shim stopped; containers keep running")
+	})
+	return nil
+}
 
-	// The API serves before anything waits on Docker: a hung daemon must not
-	// make the instance look dead. Task calls wait (bounded) for recovery
-	// below and answer 503 past it; the server retries.
-	ready := make(chan struct{})
+// startRecovery restores the tasks in the background, once Docker answers
+// its facts, then reconciles on every tick. The API serves before anything
+// waits on Docker: a hung daemon must not make the instance look dead.
+// Task calls wait (bounded) for recovery and answer 503 past it; the server
+// retries.
+func (a *agent) startRecovery(ctx context.Context) error {
+	a.ready = make(chan struct{})
 	go func() {
-		defer close(ready)
-		diskPath, answered := dockerFacts(ctx, rt, log)
-		if answered && vendor == api.GPUVendorNVIDIA {
-			engine.LearnGPUAccess() // logs how Docker reaches the GPUs, or why it cannot
+		defer close(a.ready)
+		diskPath, answered := dockerFacts(ctx, a.rt, a.log)
+		if answered && a.vendor == api.GPUVendorNVIDIA {
+			a.engine.LearnGPUAccess() // logs how Docker reaches the GPUs, or why it cannot
 		}
-		if cfg.ServiceMode {
-			writeHostInfo(cfg.Home, gpus, diskPath, log)
+		if a.cfg.ServiceMode {
+			writeHostInfo(a.cfg.Home, a.gpus, diskPath, a.log)
 		}
 		// Restart safety: tasks come back from their records, re-attached to
 		// their containers; what Docker cannot answer for now is settled by
 		// the reconcile loop once it does.
-		if err := engine.Restore(ctx); err != nil {
-			log.Warn("restoring tasks is incomplete until Docker answers", "err", err)
+		if err := a.engine.Restore(ctx); err != nil {
+			a.log.Warn("restoring tasks is incomplete until Docker answers", "err", err)
 		}
 	}()
 	go func() {
 		select {
-		case <-ready:
-			engine.ReconcileLoop(ctx, cmp.Or(cfg.ReconcileInterval, 5*time.Second))
+		case <-a.ready:
+			a.engine.ReconcileLoop(ctx, cmp.Or(a.cfg.ReconcileInterval, 5*time.Second))
 		case <-ctx.Done():
 		}
 	}()
+	return nil
+}
 
-	inst := hostInstance{gpus: gpus, health: instanceHealth{docker: rt.Ping}}
+// startAPI serves the shim API. Its stop cancels component installs, then
+// shuts the server down (at once when the API asked for force).
+func (a *agent) startAPI(ctx context.Context) error {
+	inst := hostInstance{gpus: a.gpus, health: instanceHealth{docker: a.rt.Ping}}
 	var gpuMetrics server.GPUMetrics
-	if vendor == api.GPUVendorNVIDIA {
-		xids := nvmlSrc.WatchXIDs(ctx)
-		inst.health.gpus = func(context.Context) *api.DCGMHealth { return nvmlSrc.Health(xids()) }
-		every := cfg.GPUMetricsInterval
+	if a.vendor == api.GPUVendorNVIDIA {
+		xids := a.nvml.WatchXIDs(ctx)
+		inst.health.gpus = func(context.Context) *api.DCGMHealth { return a.nvml.Health(xids()) }
+		every := a.cfg.GPUMetricsInterval
 		if every <= 0 {
 			every = 5 * time.Second
 		}
-		m := nvidiaMetrics{nvml: &gpu.Metrics{NVML: nvmlSrc, Interval: every}}
-		if cfg.DCGMExporterPort > 0 {
-			m.exporter = &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", cfg.DCGMExporterPort), Interval: every}
+		m := nvidiaMetrics{nvml: &gpu.Metrics{NVML: a.nvml, Interval: every}}
+		if a.cfg.DCGMExporterPort > 0 {
+			m.exporter = &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", a.cfg.DCGMExporterPort), Interval: every}
 		}
 		gpuMetrics = m
 	}
-
 	installCtx, cancelInstalls := context.WithCancel(context.Background())
-	defer cancelInstalls()
-	sd := newShutdown()
+	a.sd = newShutdown()
 	e := server.New(server.Deps{
 		Version:           version.String(),
 		TandemVersion:     version.Tandem(),
-		Tasks:             engine,
-		Runner:            runnerComp,
-		Shim:              shimComp,
+		Tasks:             a.engine,
+		Runner:            a.runnerComp,
+		Shim:              a.shimComp,
 		InstallCtx:        installCtx,
 		Instance:          inst,
 		GPUMetrics:        gpuMetrics,
-		Stopper:           sd,
-		Readiness:         recovered{done: ready},
-		Log:               log,
-		Metrics:           mx.Handler(metrics.Sources{Tasks: engine, GPUs: locks}),
-		MetricsMiddleware: mx.Middleware(),
+		Stopper:           a.sd,
+		Readiness:         recovered{done: a.ready},
+		Log:               a.log,
+		Metrics:           a.mx.Handler(metrics.Sources{Tasks: a.engine, GPUs: a.locks}),
+		MetricsMiddleware: a.mx.Middleware(),
 	})
-	addr := net.JoinHostPort(cfg.HTTPAddress, strconv.Itoa(cfg.HTTPPort))
+	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
+		cancelInstalls()
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
-	access := server.Access{AllowContainers: cfg.APIAllowContainers, Token: cfg.APIToken, AllowedHosts: cfg.APIAllowedHosts,
-		Check: origin.Checker{}.CheckBatch, Log: log}
+	access := server.Access{AllowContainers: a.cfg.APIAllowContainers, Token: a.cfg.APIToken, AllowedHosts: a.cfg.APIAllowedHosts,
+		Check: origin.Checker{}.CheckBatch, Log: a.log}
 	e.Pre(access.Middleware())
-	if cfg.APIAllowContainers {
-		log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
+	if a.cfg.APIAllowContainers {
+		a.log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
 	}
-	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
+	a.ln, a.hs = ln, httpapi.NewServer(e, httpapi.DefaultLimits)
 	// Who a connection is, is decided when it is accepted, before it holds
 	// one of the API's slots: a container's connections are refused at
 	// once, and the reserve is for the host.
-	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, access.Admit(), log)
-	gate.Attach(hs)
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(gate) }()
-	log.Info("shim API serving", "addr", gate.Addr().String())
-	if cfg.Ready != nil {
-		cfg.Ready(gate.Addr().String())
+	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, access.Admit(), a.log)
+	gate.Attach(a.hs)
+	a.serveErr = make(chan error, 1)
+	go func() { a.serveErr <- a.hs.Serve(gate) }()
+	a.OnStop(func() {
+		cancelInstalls()
+		if a.force {
+			_ = a.hs.Close()
+			return
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := a.hs.Shutdown(sctx); err != nil {
+			_ = a.hs.Close()
+		}
+		if !a.served {
+			if err := <-a.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.log.Error("serve", "err", err)
+			}
+		}
+	})
+	a.log.Info("shim API serving", "addr", gate.Addr().String())
+	if a.cfg.Ready != nil {
+		a.cfg.Ready(gate.Addr().String())
 	}
+	return nil
+}
 
-	// systemd (Type=notify): ready once serving and recovered; the
-	// watchdog hears from us only while the API and the engine answer.
+// startSystemd tells systemd (Type=notify) the shim is ready once it
+// serves and recovered, then feeds the watchdog only while the API and the
+// engine answer. Its stop says STOPPING=1.
+func (a *agent) startSystemd(context.Context) error {
 	notify := sdnotify.FromEnv()
 	stopWatch := make(chan struct{})
+	a.OnStop(func() {
+		close(stopWatch)
+		_ = notify.Send("STOPPING=1")
+	})
 	go func() {
 		select {
-		case <-ready:
+		case <-a.ready:
 		case <-stopWatch:
 			return
 		}
 		// Start-up is over: its pages of the binary go back (see memtrim).
-		if !cfg.KeepStartupMemory {
+		if !a.cfg.KeepStartupMemory {
 			if r, err := memtrim.Release(); err != nil {
-				log.Warn("releasing start-up memory", "err", err)
+				a.log.Warn("releasing start-up memory", "err", err)
 			} else {
-				log.Debug("released start-up memory", "executable_rss_before", r.Before, "after", r.After)
+				a.log.Debug("released start-up memory", "executable_rss_before", r.Before, "after", r.After)
 			}
 		}
 		if err := notify.Send("READY=1"); err != nil {
-			log.Warn("systemd notify", "err", err)
+			a.log.Warn("systemd notify", "err", err)
 		}
 		every := sdnotify.WatchdogInterval() / 2
 		if every <= 0 {
@@ -254,43 +364,30 @@ func Run(ctx context.Context, cfg Config) error {
 			case <-stopWatch:
 				return
 			case <-t.C:
-				if alive(engine, ln.Addr().String(), every) {
+				if alive(a.engine, a.ln.Addr().String(), every) {
 					_ = notify.Send("WATCHDOG=1")
 				} else {
-					log.Error("watchdog: the shim is not answering itself; systemd will restart it")
+					a.log.Error("watchdog: the shim is not answering itself; systemd will restart it")
 				}
 			}
 		}
 	}()
+	return nil
+}
 
-	var force bool
+// wait runs until the server fails, ctx ends or the API asks for a
+// shutdown; Run then takes the parts down in reverse.
+func (a *agent) wait(ctx context.Context) error {
 	select {
-	case err := <-errc:
-		close(stopWatch)
+	case err := <-a.serveErr:
+		a.served = true
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
-		log.Info("signal received, shutting down")
-	case force = <-sd.ch:
-		log.Info("API shutdown requested", "force", force)
+		a.log.Info("signal received, shutting down")
+	case force := <-a.sd.ch:
+		a.force = force
+		a.log.Info("API shutdown requested", "force", force)
 	}
-	close(stopWatch)
-	_ = notify.Send("STOPPING=1")
-	cancelInstalls()
-	if force {
-		_ = hs.Close()
-	} else {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := hs.Shutdown(sctx); err != nil {
-			_ = hs.Close()
-		}
-	}
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("serve: %w", err)
-	}
-	engine.Shutdown()
-	engine.Sync() // records on disk before the process goes
-	log.Info("dstack-shim stopped; containers keep running")
 	return nil
 }
 

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +74,29 @@ func TestRunWithoutDocker(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(home, "shim.log"))
 	if err != nil || !bytes.Contains(b, []byte("dstack-shim stopped")) || !bytes.Contains(b, []byte("runner binary is missing")) {
 		t.Fatalf("shim.log: %v\n%s", err, b)
+	}
+}
+
+// TestRunStopsWhatStartedWhenAStepFails: a port that is taken fails the
+// API step; the engine started before it is stopped (its records synced,
+// its last log line written) and Run says why.
+func TestRunStopsWhatStartedWhenAStepFails(t *testing.T) {
+	t.Setenv("DOCKER_HOST", "unix://"+filepath.Join(t.TempDir(), "no-docker.sock"))
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	port := taken.Addr().(*net.TCPAddr).Port
+	home := t.TempDir()
+	err = Run(context.Background(), Config{Home: home, HTTPAddress: "127.0.0.1", HTTPPort: port,
+		Task:        task.Config{RunnerBinary: filepath.Join(home, "no-runner"), VolumesRoot: filepath.Join(home, "volumes")},
+		GCPDiskByID: filepath.Join(home, "by-id")})
+	if err == nil || !strings.Contains(err.Error(), "listen") {
+		t.Fatalf("Run with its port taken: %v", err)
+	}
+	b, rerr := os.ReadFile(filepath.Join(home, "shim.log"))
+	if rerr != nil || !bytes.Contains(b, []byte("dstack-shim stopped")) {
+		t.Fatalf("the engine was not stopped:\n%s", b)
 	}
 }
