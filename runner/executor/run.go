@@ -260,26 +260,11 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	if len(cmdline) == 0 {
 		return failed(errors.New("job has no commands"))
 	}
-	env := JobEnv(x.cfg.BaseEnv, body, repoDir, wd, x.cfg.Paths.HostfilePath(), user.Home)
-	x.mu.Lock()
-	x.jobEnv = account.EnvList(env)
-	x.mu.Unlock()
-	if err := WriteProfile(x.cfg.Paths, env); err != nil {
-		log.Warn("write profile", "err", err)
-	}
-	if err := WriteHostfile(x.cfg.Paths, body.ClusterInfo); err != nil {
+	env, err := x.prepareJob(body, user, wd, repoDir)
+	if err != nil {
 		return failed(err)
 	}
-	uid, gid := -1, -1
-	if x.cfg.CanSetUser {
-		uid, gid = user.UID, user.GID
-	}
-	if err := MkdirOwned(wd, uid, gid); err != nil {
-		return failed(fmt.Errorf("create working dir %s: %w", wd, err))
-	}
-	_ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY})
-
-	spec := ptyproc.Spec{Path: cmdline[0], Args: cmdline, Dir: wd, Env: account.EnvList(env), TTY: true, ProcRoot: x.cfg.ProcRoot}
+	spec := ptyproc.Spec{Path: cmdline[0], Args: cmdline, Dir: wd, Env: env, TTY: true, ProcRoot: x.cfg.ProcRoot}
 	if x.cfg.CanSetUser {
 		spec.Cred = &ptyproc.Cred{UID: user.UID, GID: user.GID, Groups: user.Groups}
 	}
@@ -334,35 +319,73 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 		proc.SignalSession(syscall.SIGKILL)
 		<-exited
 	}
-	// The main process is gone. Leftovers holding the terminal must not keep
-	// the job alive: hang them up, then kill them if they linger. The
-	// hang-up may come any moment now: reads see it from here on.
+	// The main process is gone. The hang-up may come any moment now:
+	// reads see it from here on.
 	ptyReader.Plain()
-	select {
-	case <-readDone:
-	case <-time.After(x.cfg.DrainGrace / 2):
-		proc.SignalSession(syscall.SIGHUP)
-		proc.SignalSession(syscall.SIGTERM)
-		select {
-		case <-readDone:
-		case <-time.After(x.cfg.DrainGrace / 2):
-			proc.SignalSession(syscall.SIGKILL)
-			select {
-			case <-readDone:
-			case <-time.After(time.Second):
-				proc.Close()
-				<-readDone
-			}
-		}
-	}
+	x.drain(proc, readDone)
 	_ = pipe.Close()
 
 	// A shell's convention (and docker's): 128 + the signal's number.
 	code, killedBy := proc.Wait()
+	return x.verdict(cause, code, killedBy, oomBefore, body.LogQuotaHour)
+}
+
+// prepareJob writes what the job finds around it (its environment in the
+// profile, the hostfile, its working dir) and returns its environment.
+func (x *Executor) prepareJob(body api.SubmitBody, user account.JobUser, wd, repoDir string) ([]string, error) {
+	env := JobEnv(x.cfg.BaseEnv, body, repoDir, wd, x.cfg.Paths.HostfilePath(), user.Home)
+	x.mu.Lock()
+	x.jobEnv = account.EnvList(env)
+	x.mu.Unlock()
+	if err := WriteProfile(x.cfg.Paths, env); err != nil {
+		x.runnerLog.Warn("write profile", "err", err)
+	}
+	if err := WriteHostfile(x.cfg.Paths, body.ClusterInfo); err != nil {
+		return nil, err
+	}
+	uid, gid := -1, -1
+	if x.cfg.CanSetUser {
+		uid, gid = user.UID, user.GID
+	}
+	if err := MkdirOwned(wd, uid, gid); err != nil {
+		return nil, fmt.Errorf("create working dir %s: %w", wd, err)
+	}
+	_ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY})
+	return account.EnvList(env), nil
+}
+
+// drain waits for the job's output to end once its main process exited.
+// Leftovers holding the terminal must not keep the job alive: they are
+// hung up, then killed if they linger, and at last the terminal is closed.
+func (x *Executor) drain(proc *ptyproc.Proc, readDone <-chan struct{}) {
+	select {
+	case <-readDone:
+		return
+	case <-time.After(x.cfg.DrainGrace / 2):
+	}
+	proc.SignalSession(syscall.SIGHUP)
+	proc.SignalSession(syscall.SIGTERM)
+	select {
+	case <-readDone:
+		return
+	case <-time.After(x.cfg.DrainGrace / 2):
+	}
+	proc.SignalSession(syscall.SIGKILL)
+	select {
+	case <-readDone:
+	case <-time.After(time.Second):
+		proc.Close()
+		<-readDone
+	}
+}
+
+// verdict is the job's final state: why it was stopped (cause), else how
+// its main process ended (an OOM kill told apart by the cgroup's counter).
+func (x *Executor) verdict(cause error, code int, killedBy syscall.Signal, oomBefore int64, quotaHour int64) api.JobStateEvent {
 	switch {
 	case errors.Is(cause, errLogQuota):
 		return api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonLogQuotaExceeded,
-			TerminationMessage: fmt.Sprintf("Job log output exceeded the hourly quota of %d bytes", body.LogQuotaHour)}
+			TerminationMessage: fmt.Sprintf("Job log output exceeded the hourly quota of %d bytes", quotaHour)}
 	case errors.Is(cause, errMaxDuration):
 		return api.JobStateEvent{State: api.JobTerminated, TerminationReason: api.ReasonMaxDurationExceeded, TerminationMessage: "Max duration exceeded"}
 	case cause != nil:
