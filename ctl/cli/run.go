@@ -83,55 +83,9 @@ func runAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	o := ctl.RunOptions{Shim: nodes[0].shim, ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
-		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
-		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
-		Out: jobOutput(c), Workers: c.App.ErrWriter, Env: map[string]string{}}
-	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr)}
-	if jsonOut {
-		// Only JSON on stdout: the job's output goes to stderr, and of the
-		// progress only what the user must read.
-		o.Out = ctl.LineEnds(c.App.ErrWriter)
-		progress.quiet, progress.tty = true, false
-	}
-	o.Progress = progress.event
-	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
-	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
-		return bad(err.Error())
-	}
-	if o.Memory, err = parseSize(c.String("memory")); err != nil {
-		return bad("--memory: " + err.Error())
-	}
-	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
-		return bad("--shm-size: " + err.Error())
-	}
-	if err := parseEnv(append(c.StringSlice("env"), c.StringSlice("e")...), o.Env); err != nil {
-		return bad(err.Error())
-	}
-	for _, m := range c.StringSlice("mount") {
-		host, path, ok := strings.Cut(m, ":")
-		if !ok || !filepath.IsAbs(host) || !filepath.IsAbs(path) {
-			return bad(fmt.Sprintf("--mount %q: want /host/path:/container/path", m))
-		}
-		o.Mounts = append(o.Mounts, api.InstanceMountPoint{InstancePath: host, Path: path})
-	}
-	if o.CodeDir != "" {
-		if fi, err := os.Stat(o.CodeDir); err != nil || !fi.IsDir() {
-			return bad(fmt.Sprintf("--code %s: not a directory", o.CodeDir))
-		}
-	}
-	if o.Network != "host" && o.Network != "bridge" {
-		return bad("--network must be host or bridge")
-	}
-	o.SSHKeys = c.StringSlice("authorized-key")
-	identity := c.String("identity")
-	if len(o.SSHKeys) == 0 {
-		if k, _ := ctl.DefaultPublicKey(identity); k != "" {
-			o.SSHKeys = []string{k}
-		} else {
-			fmt.Fprintln(c.App.ErrWriter, "tandem: warning: no SSH public key found (~/.ssh/id_ed25519.pub or id_rsa.pub), so tandem ssh into this task will not work;"+
-				" create one with `ssh-keygen -t ed25519` or pass --authorized-key")
-		}
+	o, err := runOptions(c, cmd, nodes[0].shim, jsonOut)
+	if err != nil {
+		return err
 	}
 	var cluster []ctl.Node
 	for i := range nodes {
@@ -172,6 +126,68 @@ func runAction(c *cli.Context) error {
 	stopSignals := onSignals(run.Stop, func() { cancel(ctl.ErrInterrupted) })
 	res, err := run.Execute(ctx)
 	stopSignals()
+	return reportRun(c, o, res, err, jsonOut)
+}
+
+// runOptions is a one-node run of cmd on shim as the flags describe it.
+func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.RunOptions, error) {
+	var err error
+	o := ctl.RunOptions{Shim: shim, ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
+		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
+		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
+		Out: jobOutput(c), Workers: c.App.ErrWriter, Env: map[string]string{}}
+	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr)}
+	if jsonOut {
+		// Only JSON on stdout: the job's output goes to stderr, and of the
+		// progress only what the user must read.
+		o.Out = ctl.LineEnds(c.App.ErrWriter)
+		progress.quiet, progress.tty = true, false
+	}
+	o.Progress = progress.event
+	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
+	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
+		return o, bad(err.Error())
+	}
+	if o.Memory, err = parseSize(c.String("memory")); err != nil {
+		return o, bad("--memory: " + err.Error())
+	}
+	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
+		return o, bad("--shm-size: " + err.Error())
+	}
+	if err := parseEnv(append(c.StringSlice("env"), c.StringSlice("e")...), o.Env); err != nil {
+		return o, bad(err.Error())
+	}
+	for _, m := range c.StringSlice("mount") {
+		host, path, ok := strings.Cut(m, ":")
+		if !ok || !filepath.IsAbs(host) || !filepath.IsAbs(path) {
+			return o, bad(fmt.Sprintf("--mount %q: want /host/path:/container/path", m))
+		}
+		o.Mounts = append(o.Mounts, api.InstanceMountPoint{InstancePath: host, Path: path})
+	}
+	if o.CodeDir != "" {
+		if fi, err := os.Stat(o.CodeDir); err != nil || !fi.IsDir() {
+			return o, bad(fmt.Sprintf("--code %s: not a directory", o.CodeDir))
+		}
+	}
+	if o.Network != "host" && o.Network != "bridge" {
+		return o, bad("--network must be host or bridge")
+	}
+	o.SSHKeys = c.StringSlice("authorized-key")
+	identity := c.String("identity")
+	if len(o.SSHKeys) == 0 {
+		if k, _ := ctl.DefaultPublicKey(identity); k != "" {
+			o.SSHKeys = []string{k}
+		} else {
+			fmt.Fprintln(c.App.ErrWriter, "tandem: warning: no SSH public key found (~/.ssh/id_ed25519.pub or id_rsa.pub), so tandem ssh into this task will not work;"+
+				" create one with `ssh-keygen -t ed25519` or pass --authorized-key")
+		}
+	}
+	return o, nil
+}
+
+// reportRun prints how the run ended (JSON with --output json) and returns
+// the exit code as an error for main.
+func reportRun(c *cli.Context, o ctl.RunOptions, res ctl.Result, err error, jsonOut bool) error {
 	code := res.ExitCode()
 	switch {
 	case errors.Is(err, ctl.ErrInterrupted):
