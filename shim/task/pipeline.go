@@ -227,19 +227,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	if ctx.Err() != nil {
 		return aborted()
 	}
-	err = e.rt.Start(context.WithoutCancel(ctx), id)
-	if errors.Is(err, ErrNoModeset) && gpu.HasDisplay(spec.GPUs) {
-		log.Warn("no /dev/nvidia-modeset on this host; starting without the display capability", "err", err)
-		_ = e.rt.Remove(context.WithoutCancel(ctx), id)
-		spec = withoutDisplay(spec)
-		if id, err = e.rt.Create(context.WithoutCancel(ctx), spec); err == nil {
-			t.mu.Lock()
-			t.contID = id
-			t.mu.Unlock()
-			e.mustSave(t)
-			err = e.rt.Start(context.WithoutCancel(ctx), id)
-		}
-	}
+	id, err = e.startContainer(context.WithoutCancel(ctx), t, id, spec, log)
 	if err != nil {
 		return fail(api.ReasonCreatingContainerError, "startContainer error: %v", err)
 	}
@@ -266,6 +254,28 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		e.obs().TaskRunning(e.now().Sub(t.submitted))
 	}
 	return nil
+}
+
+// startContainer starts the created container id. A host without
+// /dev/nvidia-modeset refuses a container asking for the display
+// capability: it is made again without it, once, and that one's id is
+// returned.
+func (e *Engine) startContainer(ctx context.Context, t *task, id string, spec ContainerSpec, log *slog.Logger) (string, error) {
+	err := e.rt.Start(ctx, id)
+	if !errors.Is(err, ErrNoModeset) || !gpu.HasDisplay(spec.GPUs) {
+		return id, err
+	}
+	log.Warn("no /dev/nvidia-modeset on this host; starting without the display capability", "err", err)
+	_ = e.rt.Remove(ctx, id)
+	id, err = e.rt.Create(ctx, withoutDisplay(spec))
+	if err != nil {
+		return "", err
+	}
+	t.mu.Lock()
+	t.contID = id
+	t.mu.Unlock()
+	e.mustSave(t)
+	return id, e.rt.Start(ctx, id)
 }
 
 func (e *Engine) prepareInstanceMounts(mounts []api.InstanceMountPoint) error {
