@@ -33,7 +33,8 @@ import (
 
 // Runtime is a task.Runtime on Docker.
 type Runtime struct {
-	c *client.Client
+	c      *client.Client
+	images shared[bool] // concurrent ImagePresent calls of one image share one inspect
 }
 
 // New connects with the standard Docker environment (DOCKER_HOST, ...) and
@@ -62,13 +63,15 @@ func (r *Runtime) Ping(ctx context.Context) error {
 
 // ImagePresent reports whether ref is in the local store.
 func (r *Runtime) ImagePresent(ctx context.Context, ref string) (bool, error) {
-	if _, err := r.c.ImageInspect(ctx, ref); err != nil {
-		if cerrdefs.IsNotFound(err) {
-			return false, nil
+	return r.images.do(ctx, ref, func(ctx context.Context) (bool, error) {
+		if _, err := r.c.ImageInspect(ctx, ref); err != nil {
+			if cerrdefs.IsNotFound(err) {
+				return false, nil
+			}
+			return false, fmt.Errorf("inspect image %s: %w", ref, err)
 		}
-		return false, fmt.Errorf("inspect image %s: %w", ref, err)
-	}
-	return true, nil
+		return true, nil
+	})
 }
 
 // Pull starts a pull and returns the JSON progress stream.
@@ -85,7 +88,21 @@ func (r *Runtime) Pull(ctx context.Context, ref string, auth task.RegistryAuth) 
 	if err != nil {
 		return nil, fmt.Errorf("pull %s: %w", ref, err)
 	}
-	return rc, nil
+	return pullStream{ReadCloser: rc, done: func() { r.images.forget(ref) }}, nil
+}
+
+// pullStream is a pull's progress stream. Once it is closed, an image
+// check asks Docker afresh instead of joining one that started before the
+// pull ended (and may have found the image missing).
+type pullStream struct {
+	io.ReadCloser
+	done func()
+}
+
+func (p pullStream) Close() error {
+	err := p.ReadCloser.Close()
+	p.done()
+	return err
 }
 
 // Create creates a container from spec.
