@@ -86,16 +86,50 @@ func clusterKey(comment string) (*api.SSHKey, error) {
 }
 
 // Cluster is a multi-node run: one job on every node, as the dstack server
-// runs a multi-node task. Stop ends it early (every node), as Run's does.
+// runs a multi-node task. Its steps are Execute's: connect, plan, bring up
+// the tasks, start the jobs, follow, remove. Stop ends it early (every
+// node), as Run's does.
 type Cluster struct {
 	*stopper
 	o     RunOptions
-	nodes []Node
+	runID string
+	name  string
+	cs    []*clusterNode
+	// plan: the nodes' addresses (master first), GPUs per node, job key.
+	ips  []string
+	gpus []int
+	key  *api.SSHKey
 }
 
-// NewCluster returns the run of o on nodes, not started yet.
-func NewCluster(o RunOptions, nodes []Node) *Cluster {
-	return &Cluster{stopper: newStopper(), o: o, nodes: nodes}
+// NewCluster checks o for a multi-node run on nodes and returns the run,
+// not started yet.
+func NewCluster(o RunOptions, nodes []Node) (*Cluster, error) {
+	switch {
+	case len(nodes) < 2:
+		return nil, errors.New("a multi-node run needs at least two nodes")
+	case len(o.Commands) == 0:
+		return nil, errors.New("no command given")
+	case o.Detach:
+		return nil, errors.New("a detached run has one node; a multi-node run is followed to its end")
+	case o.Network != "" && o.Network != "host":
+		return nil, errors.New("a multi-node run uses host networking (the nodes reach each other at the hosts' addresses), as dstack's does")
+	}
+	o.Network = "host"
+	if p := o.Progress; p != nil { // several nodes report at once: no redrawing
+		o.Progress = func(e Event) { e.Concurrent = true; p(e) }
+	}
+	c := &Cluster{stopper: newStopper(), o: o, runID: newID()}
+	c.name = o.Name
+	if c.name == "" {
+		c.name = "tandem-" + c.runID[:8]
+	}
+	for i, n := range nodes {
+		if n.Label == "" {
+			n.Label = n.Shim
+		}
+		c.cs = append(c.cs, &clusterNode{Node: n, rank: i, id: newID(), name: fmt.Sprintf("%s-%d", c.name, i)})
+	}
+	return c, nil
 }
 
 // Execute runs one job on every node: host networking, the same commands
@@ -106,39 +140,47 @@ func NewCluster(o RunOptions, nodes []Node) *Cluster {
 // master-done); a worker that fails or dies first fails the run and stops
 // the rest. Every task is removed at the end.
 func (c *Cluster) Execute(ctx context.Context) (Result, error) {
-	o, nodes := c.o, c.nodes
-	switch {
-	case len(nodes) < 2:
-		return Result{}, errors.New("a multi-node run needs at least two nodes")
-	case len(o.Commands) == 0:
-		return Result{}, errors.New("no command given: tandem run [flags] -- COMMAND")
-	case o.Detach:
-		return Result{}, errors.New("a detached run has one node; a multi-node run is followed to its end")
-	case o.Network != "" && o.Network != "host":
-		return Result{}, errors.New("a multi-node run uses host networking (the nodes reach each other at the hosts' addresses), as dstack's does")
-	}
-	o.Network = "host"
-	if p := o.Progress; p != nil { // several nodes report at once: no redrawing
-		o.Progress = func(e Event) { e.Concurrent = true; p(e) }
-	}
 	ctx, cancel := c.begin(ctx)
 	defer cancel(nil)
-
-	runID := newID()
-	name := o.Name
-	if name == "" {
-		name = "tandem-" + runID[:8]
+	res := Result{TaskID: c.runID, Name: c.name}
+	if err := c.connect(ctx); err != nil {
+		return Result{Interrupted: interrupted(ctx)}, err
 	}
-	res := Result{TaskID: runID, Name: name}
-	cs := make([]*clusterNode, len(nodes))
-	for i, n := range nodes {
-		if n.Label == "" {
-			n.Label = n.Shim
+	if err := c.plan(ctx); err != nil {
+		return res, err
+	}
+	// From the first submit on, every task is taken down at the end.
+	killNow := false
+	defer func() { c.removeAll(context.WithoutCancel(ctx), killNow || res.Interrupted) }()
+	fail := func(err error) (Result, error) {
+		if interrupted(ctx) {
+			res.Interrupted, res.State = true, api.JobTerminated
+			c.o.status("interrupted: removing the run's tasks")
+			return res, ErrInterrupted
 		}
-		cs[i] = &clusterNode{Node: n, rank: i, id: newID(), name: fmt.Sprintf("%s-%d", name, i)}
+		return res, err
 	}
-	if err := onEach(cs, func(n *clusterNode) error {
-		s, err := newShimClient(n.Shim, n.Dial, o.ShimToken)
+	if err := c.bringUp(ctx); err != nil {
+		return fail(err)
+	}
+	if err := c.startJobs(ctx); err != nil {
+		return fail(err)
+	}
+	c.started()
+	if interrupted(ctx) {
+		return fail(ErrInterrupted)
+	}
+	if c.o.Started != nil {
+		c.o.Started(c.cs[0].info)
+	}
+	res, killNow = followCluster(ctx, c.cs, c.stops, c.o, res)
+	return res, nil
+}
+
+// connect checks that every node's shim answers.
+func (c *Cluster) connect(ctx context.Context) error {
+	return onEach(c.cs, func(n *clusterNode) error {
+		s, err := newShimClient(n.Shim, n.Dial, c.o.ShimToken)
 		if err != nil {
 			return err
 		}
@@ -147,84 +189,81 @@ func (c *Cluster) Execute(ctx context.Context) (Result, error) {
 		if err != nil {
 			return err
 		}
-		o.status("%s: shim %s (%s)", n, n.Shim, hc.Version)
+		c.o.status("%s: shim %s (%s)", n, n.Shim, hc.Version)
 		return nil
-	}); err != nil {
-		return Result{Interrupted: interrupted(ctx)}, err
-	}
-	ips, gpus, err := clusterFacts(ctx, cs, o.GPUs)
-	if err != nil {
-		return res, err
-	}
-	o.status("nodes: %s (master %s)", strings.Join(ips, " "), ips[0])
-	key, err := clusterKey("tandem-" + runID[:8])
-	if err != nil {
-		return res, fmt.Errorf("job key: %w", err)
-	}
+	})
+}
 
-	// From the first submit on, every task is taken down at the end.
-	killNow := false
-	defer func() {
-		timeout := uint(5)
-		if killNow || res.Interrupted {
-			timeout = 0
-		}
-		_ = onEach(cs, func(n *clusterNode) error {
-			if err := cleanup(context.WithoutCancel(ctx), n.shim, n.id, timeout); err != nil {
-				o.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
-			}
-			return nil
-		})
-	}()
-	fail := func(err error) (Result, error) {
-		if interrupted(ctx) {
-			res.Interrupted, res.State = true, api.JobTerminated
-			o.status("interrupted: removing the run's tasks")
-			return res, ErrInterrupted
-		}
-		return res, err
+// plan picks the nodes' addresses and GPU counts and makes the job's key.
+func (c *Cluster) plan(ctx context.Context) error {
+	ips, gpus, err := clusterFacts(ctx, c.cs, c.o.GPUs)
+	if err != nil {
+		return err
 	}
-	if err := onEach(cs, func(n *clusterNode) error {
-		cfg := taskConfig(o, n.id, n.name)
+	c.o.status("nodes: %s (master %s)", strings.Join(ips, " "), ips[0])
+	key, err := clusterKey("tandem-" + c.runID[:8])
+	if err != nil {
+		return fmt.Errorf("job key: %w", err)
+	}
+	c.ips, c.gpus, c.key = ips, gpus, key
+	return nil
+}
+
+// bringUp submits every node's task and waits until its runner answers.
+func (c *Cluster) bringUp(ctx context.Context) error {
+	return onEach(c.cs, func(n *clusterNode) error {
+		cfg := taskConfig(c.o, n.id, n.name)
 		_, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, n.shim.SubmitTask(ctx, cfg) })
 		if err != nil {
 			return fmt.Errorf("the shim rejected the task: %w", err)
 		}
-		info, err := waitTask(ctx, n.shim, n.id, o)
+		info, err := waitTask(ctx, n.shim, n.id, c.o)
 		if err != nil {
 			return err
 		}
 		if info.Status == api.TaskTerminated {
-			return taskEnded(info, o.Network)
+			return taskEnded(info, c.o.Network)
 		}
 		n.info = info
-		n.runner, err = readyRunner(ctx, n.Shim, info, o.RunnerPort, n.Dial)
+		n.runner, err = readyRunner(ctx, n.Shim, info, c.o.RunnerPort, n.Dial)
 		return err
+	})
+}
+
+// startJobs gives every node its job before any starts (a master's
+// launcher finds the others' SSH servers taking the job key), then starts
+// the workers and last the master.
+func (c *Cluster) startJobs(ctx context.Context) error {
+	if err := onEach(c.cs, func(n *clusterNode) error {
+		return prepareJob(ctx, n.runner, c.o, clusterBody(c.o, c.runID, c.name, n, c.ips, c.gpus, c.key))
 	}); err != nil {
-		return fail(err)
+		return err
 	}
-	// Every node has its job before any starts: a master's launcher finds
-	// the others' SSH servers taking the job key.
-	if err := onEach(cs, func(n *clusterNode) error {
-		return prepareJob(ctx, n.runner, o, clusterBody(o, runID, name, n, ips, gpus, key))
-	}); err != nil {
-		return fail(err)
+	if err := onEach(c.cs[1:], func(n *clusterNode) error { return startJob(ctx, n.runner, RunOptions{}) }); err != nil {
+		return err
 	}
-	if err := onEach(cs[1:], func(n *clusterNode) error { return startJob(ctx, n.runner, RunOptions{}) }); err != nil {
-		return fail(err)
+	if err := startJob(ctx, c.cs[0].runner, c.o); err != nil {
+		return fmt.Errorf("%s: %w", c.cs[0], err)
 	}
-	if err := startJob(ctx, cs[0].runner, o); err != nil {
-		return fail(fmt.Errorf("%s: %w", cs[0], err))
+	return nil
+}
+
+// removeAll terminates (with a 5 s grace, none when now) and removes every
+// node's task; one that cannot be removed is an EventTaskLeft.
+func (c *Cluster) removeAll(ctx context.Context, now bool) {
+	timeout := uint(5)
+	if now {
+		timeout = 0
 	}
-	c.started()
-	if interrupted(ctx) {
-		return fail(ErrInterrupted)
-	}
-	if o.Started != nil {
-		o.Started(cs[0].info)
-	}
-	res, killNow = followCluster(ctx, cs, c.stops, o, res)
-	return res, nil
+	_ = onEach(c.cs, func(n *clusterNode) error {
+		if n.shim == nil {
+			return nil
+		}
+		if err := cleanup(ctx, n.shim, n.id, timeout); err != nil {
+			c.o.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
+		}
+		return nil
+	})
 }
 
 // clusterFacts finds each node's address on the network the nodes share

@@ -60,3 +60,28 @@ func TestNewRunNeedsACommand(t *testing.T) {
 		t.Fatalf("defaults: network %q id %q name %q", r.o.Network, r.ID(), r.Name())
 	}
 }
+
+func TestNewClusterChecks(t *testing.T) {
+	two := []Node{{Shim: "10.0.0.1:10998"}, {Shim: "10.0.0.2:10998"}}
+	cmd := []string{"true"}
+	for name, tc := range map[string]struct {
+		o     RunOptions
+		nodes []Node
+	}{
+		"one node":       {RunOptions{Commands: cmd}, two[:1]},
+		"no command":     {RunOptions{}, two},
+		"detached":       {RunOptions{Commands: cmd, Detach: true}, two},
+		"bridge network": {RunOptions{Commands: cmd, Network: "bridge"}, two},
+	} {
+		if _, err := NewCluster(tc.o, tc.nodes); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	c, err := NewCluster(RunOptions{Commands: cmd, Name: "train"}, two)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.o.Network != "host" || len(c.cs) != 2 || c.cs[1].name != "train-1" || c.cs[0].Label != two[0].Shim || c.cs[0].id == c.cs[1].id {
+		t.Fatalf("cluster: network %q nodes %+v", c.o.Network, c.cs)
+	}
+}

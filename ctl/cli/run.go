@@ -116,8 +116,11 @@ func runAction(c *cli.Context) error {
 		Stop()
 	}
 	if len(cluster) > 1 {
-		run = ctl.NewCluster(o, cluster)
-	} else if run, err = ctl.NewRun(o); err != nil {
+		run, err = ctl.NewCluster(o, cluster)
+	} else {
+		run, err = ctl.NewRun(o)
+	}
+	if err != nil {
 		return exitError{ctl.ExitFailure, errText(err)}
 	}
 	// The first Ctrl-C stops the run gracefully, the second ends it now.
