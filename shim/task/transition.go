@@ -40,8 +40,10 @@ type change struct {
 	reason api.TerminationReason
 	msg    string
 	// recovered: recovery settles a restored record. A stop request that
-	// the record carries does not block the step (the container exists
-	// either way; the request is carried out once it is watched again).
+	// the record carries does not block the step: the container exists
+	// either way, a terminate that the restart cut short is retried by its
+	// caller and then finds it running, and its reason is the one the task
+	// ends with.
 	recovered bool
 	persist   persist
 	// last: nothing more runs for the task after this change; done is
