@@ -9,4 +9,13 @@ if [ -n "$left" ]; then
 	echo "$left" >&2
 	exit 1
 fi
+# Nor a mount under a test's temp dir (a test dockerd's netns or root, a
+# volume test's loop mount): a killed run leaves them behind and they pin
+# the disk.
+mounts=$(awk '$2 ~ "^/tmp/(tandem-|Test)" {print $2}' /proc/self/mounts || true)
+if [ -n "$mounts" ]; then
+	echo "leftovers: mounts under test temp dirs are still there (umount -l each):" >&2
+	echo "$mounts" >&2
+	exit 1
+fi
 echo "leftovers: none" >&2
