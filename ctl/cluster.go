@@ -251,15 +251,11 @@ func (c *Cluster) startJobs(ctx context.Context) error {
 // removeAll terminates (with a 5 s grace, none when now) and removes every
 // node's task; one that cannot be removed is an EventTaskLeft.
 func (c *Cluster) removeAll(ctx context.Context, now bool) {
-	timeout := uint(5)
-	if now {
-		timeout = 0
-	}
 	_ = onEach(c.cs, func(n *clusterNode) error {
 		if n.shim == nil {
 			return nil
 		}
-		if err := cleanup(ctx, n.shim, n.id, timeout); err != nil {
+		if err := cleanup(ctx, n.shim, n.id, stopGrace(now)); err != nil {
 			c.o.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
 		}
 		return nil

@@ -230,11 +230,16 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 // Remove terminates the task (with a 5 s grace, none when now) and
 // removes it; a task already gone is fine.
 func (r *Run) Remove(ctx context.Context, now bool) error {
-	timeout := uint(5)
+	return cleanup(ctx, r.shim, r.id, stopGrace(now))
+}
+
+// stopGrace is the seconds a run's job gets to stop when its task is
+// removed: 5, or none when the run is ended now (an interrupt, a kill).
+func stopGrace(now bool) uint {
 	if now {
-		timeout = 0
+		return 0
 	}
-	return cleanup(ctx, r.shim, r.id, timeout)
+	return 5
 }
 
 // Execute takes the run's steps in order and, unless it detaches, removes

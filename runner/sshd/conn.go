@@ -14,10 +14,11 @@ import (
 // forwards, channels) finds the same value.
 type connection struct {
 	mu sync.Mutex // guards the fields below but channels
-	// login is the connection's user, resolved once by Server.login and
-	// reused for every key tried, session and forward.
-	login    *account.Login
-	loginErr error
+	// login is the connection's user, resolved once by Server.login
+	// (loginDone) and reused for every key tried, session and forward.
+	login     account.Login
+	loginErr  error
+	loginDone bool
 	// grants is what each authorized key line grants, by key fingerprint;
 	// set during auth (the first line that admits a key wins) and read by
 	// grant.

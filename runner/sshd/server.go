@@ -329,16 +329,11 @@ func (s *Server) login(ctx gssh.Context) (account.Login, error) {
 	c := connOf(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.login != nil || c.loginErr != nil {
-		var l account.Login
-		if c.login != nil {
-			l = *c.login
-		}
-		return l, c.loginErr
+	if !c.loginDone {
+		c.login, c.loginErr = s.cfg.Accounts.Login(ctx.User())
+		c.loginDone = true
 	}
-	l, err := s.cfg.Accounts.Login(ctx.User())
-	c.login, c.loginErr = &l, err
-	return l, err
+	return c.login, c.loginErr
 }
 
 // grant returns what the connection's authenticated key grants. Anything

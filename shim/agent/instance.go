@@ -55,9 +55,16 @@ type recovered struct{ done <-chan struct{} }
 
 func (r recovered) Ready(ctx context.Context) error {
 	select {
+	case <-r.done: // every task call after start-up: no timer
+		return nil
+	default:
+	}
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
 	case <-r.done:
 		return nil
-	case <-time.After(10 * time.Second):
+	case <-t.C:
 		return task.ErrNotReady
 	case <-ctx.Done():
 		return ctx.Err()
