@@ -18,10 +18,10 @@ func TestDecideRecord(t *testing.T) {
 		{"running", recordView{readable: true, status: api.TaskRunning, hasContainer: true}, actHold},
 		{"running, record without id (older write)", recordView{readable: true, status: api.TaskRunning}, actHold},
 		{"creating, container id recorded (record one step behind)", recordView{readable: true, status: api.TaskCreating, hasContainer: true}, actHold},
-		{"creating, no container id yet", recordView{readable: true, status: api.TaskCreating}, actFailNeverRan},
-		{"pending", recordView{readable: true, status: api.TaskPending}, actFailNeverRan},
-		{"preparing", recordView{readable: true, status: api.TaskPreparing}, actFailNeverRan},
-		{"pulling", recordView{readable: true, status: api.TaskPulling}, actFailNeverRan},
+		{"creating, no container id yet", recordView{readable: true, status: api.TaskCreating}, actProbe},
+		{"pending", recordView{readable: true, status: api.TaskPending}, actProbe},
+		{"preparing (running not written yet)", recordView{readable: true, status: api.TaskPreparing}, actProbe},
+		{"pulling", recordView{readable: true, status: api.TaskPulling}, actProbe},
 	}
 	for _, tc := range tests {
 		if got := decideRecord(tc.r); got != tc.want {
@@ -39,6 +39,9 @@ func TestDecideHeld(t *testing.T) {
 		{"container gone", containerView{}, actEndGone},
 		{"created, never started (shim died between create and start)", containerView{found: true, neverStarted: true}, actEndNeverStarted},
 		{"running or stopped: watched (a stopped one ends with its code)", containerView{found: true}, actAttach},
+		{"probed, no container: the pipeline died before create", containerView{probed: true}, actFailNeverRan},
+		{"probed, created, never started", containerView{found: true, neverStarted: true, probed: true}, actEndNeverStarted},
+		{"probed, started: the record lagged, the job runs", containerView{found: true, probed: true}, actAttach},
 	}
 	for _, tc := range tests {
 		if got := decideHeld(tc.c); got != tc.want {

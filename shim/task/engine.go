@@ -195,6 +195,9 @@ type task struct {
 	volumes   []string                  // volumes that may be mounted for it
 	released  bool                      // GPUs and keys given back
 	watched   bool                      // a goroutine waits for its container
+	// probing: restored from a record before running; Docker has not yet
+	// said whether its container started (recovery case 2).
+	probing bool
 	// noContainer: the pipeline never reached create, so Docker holds
 	// nothing of this task and removing it needs no Docker (which may be
 	// the very thing that is missing).

@@ -24,13 +24,15 @@ type stepRuntime struct {
 	reached map[string]chan struct{}
 	created map[string]bool // live containers by id
 	names   map[string]string
+	gpus    map[string][]string // the GPUs a container's device request names
+	idle    map[string]bool     // created and never started (neverStarted)
 	exit    map[string]chan int
 	n       int
 }
 
 func newStepRuntime() *stepRuntime {
 	return &stepRuntime{hold: map[string]chan struct{}{}, reached: map[string]chan struct{}{},
-		created: map[string]bool{}, names: map[string]string{}, exit: map[string]chan int{}}
+		created: map[string]bool{}, names: map[string]string{}, exit: map[string]chan int{}, gpus: map[string][]string{}, idle: map[string]bool{}}
 }
 
 // holdAt makes the next call of step block until the returned func is called.
@@ -76,6 +78,9 @@ func (r *stepRuntime) Create(ctx context.Context, s ContainerSpec) (string, erro
 	r.n++
 	id := "c" + string(rune('0'+r.n))
 	r.created[id], r.names[s.Name], r.exit[id] = true, id, make(chan int, 1)
+	if s.GPUs != nil {
+		r.gpus[id] = s.GPUs.DeviceIDs
+	}
 	return id, nil
 }
 func (r *stepRuntime) Start(ctx context.Context, id string) error { return r.step(ctx, "start") }
@@ -334,20 +339,35 @@ func TestSubmitErrorsAreClassified(t *testing.T) {
 	}
 }
 
+// neverStarted marks a container as created and never started.
+func (r *stepRuntime) neverStarted(id string) {
+	r.mu.Lock()
+	r.idle[id] = true
+	r.mu.Unlock()
+}
+
 func (r *stepRuntime) state(id string) ContainerState {
+	if r.idle[id] {
+		return ContainerState{ID: id, Name: r.nameOf(id), NeverStarted: true, Ports: []api.PortMapping{}}
+	}
 	ch := r.exit[id]
-	st := ContainerState{ID: id, Running: len(ch) == 0, Ports: []api.PortMapping{}}
+	st := ContainerState{ID: id, Running: len(ch) == 0, Ports: []api.PortMapping{}, GPUIDs: r.gpus[id]}
 	if !st.Running {
 		code := <-ch
 		ch <- code
 		st.ExitCode = code
 	}
+	st.Name = r.nameOf(id)
+	return st
+}
+
+func (r *stepRuntime) nameOf(id string) string {
 	for name, cid := range r.names {
 		if cid == id {
-			st.Name = name
+			return name
 		}
 	}
-	return st
+	return ""
 }
 
 func (r *stepRuntime) Containers(context.Context) ([]ContainerState, error) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -18,12 +19,14 @@ import (
 //  1. Record terminated: kept as is; if its resources were not released
 //     (the shim died in between), they are released now.
 //  2. Record before running (pending … pulling, or creating with no
-//     container id yet): the pipeline died with the shim. The task ends
-//     executor_error saying so; a container it may have created is removed;
-//     resources are released. A creating record that names its container is
-//     settled like 3–5 (the shim may have died just after starting it); a
-//     container that was never started is removed and the task ends
-//     executor_error.
+//     container id yet): the pipeline died with the shim, but maybe after
+//     it started the container (running is written in the background, so
+//     the record can lag what the server was told). The task keeps its
+//     status and what the record says it holds until Docker answers: a
+//     started container is re-attached like 3–4; one never started is
+//     removed and the task ends executor_error; no container ends it
+//     executor_error saying the shim restarted before it started. A
+//     creating record that names its container is settled like 3–5.
 //  3. Record running, container running: re-attached. GPUs are re-locked
 //     from the record (not recomputed), ports re-read, exit watched.
 //  4. Record running, container stopped: terminated with its exit code and
@@ -78,11 +81,13 @@ func (e *Engine) Restore(ctx context.Context) error {
 			for _, r := range e.resources {
 				r.reclaim(t, log)
 			}
-		case actFailNeverRan:
-			if t.name != "" {
-				e.cleanup(ctx, log, "remove the container of a task that never ran", func(ctx context.Context) error { return e.rt.Remove(ctx, t.name) })
+		case actProbe:
+			t.mu.Lock()
+			t.probing = true
+			t.mu.Unlock()
+			for _, r := range e.resources {
+				r.reclaim(t, log)
 			}
-			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before the task's container started; submit it again"})
 		}
 		e.mustSave(t)
 	}
@@ -159,7 +164,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	var pending []*task
 	for _, t := range all {
 		t.mu.Lock()
-		if t.status == api.TaskRunning && !t.watched {
+		if (t.status == api.TaskRunning || t.probing && t.status != api.TaskTerminated) && !t.watched {
 			t.watched = true
 			pending = append(pending, t)
 		}
@@ -168,19 +173,26 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	for _, t := range pending {
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
 		t.mu.Lock()
-		contID := t.contID
+		contID, probed := t.contID, t.probing
 		t.mu.Unlock()
 		c, ok := byID[contID]
 		if !ok {
 			c, ok = byName[t.name]
 		}
-		switch decideHeld(containerView{found: ok, neverStarted: c.NeverStarted}) {
+		a := decideHeld(containerView{found: ok, neverStarted: c.NeverStarted, probed: probed})
+		log.Debug("recovery", "action", a, "container_id", c.ID)
+		switch a {
 		case actEndGone:
 			e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared while the shim was down"})
+		case actFailNeverRan:
+			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before the task's container started; submit it again"})
 		case actEndNeverStarted:
 			e.cleanup(ctx, log, "remove a container that never started", func(ctx context.Context) error { return e.rt.Remove(ctx, c.ID) })
 			e.end(t, log, failure{api.ReasonExecutorError, "the shim restarted before starting the container; submit it again"})
 		case actAttach: // a stopped container ends at once in watch
+			if probed && !e.settleProbed(t, c, log) {
+				continue
+			}
 			t.mu.Lock()
 			t.contID = c.ID
 			if c.Ports != nil {
@@ -201,6 +213,30 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		e.adopt(c) // decides again under the lock: the task table may have moved
 	}
 	return nil
+}
+
+// settleProbed moves a probed task whose container started to running: the
+// record lagged, the job runs. GPUs the record did not list yet are taken
+// from the container's label and locked with the rest. It reports false
+// when the task cannot be settled (it is ended instead).
+func (e *Engine) settleProbed(t *task, c ContainerState, log *slog.Logger) bool {
+	err := e.transition(t, change{to: api.TaskRunning, recovered: true, update: func() {
+		t.probing, t.contID = false, c.ID
+		if len(t.gpuIDs) == 0 && len(c.GPUIDs) > 0 {
+			t.gpuIDs = slices.Clone(c.GPUIDs)
+		}
+	}})
+	if err != nil {
+		log.Error("recovery cannot settle the task as running", "err", err)
+		e.cleanup(context.Background(), log, "stop the container of a task that cannot be settled", func(ctx context.Context) error { return e.rt.Stop(ctx, c.ID, 0) })
+		e.end(t, log, failure{api.ReasonExecutorError, fmt.Sprintf("the shim restarted while the task started and cannot settle it: %v", err)})
+		return false
+	}
+	for _, r := range e.resources {
+		r.reclaim(t, log)
+	}
+	log.Info("the task's container started before the shim restarted; its record lagged", "container_id", c.ID)
+	return true
 }
 
 // follow watches an attached task's container in the background.

@@ -2,12 +2,15 @@ package task
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,4 +237,148 @@ func TestTaskWithoutContainerIsRemovedWithoutDocker(t *testing.T) {
 	if e3.restored(l).noContainer {
 		t.Fatal("a creating record must not be trusted to have no container")
 	}
+}
+
+// TestRestoreProbesARecordBeforeRunning: running is written in the
+// background, so a shim killed just after starting a container leaves a
+// record that still says preparing while the server was told running. The
+// restarted shim asks Docker: the started container is re-attached with its
+// GPU (taken from the container, the record had none yet) locked again; a
+// record with no container ends executor_error; one created and never
+// started is removed.
+func TestRestoreProbesARecordBeforeRunning(t *testing.T) {
+	rt := newStepRuntime()
+	e1, _ := newEngine(t, rt, "g0", "g1")
+	e1.cfg.GPUVendor = api.GPUVendorNVIDIA // the container's device request names its GPU
+	if _, err := e1.Submit(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1}); err != nil {
+		t.Fatal(err)
+	}
+	ia := waitStatus(t, e1, "a", api.TaskRunning)
+	e1.Sync()
+	// The record as the kill left it: the running write never landed.
+	lag := func(id string, status api.TaskStatus) {
+		path := filepath.Join(e1.cfg.Home, "tasks", id+".json")
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec record
+		if err := json.Unmarshal(b, &rec); err != nil {
+			t.Fatal(err)
+		}
+		rec.Status, rec.ContainerID, rec.GPUIDs, rec.Ports = status, "", nil, nil
+		if err := e1.recs.save(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lag("a", api.TaskPreparing)
+	// b: its pipeline died mid-pull, no container. c: created, never started.
+	for _, id := range []string{"b", "c"} {
+		cfg := api.TaskConfig{ID: id, Name: id, ImageName: "img"}
+		if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskPulling, ContainerName: ContainerName(id, id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := rt.Create(context.Background(), ContainerSpec{Name: ContainerName("c", "c")}); err != nil {
+		t.Fatal(err)
+	}
+	rt.mu.Lock()
+	cID := rt.names[ContainerName("c", "c")]
+	rt.mu.Unlock()
+	rt.neverStarted(cID)
+
+	locks := gpu.NewLocks([]string{"g0", "g1"})
+	e2 := New(e1.cfg, rt, locks, nil, logging.Discard())
+	t.Cleanup(e2.Sync)
+	if err := e2.Restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ra, err := e2.Get("a")
+	if err != nil || ra.Status != api.TaskRunning || ra.ContainerID != ia.ContainerID || fmt.Sprint(ra.GPUIDs) != fmt.Sprint(ia.GPUIDs) {
+		t.Fatalf("a lagging record must be re-attached:\n was %+v\n now %+v %v", ia, ra, err)
+	}
+	if locks.Free() != 1 {
+		t.Fatalf("the re-attached task's GPU must be locked: free=%d", locks.Free())
+	}
+	rb, _ := e2.Get("b")
+	if rb.Status != api.TaskTerminated || rb.TerminationReason != api.ReasonExecutorError || !strings.Contains(rb.TerminationMessage, "before the task's container started") {
+		t.Fatalf("b: %+v", rb)
+	}
+	rc, _ := e2.Get("c")
+	if rc.Status != api.TaskTerminated || rc.TerminationReason != api.ReasonExecutorError {
+		t.Fatalf("c: %+v", rc)
+	}
+	rt.mu.Lock()
+	cLeft := rt.created[cID]
+	rt.mu.Unlock()
+	if cLeft {
+		t.Fatal("a container that never started must be removed")
+	}
+	// The settled record is written: a second restart finds it running.
+	e2.Sync()
+	if b, _ := os.ReadFile(filepath.Join(e1.cfg.Home, "tasks", "a.json")); !strings.Contains(string(b), `"status":"running"`) || !strings.Contains(string(b), ia.ContainerID) {
+		t.Fatalf("record after settling: %s", b)
+	}
+	if _, err := e2.Terminate(context.Background(), "a", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser}); err != nil {
+		t.Fatal(err)
+	}
+	if locks.Free() != 2 {
+		t.Fatalf("free after a ended: %d", locks.Free())
+	}
+}
+
+// TestProbedTaskWaitsForDocker: with Docker down at restart, a record before
+// running keeps its status (neither ended nor called running) and what it
+// holds stays claimed; once Docker answers, Reconcile settles it.
+func TestProbedTaskWaitsForDocker(t *testing.T) {
+	rt := newStepRuntime()
+	e1, _ := newEngine(t, rt, "g0")
+	cfg := api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1}
+	if _, err := e1.Submit(cfg); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e1, "a", api.TaskRunning)
+	e1.Sync()
+	if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskCreating, ContainerName: ContainerName("a", "a"), GPUIDs: []string{"g0"}}); err != nil {
+		t.Fatal(err)
+	}
+	down := &flakyContainers{stepRuntime: rt, down: true}
+	locks := gpu.NewLocks([]string{"g0"})
+	e2 := New(e1.cfg, down, locks, nil, logging.Discard())
+	t.Cleanup(e2.Sync)
+	if err := e2.Restore(context.Background()); err == nil {
+		t.Fatal("restore must report that Docker did not answer")
+	}
+	if info, _ := e2.Get("a"); info.Status != api.TaskCreating {
+		t.Fatalf("before Docker answers: %+v", info)
+	}
+	if locks.Free() != 0 {
+		t.Fatal("the recorded GPU must stay claimed while Docker is asked")
+	}
+	down.setDown(false)
+	if err := e2.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := e2.Get("a"); info.Status != api.TaskRunning {
+		t.Fatalf("after Docker answered: %+v", info)
+	}
+}
+
+// flakyContainers is a runtime whose container list fails while down.
+type flakyContainers struct {
+	*stepRuntime
+	mu   sync.Mutex
+	down bool
+}
+
+func (f *flakyContainers) setDown(v bool) { f.mu.Lock(); f.down = v; f.mu.Unlock() }
+
+func (f *flakyContainers) Containers(ctx context.Context) ([]ContainerState, error) {
+	f.mu.Lock()
+	down := f.down
+	f.mu.Unlock()
+	if down {
+		return nil, errors.New("Cannot connect to the Docker daemon")
+	}
+	return f.stepRuntime.Containers(ctx)
 }

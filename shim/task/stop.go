@@ -39,6 +39,11 @@ func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminate
 		t.stopReq = &r
 	}
 	status, contID := t.status, t.contID
+	if t.probing {
+		// Restored before running and Docker has not answered yet: a
+		// container may run under the task's name.
+		status, contID = api.TaskRunning, t.name
+	}
 	t.mu.Unlock()
 	e.mustSave(t) // the reason must survive a restart: retried until written
 

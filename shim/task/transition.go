@@ -39,7 +39,8 @@ type change struct {
 	// reason and msg say why a task terminated (to == terminated only).
 	reason api.TerminationReason
 	msg    string
-	// recovered: recovery settles a restored record. A stop request that
+	// recovered: recovery settles a restored record; it may skip steps to
+	// running (the record lagged the container). A stop request that
 	// the record carries does not block the step: the container exists
 	// either way, a terminate that the restart cut short is retried by its
 	// caller and then finds it running, and its reason is the one the task
@@ -97,7 +98,10 @@ func applyLocked(t *task, c change) error {
 		t.status, t.reason, t.message = api.TaskTerminated, reason, msg
 		return nil
 	}
-	if !t.status.CanTransitionTo(c.to) {
+	// Recovery may skip steps: a record written before running lags a
+	// container that Docker says started.
+	skip := c.recovered && c.to == api.TaskRunning && t.status != api.TaskRunning && t.status != api.TaskTerminated
+	if !t.status.CanTransitionTo(c.to) && !skip {
 		return fmt.Errorf("%w: %s -> %s", errTransition, t.status, c.to)
 	}
 	// A pending terminate blocks every step forward: the pipeline winds down.
