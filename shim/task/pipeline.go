@@ -221,8 +221,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	t.mu.Unlock()
 	// The id is written with running, right after the start. Writing it
 	// here put an fsync beside Docker's own start and cost 6-16 ms of it
-	// (issue 30); a shim that dies during the start leaves a record
-	// without the id, and recovery removes the container by its name
+	// (issue 30); a shim that dies during the start, or before running's
+	// background write lands, leaves a record without the id: recovery
+	// finds the container by its name and re-attaches it if it started
 	// (case 2 in recover.go).
 	if ctx.Err() != nil {
 		return aborted()
