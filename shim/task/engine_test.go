@@ -95,9 +95,13 @@ func (r *stepRuntime) Wait(ctx context.Context, id string) (int, error) {
 	ch <- code
 	return code, nil
 }
+// Stop takes a name or an id, as Docker does.
 func (r *stepRuntime) Stop(ctx context.Context, id string, _ time.Duration) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if byName, ok := r.names[id]; ok {
+		id = byName
+	}
 	select {
 	case r.exit[id] <- 137:
 	default:

@@ -362,6 +362,27 @@ func TestProbedTaskWaitsForDocker(t *testing.T) {
 	if info, _ := e2.Get("a"); info.Status != api.TaskRunning {
 		t.Fatalf("after Docker answered: %+v", info)
 	}
+
+	// A terminate while the task is still probed stops its container by
+	// name and settles it at once: ended with the stop's reason, its GPU
+	// given back.
+	e3 := New(e1.cfg, &flakyContainers{stepRuntime: rt, down: true}, gpu.NewLocks([]string{"g0"}), nil, logging.Discard())
+	t.Cleanup(e3.Sync)
+	e2.Sync()
+	if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskCreating, ContainerName: ContainerName("a", "a"), GPUIDs: []string{"g0"}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = e3.Restore(context.Background())
+	e3.rt.(*flakyContainers).setDown(false)
+	info, err := e3.Terminate(context.Background(), "a", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser})
+	if err != nil || info.Status != api.TaskTerminated || info.TerminationReason != api.ReasonTerminatedByUser {
+		t.Fatalf("terminate of a probed task: %+v %v", info, err)
+	}
+	// Only the settled path gives the GPU back (a terminate that timed
+	// out waiting would not).
+	if e3.gpus.Free() != 1 {
+		t.Fatal("the terminated task's GPU must be given back")
+	}
 }
 
 // flakyContainers is a runtime whose container list fails while down.

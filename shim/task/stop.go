@@ -38,8 +38,8 @@ func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminate
 		r := req
 		t.stopReq = &r
 	}
-	status, contID := t.status, t.contID
-	if t.probing {
+	status, contID, probing := t.status, t.contID, t.probing
+	if probing {
 		// Restored before running and Docker has not answered yet: a
 		// container may run under the task's name.
 		status, contID = api.TaskRunning, t.name
@@ -51,6 +51,14 @@ func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminate
 	if status == api.TaskRunning && contID != "" {
 		if err := e.rt.Stop(ctx, contID, time.Duration(req.Timeout)*time.Second); err != nil {
 			return api.TaskInfoResponse{}, &StopError{Err: err}
+		}
+	}
+	if probing {
+		// Docker answers again: settle the task now (it ends with the
+		// stop's reason and gives back what it holds) rather than at
+		// the next reconcile tick.
+		if err := e.Reconcile(ctx); err != nil {
+			e.log.Warn("settle a restored task on terminate", "task_id", id, "err", err)
 		}
 	}
 	select {
