@@ -95,6 +95,7 @@ func (r *stepRuntime) Wait(ctx context.Context, id string) (int, error) {
 	ch <- code
 	return code, nil
 }
+
 // Stop takes a name or an id, as Docker does.
 func (r *stepRuntime) Stop(ctx context.Context, id string, _ time.Duration) error {
 	r.mu.Lock()
