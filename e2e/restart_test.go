@@ -267,6 +267,52 @@ func TestShimKill9Loop(t *testing.T) {
 	}
 }
 
+// TestShimKill9AsTaskRuns kills the shim the moment a task reads running,
+// before the running step's background record write can land: the record
+// may still say preparing. The restarted shim must ask Docker and re-attach
+// the started container, never end the job on the record's word.
+func TestShimKill9AsTaskRuns(t *testing.T) {
+	cycles := 8
+	if testing.Short() {
+		cycles = 2
+	}
+	p := newShimProc(t, runnerScript(t, exitOnFile))
+	p.start()
+	img := testenv.Busybox(t)
+	ctx := context.Background()
+	for i := 0; i < cycles; i++ {
+		dir := t.TempDir()
+		cfg := api.TaskConfig{ID: randomID("race"), Name: "rs-" + strings.ToLower(randomID("r")), ImageName: img,
+			InstanceMounts: []api.InstanceMountPoint{{InstancePath: dir, Path: "/ctl"}}}
+		if err := p.client.SubmitTask(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		var seen api.TaskInfoResponse
+		for deadline := time.Now().Add(time.Minute); ; {
+			info, err := p.client.GetTask(ctx, cfg.ID)
+			if err == nil && info.Status == api.TaskRunning {
+				seen = info
+				break
+			}
+			if (err == nil && info.Status == api.TaskTerminated) || time.Now().After(deadline) {
+				t.Fatalf("cycle %d: %+v %v", i, info, err)
+			}
+		}
+		p.kill9()
+		p.start()
+		if info, err := p.client.GetTask(ctx, cfg.ID); err != nil || info.Status != api.TaskRunning || info.ContainerID != seen.ContainerID {
+			t.Fatalf("cycle %d: the task was running when the shim died; after the restart: %+v %v", i, info, err)
+		}
+		_ = os.WriteFile(filepath.Join(dir, "exit"), []byte("0"), 0o644)
+		if info := p.waitStatus(cfg.ID, terminated); info.TerminationReason != api.ReasonDoneByRunner {
+			t.Fatalf("cycle %d: exit after the restart: %+v", i, info)
+		}
+		if err := p.client.RemoveTask(ctx, cfg.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkShimRestartWith20Tasks: shim start to serving after kill -9 with
 // 20 running tasks on disk (records read, containers re-attached).
 func BenchmarkShimRestartWith20Tasks(b *testing.B) {
