@@ -26,13 +26,25 @@ type stepRuntime struct {
 	names   map[string]string
 	gpus    map[string][]string // the GPUs a container's device request names
 	idle    map[string]bool     // created and never started (neverStarted)
-	exit    map[string]chan int
+	exit    map[string]*exitState
 	n       int
+}
+
+// exitState is a test container's exit: done is closed once, code set
+// before it, so any number of waiters see the same exit.
+type exitState struct {
+	once sync.Once
+	done chan struct{}
+	code int
+}
+
+func (x *exitState) stop(code int) {
+	x.once.Do(func() { x.code = code; close(x.done) })
 }
 
 func newStepRuntime() *stepRuntime {
 	return &stepRuntime{hold: map[string]chan struct{}{}, reached: map[string]chan struct{}{},
-		created: map[string]bool{}, names: map[string]string{}, exit: map[string]chan int{}, gpus: map[string][]string{}, idle: map[string]bool{}}
+		created: map[string]bool{}, names: map[string]string{}, exit: map[string]*exitState{}, gpus: map[string][]string{}, idle: map[string]bool{}}
 }
 
 // holdAt makes the next call of step block until the returned func is called.
@@ -77,7 +89,7 @@ func (r *stepRuntime) Create(ctx context.Context, s ContainerSpec) (string, erro
 	defer r.mu.Unlock()
 	r.n++
 	id := "c" + string(rune('0'+r.n))
-	r.created[id], r.names[s.Name], r.exit[id] = true, id, make(chan int, 1)
+	r.created[id], r.names[s.Name], r.exit[id] = true, id, &exitState{done: make(chan struct{})}
 	if s.GPUs != nil {
 		r.gpus[id] = s.GPUs.DeviceIDs
 	}
@@ -89,11 +101,13 @@ func (r *stepRuntime) Ports(ctx context.Context, id string) ([]api.PortMapping, 
 }
 func (r *stepRuntime) Wait(ctx context.Context, id string) (int, error) {
 	r.mu.Lock()
-	ch := r.exit[id]
+	x := r.exit[id]
 	r.mu.Unlock()
-	code := <-ch
-	ch <- code
-	return code, nil
+	if x == nil {
+		return -1, ErrContainerGone
+	}
+	<-x.done
+	return x.code, nil
 }
 
 // Stop takes a name or an id, as Docker does.
@@ -103,9 +117,8 @@ func (r *stepRuntime) Stop(ctx context.Context, id string, _ time.Duration) erro
 	if byName, ok := r.names[id]; ok {
 		id = byName
 	}
-	select {
-	case r.exit[id] <- 137:
-	default:
+	if x := r.exit[id]; x != nil {
+		x.stop(137)
 	}
 	return nil
 }
@@ -355,12 +368,12 @@ func (r *stepRuntime) state(id string) ContainerState {
 	if r.idle[id] {
 		return ContainerState{ID: id, Name: r.nameOf(id), NeverStarted: true, Ports: []api.PortMapping{}}
 	}
-	ch := r.exit[id]
-	st := ContainerState{ID: id, Running: len(ch) == 0, Ports: []api.PortMapping{}, GPUIDs: r.gpus[id]}
-	if !st.Running {
-		code := <-ch
-		ch <- code
-		st.ExitCode = code
+	x := r.exit[id]
+	st := ContainerState{ID: id, Running: true, Ports: []api.PortMapping{}, GPUIDs: r.gpus[id]}
+	select {
+	case <-x.done:
+		st.Running, st.ExitCode = false, x.code
+	default:
 	}
 	st.Name = r.nameOf(id)
 	return st

@@ -373,6 +373,16 @@ func TestProbedTaskWaitsForDocker(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = e3.Restore(context.Background())
+	// Docker still without a list of containers: nothing can say whether
+	// it runs, so the terminate fails (the server retries) and the task
+	// keeps its status.
+	var stopErr *StopError
+	if _, err := e3.Terminate(context.Background(), "a", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser}); !errors.As(err, &stopErr) {
+		t.Fatalf("terminate while Docker cannot list: %v", err)
+	}
+	if info, _ := e3.Get("a"); info.Status != api.TaskCreating {
+		t.Fatalf("after a failed terminate: %+v", info)
+	}
 	e3.rt.(*flakyContainers).setDown(false)
 	info, err := e3.Terminate(context.Background(), "a", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser})
 	if err != nil || info.Status != api.TaskTerminated || info.TerminationReason != api.ReasonTerminatedByUser {

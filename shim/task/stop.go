@@ -55,10 +55,12 @@ func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminate
 	}
 	if probing {
 		// Docker answers again: settle the task now (it ends with the
-		// stop's reason and gives back what it holds) rather than at
-		// the next reconcile tick.
+		// stop's reason and gives back what it holds). Without an answer
+		// nothing could say whether its container runs, so the caller
+		// is told to retry, as for a running task whose stop failed;
+		// the stop request is kept.
 		if err := e.Reconcile(ctx); err != nil {
-			e.log.Warn("settle a restored task on terminate", "task_id", id, "err", err)
+			return api.TaskInfoResponse{}, &StopError{Err: err}
 		}
 	}
 	select {
