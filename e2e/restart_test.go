@@ -95,6 +95,30 @@ func (p *shimProc) waitStatus(id string, ok func(api.TaskInfoResponse) bool) api
 // exitOnFile is a stand-in runner that runs until /ctl/exit holds its code.
 const exitOnFile = `while [ ! -f /ctl/exit ]; do sleep 0.1; done; exit "$(cat /ctl/exit)"`
 
+// exitOnFileShim is a started shim whose stand-in runner is exitOnFile, and
+// the image its tasks use.
+func exitOnFileShim(t *testing.T) (*shimProc, string) {
+	p := newShimProc(t, runnerScript(t, exitOnFile))
+	p.start()
+	return p, testenv.Busybox(t)
+}
+
+// cyclesOr is n, or short under -short.
+func cyclesOr(n, short int) int {
+	if testing.Short() {
+		return short
+	}
+	return n
+}
+
+// exitOnFileTask is a task for an exitOnFile runner, with the host dir whose
+// "exit" file ends it.
+func exitOnFileTask(t testing.TB, img, prefix string) (api.TaskConfig, string) {
+	dir := t.TempDir()
+	return api.TaskConfig{ID: randomID(prefix), Name: "rs-" + strings.ToLower(randomID(prefix[:1])), ImageName: img,
+		InstanceMounts: []api.InstanceMountPoint{{InstancePath: dir, Path: "/ctl"}}}, dir
+}
+
 func TestShimKill9Restart(t *testing.T) {
 	const username = "tandem-e2e"
 	ak := filepath.Join(hostUser(t, username), ".ssh", "authorized_keys")
@@ -220,19 +244,12 @@ func TestShimKill9Restart(t *testing.T) {
 
 // 20 kill -9 / restart cycles with 5 concurrent tasks: none is lost.
 func TestShimKill9Loop(t *testing.T) {
-	cycles := 20
-	if testing.Short() {
-		cycles = 3
-	}
-	p := newShimProc(t, runnerScript(t, exitOnFile))
-	p.start()
-	img := testenv.Busybox(t)
+	cycles := cyclesOr(20, 3)
+	p, img := exitOnFileShim(t)
 	ctx := context.Background()
 	ids := map[string]string{}
 	for i := 0; i < 5; i++ {
-		dir := t.TempDir()
-		cfg := api.TaskConfig{ID: randomID("loop"), Name: "rs-" + strings.ToLower(randomID("l")), ImageName: img,
-			InstanceMounts: []api.InstanceMountPoint{{InstancePath: dir, Path: "/ctl"}}}
+		cfg, dir := exitOnFileTask(t, img, "loop")
 		if err := p.client.SubmitTask(ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
@@ -272,18 +289,11 @@ func TestShimKill9Loop(t *testing.T) {
 // may still say preparing. The restarted shim must ask Docker and re-attach
 // the started container, never end the job on the record's word.
 func TestShimKill9AsTaskRuns(t *testing.T) {
-	cycles := 8
-	if testing.Short() {
-		cycles = 2
-	}
-	p := newShimProc(t, runnerScript(t, exitOnFile))
-	p.start()
-	img := testenv.Busybox(t)
+	cycles := cyclesOr(8, 2)
+	p, img := exitOnFileShim(t)
 	ctx := context.Background()
 	for i := 0; i < cycles; i++ {
-		dir := t.TempDir()
-		cfg := api.TaskConfig{ID: randomID("race"), Name: "rs-" + strings.ToLower(randomID("r")), ImageName: img,
-			InstanceMounts: []api.InstanceMountPoint{{InstancePath: dir, Path: "/ctl"}}}
+		cfg, dir := exitOnFileTask(t, img, "race")
 		if err := p.client.SubmitTask(ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
