@@ -63,6 +63,14 @@ func (e *Engine) end(t *task, log *slog.Logger, f failure) {
 	log.Log(context.Background(), level, "task terminated", "reason", reason, "message", f.msg)
 }
 
+// reclaim re-takes, after a restart, what t's record (or container) says
+// it holds, in acquire order, without touching the host. Harmless twice.
+func (e *Engine) reclaim(t *task, log *slog.Logger) {
+	for _, r := range e.resources {
+		r.reclaim(t, log)
+	}
+}
+
 // release gives back the task's host resources, in reverse order, exactly
 // once.
 func (e *Engine) release(t *task, log *slog.Logger) {

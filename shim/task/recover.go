@@ -78,16 +78,12 @@ func (e *Engine) Restore(ctx context.Context) error {
 					log.Error("recovery cannot settle the task as running", "err", err)
 				}
 			}
-			for _, r := range e.resources {
-				r.reclaim(t, log)
-			}
+			e.reclaim(t, log)
 		case actProbe:
 			t.mu.Lock()
 			t.probing = true
 			t.mu.Unlock()
-			for _, r := range e.resources {
-				r.reclaim(t, log)
-			}
+			e.reclaim(t, log)
 		}
 		e.mustSave(t)
 	}
@@ -232,9 +228,7 @@ func (e *Engine) settleProbed(t *task, c ContainerState, log *slog.Logger) bool 
 		e.end(t, log, failure{api.ReasonExecutorError, fmt.Sprintf("the shim restarted while the task started and cannot settle it: %v", err)})
 		return false
 	}
-	for _, r := range e.resources {
-		r.reclaim(t, log)
-	}
+	e.reclaim(t, log)
 	log.Info("the task's container started before the shim restarted; its record lagged", "container_id", c.ID)
 	return true
 }
@@ -284,9 +278,7 @@ func (e *Engine) adopt(c ContainerState) {
 		log.Info("adopted a stopped task container", "exit_code", c.ExitCode)
 		return
 	}
-	for _, r := range e.resources {
-		r.reclaim(t, log)
-	}
+	e.reclaim(t, log)
 	e.mustSave(t)
 	log.Info("adopted a running task container", "gpus", c.GPUIDs)
 	e.follow(t, log)

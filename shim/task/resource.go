@@ -5,7 +5,7 @@ package task
 // in reverse when the task ends, and after a shim restart recovery and
 // adoption reclaim what a running task's record says it holds. Adding a
 // kind (a per-task network, say) is one type here and one line in
-// newResources; start, release, Restore and adopt walk the list.
+// newResources; start, release and reclaim (Restore, adopt) walk the list.
 
 import (
 	"context"

@@ -19,16 +19,13 @@ var errTransition = errors.New("status transition rejected")
 type persist int
 
 const (
-	// persistNone: recovery treats every status before running alike (the
-	// pipeline died, the task ends), so writing preparing, pulling and
-	// creating would buy nothing but fsyncs on the start path.
+	// persistNone: recovery asks Docker about every record before running
+	// alike (whether its container started), so writing preparing, pulling
+	// and creating would buy nothing but fsyncs on the start path.
 	persistNone persist = iota
 	// persistSoon: written by the background writer, retried until it
 	// lands (saveSoon).
 	persistSoon
-	// persistNow: written before transition returns, and retried in the
-	// background when that write fails (mustSave).
-	persistNow
 )
 
 // change is one status change of a task.
@@ -64,11 +61,8 @@ func (e *Engine) transition(t *task, c change) error {
 	if err != nil {
 		return err
 	}
-	switch c.persist {
-	case persistSoon:
+	if c.persist == persistSoon {
 		e.saveSoon(t)
-	case persistNow:
-		e.mustSave(t)
 	}
 	if c.last {
 		t.markDone()

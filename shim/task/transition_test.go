@@ -73,9 +73,10 @@ func TestTransitionPersistsAndClosesDone(t *testing.T) {
 	e.tasks["t1"] = tk
 	e.mu.Unlock()
 
-	if err := e.transition(tk, change{to: api.TaskTerminated, reason: api.ReasonDoneByRunner, persist: persistNow}); err != nil {
+	if err := e.transition(tk, change{to: api.TaskTerminated, reason: api.ReasonDoneByRunner, persist: persistSoon}); err != nil {
 		t.Fatal(err)
 	}
+	e.Sync()
 	select {
 	case <-tk.done:
 		t.Fatal("done closed by a change that is not the last")
@@ -83,7 +84,7 @@ func TestTransitionPersistsAndClosesDone(t *testing.T) {
 	}
 	loaded, err := e.recs.load()
 	if err != nil || len(loaded) != 1 || loaded[0].rec.Status != api.TaskTerminated || loaded[0].rec.Reason != api.ReasonDoneByRunner {
-		t.Fatalf("record after persistNow: %+v, %v", loaded, err)
+		t.Fatalf("record after persistSoon: %+v, %v", loaded, err)
 	}
 	// The last change closes done even when it changes nothing (the reason
 	// was already recorded), and twice is harmless.
