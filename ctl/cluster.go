@@ -119,10 +119,7 @@ func NewCluster(o RunOptions, nodes []Node) (*Cluster, error) {
 		o.Progress = func(e Event) { e.Concurrent = true; p(e) }
 	}
 	c := &Cluster{stopper: newStopper(), o: o, runID: newID()}
-	c.name = o.Name
-	if c.name == "" {
-		c.name = "tandem-" + c.runID[:8]
-	}
+	c.name = runName(o.Name, c.runID)
 	for i, n := range nodes {
 		if n.Label == "" {
 			n.Label = n.Shim
@@ -152,14 +149,7 @@ func (c *Cluster) Execute(ctx context.Context) (Result, error) {
 	// From the first submit on, every task is taken down at the end.
 	killNow := false
 	defer func() { c.removeAll(context.WithoutCancel(ctx), killNow || res.Interrupted) }()
-	fail := func(err error) (Result, error) {
-		if interrupted(ctx) {
-			res.Interrupted, res.State = true, api.JobTerminated
-			c.o.status("interrupted: removing the run's tasks")
-			return res, ErrInterrupted
-		}
-		return res, err
-	}
+	fail := func(err error) (Result, error) { return failEarly(ctx, c.o, &res, err, "the run's tasks") }
 	if err := c.bringUp(ctx); err != nil {
 		return fail(err)
 	}
@@ -212,10 +202,8 @@ func (c *Cluster) plan(ctx context.Context) error {
 // bringUp submits every node's task and waits until its runner answers.
 func (c *Cluster) bringUp(ctx context.Context) error {
 	return onEach(c.cs, func(n *clusterNode) error {
-		cfg := taskConfig(c.o, n.id, n.name)
-		_, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, n.shim.SubmitTask(ctx, cfg) })
-		if err != nil {
-			return fmt.Errorf("the shim rejected the task: %w", err)
+		if err := submitTask(ctx, n.shim, taskConfig(c.o, n.id, n.name)); err != nil {
+			return err
 		}
 		info, err := waitTask(ctx, n.shim, n.id, c.o)
 		if err != nil {

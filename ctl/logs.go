@@ -103,7 +103,7 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 	if hcErr != nil {
 		return res, withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, hcErr))
 	}
-	err = watchJob(ctx, r, since, out, status, nil, &res, func() bool { return false })
+	err = watchJob(ctx, r, since, out, status, nil, &res, nil) // no stops: onStop is never called
 	if ctx.Err() != nil {
 		res.Detached, res.Interrupted = true, true
 		return res, nil

@@ -50,11 +50,6 @@ type RunOptions struct {
 	// Dial, when set, opens agent connections (e.g. a Tunnel's Dial); Shim
 	// and runner addresses are then as seen from the far end.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// Interrupt delivers Ctrl-C presses (and SIGTERM). Before the job runs
-	// the first one cancels the run; while it runs the first stops the job
-	// gracefully and the second tears the task down at once. Either way the
-	// task is terminated and removed.
-	Interrupt <-chan os.Signal
 	// Started, when set, is called once the job runs (e.g. to write the
 	// task's SSH config entry).
 	Started func(info api.TaskInfoResponse)
@@ -142,11 +137,15 @@ func NewRun(o RunOptions) (*Run, error) {
 		return nil, err
 	}
 	id := newID()
-	name := o.Name
-	if name == "" {
-		name = "tandem-" + id[:8]
+	return &Run{stopper: newStopper(), o: o, shim: shim, id: id, name: runName(o.Name, id)}, nil
+}
+
+// runName is a run's name: the one given, else tandem- and its id's start.
+func runName(given, id string) string {
+	if given != "" {
+		return given
 	}
-	return &Run{stopper: newStopper(), o: o, shim: shim, id: id, name: name}, nil
+	return "tandem-" + id[:8]
 }
 
 // ID is the run's task id.
@@ -164,8 +163,13 @@ func (r *Run) Submit(ctx context.Context) error {
 		return err
 	}
 	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
-	cfg := taskConfig(r.o, r.id, r.name)
-	if _, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, r.shim.SubmitTask(ctx, cfg) }); err != nil {
+	return submitTask(ctx, r.shim, taskConfig(r.o, r.id, r.name))
+}
+
+// submitTask submits cfg, again while the shim is slow or restarting (a
+// repeated submit of the same config is a no-op there).
+func submitTask(ctx context.Context, shim *shimclient.Client, cfg api.TaskConfig) error {
+	if _, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.SubmitTask(ctx, cfg) }); err != nil {
 		return fmt.Errorf("the shim rejected the task: %w", err)
 	}
 	return nil
@@ -266,14 +270,7 @@ func (r *Run) Execute(ctx context.Context) (Result, error) {
 			r.o.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.o.Shim, Err: err})
 		}
 	}()
-	fail := func(err error) (Result, error) {
-		if interrupted(ctx) {
-			res.Interrupted, res.State = true, api.JobTerminated
-			r.o.status("interrupted: removing task %s", ShortID(r.id))
-			return res, ErrInterrupted
-		}
-		return res, err
-	}
+	fail := func(err error) (Result, error) { return failEarly(ctx, r.o, &res, err, "task "+ShortID(r.id)) }
 	if err := r.WaitTask(ctx); err != nil {
 		var ended *TaskEndedError
 		if errors.As(err, &ended) {
@@ -364,6 +361,18 @@ func cleanup(ctx context.Context, shim *shimclient.Client, id string, timeout ui
 }
 
 func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
+
+// failEarly ends a run before its job ended: when the user interrupted it,
+// res says so and the error is ErrInterrupted (what is removed, named by
+// removing, is said); otherwise err as it is.
+func failEarly(ctx context.Context, o RunOptions, res *Result, err error, removing string) (Result, error) {
+	if !interrupted(ctx) {
+		return *res, err
+	}
+	res.Interrupted, res.State = true, api.JobTerminated
+	o.status("interrupted: removing %s", removing)
+	return *res, ErrInterrupted
+}
 
 func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
 	var last api.TaskStatus

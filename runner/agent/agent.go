@@ -29,7 +29,6 @@ import (
 	"github.com/tandem-run/tandem/runner/sshd"
 )
 
-// Config is the runner's configuration.
 // Config is the runner's one configuration: its own settings, and its
 // components' configs as the flags set them (the executor's limits and
 // graces, the SSH server's limits, policy and ciphers). Run adds only what

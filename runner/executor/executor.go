@@ -174,6 +174,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// New prepares the temp dir and event stores.
 func New(cfg Config) (*Executor, error) {
 	cfg = cfg.WithDefaults()
 	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {

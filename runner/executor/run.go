@@ -334,8 +334,9 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 // profile, the hostfile, its working dir) and returns its environment.
 func (x *Executor) prepareJob(body api.SubmitBody, user account.JobUser, wd, repoDir string) ([]string, error) {
 	env := JobEnv(x.cfg.BaseEnv, body, repoDir, wd, x.cfg.Paths.HostfilePath(), user.Home)
+	list := account.EnvList(env) // the job's and SSH sessions' (read only by both)
 	x.mu.Lock()
-	x.jobEnv = account.EnvList(env)
+	x.jobEnv = list
 	x.mu.Unlock()
 	if err := WriteProfile(x.cfg.Paths, env); err != nil {
 		x.runnerLog.Warn("write profile", "err", err)
@@ -351,7 +352,7 @@ func (x *Executor) prepareJob(body api.SubmitBody, user account.JobUser, wd, rep
 		return nil, fmt.Errorf("create working dir %s: %w", wd, err)
 	}
 	_ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY})
-	return account.EnvList(env), nil
+	return list, nil
 }
 
 // drain waits for the job's output to end once its main process exited.
