@@ -27,6 +27,9 @@ type Admission struct {
 	Peer string
 	// Reason says why a connection is refused or not trusted.
 	Reason string
+	// Message, when set, is the whole text a refused client reads (else
+	// "the API serves only the host itself, not <Peer>: <Reason>").
+	Message string
 	// Key groups a client's connections for fairness (the shim uses the
 	// owning process): one key holds at most a quarter of the slots and a
 	// few waiting places, so a single flooding client cannot crowd out the
@@ -383,7 +386,10 @@ func (g *Gate) refuse(c net.Conn, v Admission) {
 	if logIt {
 		g.log.Warn("API connection refused", "peer", v.Peer, "status", http.StatusForbidden, "why", v.Reason, "refused_since_last_line", n)
 	}
-	msg := "the API serves only the host itself, not " + v.Peer + ": " + v.Reason
+	msg := v.Message
+	if msg == "" {
+		msg = "the API serves only the host itself, not " + v.Peer + ": " + v.Reason
+	}
 	resp := fmt.Sprintf("HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(msg), msg)
 	_ = c.SetWriteDeadline(now.Add(50 * time.Millisecond))
 	if _, err := io.WriteString(c, resp); err != nil {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/tandem-run/tandem/shim/metrics"
 	"github.com/tandem-run/tandem/shim/netiso"
 	"github.com/tandem-run/tandem/shim/origin"
+	"github.com/tandem-run/tandem/shim/principal"
 	"github.com/tandem-run/tandem/shim/server"
 	"github.com/tandem-run/tandem/shim/task"
 	"github.com/tandem-run/tandem/shim/volume"
@@ -49,6 +51,12 @@ type Config struct {
 	KeepStartupMemory bool
 	APIToken          string
 	APIAllowedHosts   []string
+	// APIAllowUsers admits more local accounts than the root-equivalent
+	// ones (principal.Policy.Allow: uids, user names, @groups).
+	APIAllowUsers []string
+	// PolicyRoot is where the host's account files are read ("/"); a
+	// test points it at a fixture tree.
+	PolicyRoot string
 	// ReconcileInterval is the reconcile loop's period (5 s).
 	ReconcileInterval time.Duration
 	LogLevel          slog.Level
@@ -121,6 +129,7 @@ type agent struct {
 	served               bool
 	sd                   *shutdown
 	force                bool // the API asked for a forced shutdown
+	policy               *principal.Policy
 
 	lifecycle.Stack // what started, stopped in reverse by Run
 }
@@ -289,7 +298,7 @@ func (a *agent) startAPI(ctx context.Context) error {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
 	access := server.Access{AllowContainers: a.cfg.APIAllowContainers, Token: a.cfg.APIToken, AllowedHosts: a.cfg.APIAllowedHosts,
-		Check: origin.Checker{}.CheckBatch, Log: a.log}
+		Check: origin.Checker{}.CheckBatch, Principals: a.principals(), Log: a.log}
 	e.Pre(access.Middleware())
 	if a.cfg.APIAllowContainers {
 		a.log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
@@ -324,6 +333,20 @@ func (a *agent) startAPI(ctx context.Context) error {
 		a.cfg.Ready(gate.Addr().String())
 	}
 	return nil
+}
+
+// principals is who may drive the agents (the shim's API and the runner
+// ports it forwards): root-equivalent accounts and the operator's list.
+func (a *agent) principals() *principal.Policy {
+	if a.policy == nil {
+		sock := ""
+		if h, ok := strings.CutPrefix(os.Getenv("DOCKER_HOST"), "unix://"); ok {
+			sock = h
+		}
+		a.policy = &principal.Policy{Root: a.cfg.PolicyRoot, Allow: a.cfg.APIAllowUsers, DockerSocket: sock, Log: a.log}
+		a.log.Info("API callers admitted", "rule", a.policy.String())
+	}
+	return a.policy
 }
 
 // startSystemd tells systemd (Type=notify) the shim is ready once it

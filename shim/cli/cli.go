@@ -117,6 +117,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		KeepStartupMemory:  c.Bool("keep-startup-memory"),
 		APIToken:           c.String("api-token"),
 		APIAllowedHosts:    c.StringSlice("api-allowed-host"),
+		APIAllowUsers:      c.StringSlice("api-allow-user"),
 		IsolatedNetwork:    c.String("task-network"),
 	}, nil
 }
@@ -166,6 +167,7 @@ func Flags() []cli.Flag {
 		&cli.Int64Flag{Name: "job-log-head-bytes", EnvVars: []string{"TANDEM_SHIM_JOB_LOG_HEAD_BYTES"}, Usage: "passed to each runner: of --job-log-max-bytes, the start always kept (runner default 4 MiB)"},
 		&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_SHIM_LOG_MIN_FREE_BYTES"}, Usage: "passed to each runner: free space in the shim home below which job output is no longer kept (runner default: a tenth of the filesystem, at most 256 MiB; -1: none)"},
 		&cli.StringFlag{Name: "task-network", Value: netiso.DefaultName, EnvVars: []string{"TANDEM_SHIM_TASK_NETWORK"}, Usage: "bridge network (created with inter-container traffic off) that bridge-mode tasks join, so tasks cannot reach each other; \"\" for Docker's default bridge"},
+		&cli.StringSliceFlag{Name: "api-allow-user", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_USERS"}, Usage: "local accounts admitted to the API and the task ports besides root-equivalent ones (root, sudoers granting ALL, the Docker socket's group): a uid, a user name or @group; repeat or comma-separate"},
 		&cli.StringSliceFlag{Name: "api-allowed-host", EnvVars: []string{"TANDEM_SHIM_API_ALLOWED_HOSTS"}, Usage: "Host header names accepted besides loopback ones (* for any)"},
 		&cli.IntFlag{Name: "shim-http-port", Value: api.ShimHTTPPort, EnvVars: []string{"DSTACK_SHIM_HTTP_PORT"}, Usage: "API port"},
 		&cli.StringFlag{Name: "shim-http-address", Value: "127.0.0.1", EnvVars: []string{"DSTACK_SHIM_HTTP_ADDRESS"}, Usage: "API bind address"},

@@ -24,6 +24,10 @@ type Verdict struct {
 	// Client identifies the process that owns the client's socket
 	// ("pid 812"), for fairness between clients; "" when not found.
 	Client string
+	// UID owns the client's socket (the kernel's record of who made it);
+	// valid when HasUID.
+	UID    uint32
+	HasUID bool
 }
 
 // ErrNotFound means the client's socket is not in this network namespace's
@@ -69,11 +73,12 @@ func (c Checker) CheckBatch(pairs []Pair) []Verdict {
 			continue
 		}
 		out[i].Peer = r.String()
-		inode, err := look.inode(l, r)
+		inode, uid, err := look.inode(l, r)
 		if err != nil {
 			out[i].Reason = err.Error()
 			continue
 		}
+		out[i].UID, out[i].HasUID = uid, true
 		inodes[i] = inode
 		want[inode] = struct{}{}
 	}
@@ -103,7 +108,7 @@ func (c Checker) CheckBatch(pairs []Pair) []Verdict {
 			out[i].Reason = fmt.Sprintf("no process holds the client socket (inode %d)", inode)
 			continue
 		}
-		out[i].Peer = fmt.Sprintf("%s pid %d (%s)", out[i].Peer, o.pid, o.comm)
+		out[i].Peer = fmt.Sprintf("%s pid %d (%s) uid %d", out[i].Peer, o.pid, o.comm, out[i].UID)
 		out[i].Client = "pid " + strconv.Itoa(o.pid)
 		nv, seen := byPid[o.pid]
 		if !seen {

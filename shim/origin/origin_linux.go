@@ -47,16 +47,18 @@ func (l *inodeLookup) close() {
 	}
 }
 
-func (l *inodeLookup) inode(local, remote *net.TCPAddr) (uint64, error) {
+// inode finds the client's socket: its inode and the uid that owns it (the
+// fsuid of the process that made it, as the kernel keeps it).
+func (l *inodeLookup) inode(local, remote *net.TCPAddr) (uint64, uint32, error) {
 	if l.fd >= 0 {
 		l.seq++
-		inode, err := diagInode(l.fd, l.seq, remote, local)
+		inode, uid, err := diagInode(l.fd, l.seq, remote, local)
 		if err == nil || errors.Is(err, ErrNotFound) {
 			// The kernel's answer is exact: a socket it does not find (a
 			// client that already closed, one in another namespace) is
 			// not in /proc/net/tcp either, and scanning that table once
 			// per connection of a closed flood froze the accept loop.
-			return inode, err
+			return inode, uid, err
 		}
 	}
 	return l.c.scanInode(local, remote)
@@ -64,8 +66,8 @@ func (l *inodeLookup) inode(local, remote *net.TCPAddr) (uint64, error) {
 
 // diagInode asks NETLINK_SOCK_DIAG (on fd, question number seq) for the
 // TCP socket whose local end is src and whose remote end is dst, and
-// returns its inode.
-func diagInode(fd int, seq uint32, src, dst *net.TCPAddr) (uint64, error) {
+// returns its inode and owner's uid.
+func diagInode(fd int, seq uint32, src, dst *net.TCPAddr) (uint64, uint32, error) {
 	family := uint8(unix.AF_INET)
 	s4, d4 := src.IP.To4(), dst.IP.To4()
 	if s4 == nil || d4 == nil {
@@ -89,31 +91,32 @@ func diagInode(fd int, seq uint32, src, dst *net.TCPAddr) (uint64, error) {
 	ne.PutUint32(id[40:], 0xffffffff) // INET_DIAG_NOCOOKIE
 	ne.PutUint32(id[44:], 0xffffffff)
 	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	buf := make([]byte, 8192)
 	for {
 		n, _, err := unix.Recvfrom(fd, buf, 0)
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
 		if err != nil {
-			return 0, err
+			return 0, 0, err
 		}
 		for _, m := range msgs {
 			if m.Header.Seq != seq {
 				continue // a late answer to an earlier question on this socket
 			}
 			if m.Header.Type == unix.NLMSG_ERROR {
-				return 0, ErrNotFound
+				return 0, 0, ErrNotFound
 			}
+			// inet_diag_msg: ... idiag_uid at 64, idiag_inode at 68.
 			if m.Header.Type == unix.SOCK_DIAG_BY_FAMILY && len(m.Data) >= 72 {
 				if inode := ne.Uint32(m.Data[68:]); inode != 0 {
-					return uint64(inode), nil
+					return uint64(inode), ne.Uint32(m.Data[64:]), nil
 				}
 			}
-			return 0, ErrNotFound
+			return 0, 0, ErrNotFound
 		}
 	}
 }
@@ -127,8 +130,9 @@ func putIP(dst []byte, ip net.IP, family uint8) {
 }
 
 // scanInode finds the client's socket in /proc/net/tcp{,6}: the entry
-// whose local end is the client's address and whose remote end is ours.
-func (c Checker) scanInode(local, remote *net.TCPAddr) (uint64, error) {
+// whose local end is the client's address and whose remote end is ours,
+// and its uid column.
+func (c Checker) scanInode(local, remote *net.TCPAddr) (uint64, uint32, error) {
 	for _, table := range []string{"tcp", "tcp6"} {
 		b, err := os.ReadFile(filepath.Join(c.proc(), "net", table))
 		if err != nil {
@@ -148,10 +152,14 @@ func (c Checker) scanInode(local, remote *net.TCPAddr) (uint64, error) {
 			if err != nil || inode == 0 {
 				continue
 			}
-			return inode, nil
+			uid, err := strconv.ParseUint(f[7], 10, 32)
+			if err != nil {
+				continue
+			}
+			return inode, uint32(uid), nil
 		}
 	}
-	return 0, ErrNotFound
+	return 0, 0, ErrNotFound
 }
 
 // addrIs compares a /proc/net/tcp address ("0100007F:1F90": the IP as

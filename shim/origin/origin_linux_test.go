@@ -99,16 +99,16 @@ func TestDiagAgreesWithScan(t *testing.T) {
 	if look.fd < 0 {
 		t.Fatal("no netlink socket")
 	}
-	a, err1 := diagInode(look.fd, 1, r, l)
-	b, err2 := Checker{}.scanInode(l, r)
-	if err1 != nil || err2 != nil || a != b || a == 0 {
-		t.Fatalf("diag %d %v, scan %d %v", a, err1, b, err2)
+	a, ua, err1 := diagInode(look.fd, 1, r, l)
+	b, ub, err2 := Checker{}.scanInode(l, r)
+	if err1 != nil || err2 != nil || a != b || a == 0 || ua != ub || ua != uint32(os.Geteuid()) {
+		t.Fatalf("diag %d uid %d %v, scan %d uid %d %v", a, ua, err1, b, ub, err2)
 	}
-	if _, err := diagInode(look.fd, 2, &net.TCPAddr{IP: r.IP, Port: 1}, l); err == nil {
+	if _, _, err := diagInode(look.fd, 2, &net.TCPAddr{IP: r.IP, Port: 1}, l); err == nil {
 		t.Fatal("a tuple with no socket was found")
 	}
 	// The socket answers again after a miss (answers matched by sequence).
-	if a2, err := diagInode(look.fd, 3, r, l); err != nil || a2 != a {
+	if a2, _, err := diagInode(look.fd, 3, r, l); err != nil || a2 != a {
 		t.Fatalf("after a miss: %d %v", a2, err)
 	}
 }
@@ -185,5 +185,43 @@ func BenchmarkCheck(b *testing.B) {
 		if v := (Checker{}).Check(c.LocalAddr(), c.RemoteAddr()); !v.FromHost {
 			b.Fatal(v)
 		}
+	}
+}
+
+// TestOwnerUID: a client that runs as another uid is reported with that
+// uid, by both lookups, and its process is still the host's.
+func TestOwnerUID(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as nobody")
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox missing")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	cmd := exec.Command(bb, "nc", "127.0.0.1", port)
+	stdin, _ := cmd.StdinPipe()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	c := accepted(t, ln)
+	v := Checker{}.Check(c.LocalAddr(), c.RemoteAddr())
+	if !v.FromHost || !v.HasUID || v.UID != 65534 || !strings.Contains(v.Peer, "uid 65534") {
+		t.Fatalf("%+v", v)
+	}
+	_, uid, err := Checker{}.scanInode(c.LocalAddr().(*net.TCPAddr), c.RemoteAddr().(*net.TCPAddr))
+	if err != nil || uid != 65534 {
+		t.Fatalf("scan: uid %d %v", uid, err)
 	}
 }

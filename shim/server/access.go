@@ -12,6 +12,7 @@ import (
 
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/shim/origin"
+	"github.com/tandem-run/tandem/shim/principal"
 )
 
 // Access decides who may drive the shim. The API can start privileged
@@ -33,7 +34,31 @@ type Access struct {
 	// Check resolves connections' origins (origin.Checker.CheckBatch); the
 	// API's httpapi.Gate calls it through Admit when it accepts them.
 	Check func([]origin.Pair) []origin.Verdict
-	Log   *slog.Logger
+	// Principals decides which local accounts may drive the shim, by the
+	// uid that owns the client's socket (principal.Policy); nil admits
+	// every uid.
+	Principals Principals
+	Log        *slog.Logger
+}
+
+// Principals answers whether a local uid is root-equivalent.
+type Principals interface {
+	Decide(uid uint32) principal.Decision
+}
+
+// decide is the verdict on one connection: from the host (not a
+// container) and owned by an admitted uid. A refusal carries the whole
+// message the client reads.
+func (a Access) decide(v origin.Verdict) (admit bool, msg string) {
+	if !v.FromHost && !a.AllowContainers {
+		return false, "the shim API serves only the host itself, not " + v.Peer + ": " + v.Reason
+	}
+	if a.Principals != nil && v.HasUID {
+		if d := a.Principals.Decide(v.UID); !d.Allowed {
+			return false, "the shim API serves only root-equivalent accounts (root, sudoers granting ALL, the Docker socket's group, --api-allow-user): " + d.Error() + "; caller " + v.Peer
+		}
+	}
+	return true, ""
 }
 
 func loopbackHost(h string) bool {
@@ -85,13 +110,13 @@ func (a Access) Middleware() echo.MiddlewareFunc {
 			if !a.hostAllowed(r.Host) {
 				return refuse(http.StatusMisdirectedRequest, "Host "+r.Host+" is not this shim's; use localhost or a name given with --api-allowed-host")
 			}
-			if !a.AllowContainers && a.Check != nil {
+			if a.Check != nil {
 				v := a.verdict(r)
 				if v.Peer != "" {
 					peer = v.Peer
 				}
-				if !v.FromHost {
-					return refuse(http.StatusForbidden, "the shim API serves only the host itself, not "+peer+": "+v.Reason)
+				if ok, msg := a.decide(v); !ok {
+					return refuse(http.StatusForbidden, msg)
 				}
 			}
 			if a.Token != "" {
@@ -124,18 +149,23 @@ func (a Access) Admit() httpapi.Admit {
 		vs := a.Check(pairs)
 		out := make([]httpapi.Admission, len(conns))
 		for i, v := range vs {
-			out[i] = httpapi.Admission{Trusted: v.FromHost, Peer: v.Peer, Reason: v.Reason,
-				Refuse: !v.FromHost && !a.AllowContainers, Key: v.Client}
+			ok, msg := a.decide(v)
+			out[i] = httpapi.Admission{Trusted: ok && v.FromHost, Peer: v.Peer, Reason: v.Reason,
+				Refuse: !ok, Message: msg, Key: v.Client}
+			if !ok && v.FromHost {
+				out[i].Reason = "uid not root-equivalent"
+			}
 		}
 		return out
 	}
 }
 
-// verdict is the origin the gate decided for the request's connection;
-// a connection that did not come through the gate is not the host's.
+// verdict is the origin the gate decided for the request's connection (a
+// connection the gate let through was admitted, uid included); a
+// connection that did not come through the gate is not the host's.
 func (a Access) verdict(r *http.Request) origin.Verdict {
 	if adm, ok := httpapi.ConnAdmission(r.Context()); ok {
-		return origin.Verdict{FromHost: adm.Trusted, Peer: adm.Peer, Reason: adm.Reason}
+		return origin.Verdict{FromHost: adm.Trusted || a.AllowContainers && !adm.Refuse, Peer: adm.Peer, Reason: adm.Reason}
 	}
 	return origin.Verdict{Peer: r.RemoteAddr, Reason: "the connection was not decided by the API's gate"}
 }

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/labstack/echo/v4"
@@ -14,6 +16,7 @@ import (
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/shim/origin"
+	"github.com/tandem-run/tandem/shim/principal"
 )
 
 // accessServer serves a trivial API behind Access on a real loopback
@@ -111,5 +114,56 @@ func TestAccessRefusesOtherMountNamespace(t *testing.T) {
 	addr := accessServer(t, Access{Check: origin.Checker{}.CheckBatch})
 	if code, msg := call(t, "GET", "http://"+addr+"/api/tasks", "", "", "", ""); code != 200 {
 		t.Fatalf("host caller: %d %q", code, msg)
+	}
+}
+
+// fixedPolicy admits the uids listed.
+type fixedPolicy map[uint32]bool
+
+func (p fixedPolicy) Decide(uid uint32) principal.Decision {
+	return principal.Decision{Allowed: p[uid], Who: "uid " + strconv.Itoa(int(uid)), Why: "not in the test's list"}
+}
+
+// TestAccessRefusesOrdinaryAccounts: a host process of an account that is
+// not root-equivalent gets 403 naming its uid; the same process is served
+// once its uid is admitted, and root always is.
+func TestAccessRefusesOrdinaryAccounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as nobody")
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox missing")
+	}
+	asNobody := func(addr string) string {
+		cmd := exec.Command(bb, "wget", "-q", "-O", "-", "http://"+addr+"/api/tasks")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, _ := cmd.CombinedOutput()
+		return string(out)
+	}
+	addr := accessServer(t, Access{Check: origin.Checker{}.CheckBatch, Principals: fixedPolicy{0: true}})
+	if out := asNobody(addr); !strings.Contains(out, "403") {
+		t.Fatalf("nobody was served: %q", out)
+	}
+	if code, msg := call(t, "GET", "http://"+addr+"/api/tasks", "", "", "", ""); code != 200 {
+		t.Fatalf("root refused: %d %q", code, msg)
+	}
+	addr = accessServer(t, Access{Check: origin.Checker{}.CheckBatch, Principals: fixedPolicy{0: true, 65534: true}})
+	if out := asNobody(addr); strings.Contains(out, "403") {
+		t.Fatalf("an admitted uid was refused: %q", out)
+	}
+}
+
+// TestAccessRefusalText: the 403 names the uid and says what is admitted.
+func TestAccessRefusalText(t *testing.T) {
+	a := Access{Principals: fixedPolicy{}}
+	ok, msg := a.decide(origin.Verdict{FromHost: true, HasUID: true, UID: 1000, Peer: "127.0.0.1:5 pid 9 (curl) uid 1000"})
+	if ok || !strings.Contains(msg, "uid 1000") || !strings.Contains(msg, "root-equivalent") || !strings.Contains(msg, "pid 9") {
+		t.Fatalf("%v %q", ok, msg)
+	}
+	// A container is refused for what it is, whatever its uid.
+	ok, msg = Access{Principals: fixedPolicy{0: true}}.decide(origin.Verdict{HasUID: true, Peer: "p", Reason: "the client runs in another mount namespace (a container)"})
+	if ok || !strings.Contains(msg, "serves only the host itself") {
+		t.Fatalf("%v %q", ok, msg)
 	}
 }

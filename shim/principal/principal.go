@@ -1,0 +1,269 @@
+// Package principal decides which local accounts may drive the agents. The
+// shim's API starts privileged containers with any host path mounted, so it
+// is root on the host: it admits only callers who are root already, by the
+// host's own policy. A uid is root-equivalent when it is
+//
+//   - 0 (root);
+//   - granted the command ALL as root by a sudoers rule, directly or through
+//     a %group or User_Alias (with or without a password: a user who knows
+//     their password is root);
+//   - a member of the group that may write the Docker socket (docker run
+//     --privileged is root);
+//   - listed by the operator (Policy.Allow: a uid, a user name or @group).
+//
+// Accounts are read from the host's files (passwd, group, sudoers under
+// Root), so accounts known only through NSS (LDAP, SSSD) must be allowed
+// by uid or by a group listed in /etc/group.
+package principal
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// DefaultDockerSocket is the socket whose group is root-equivalent.
+const DefaultDockerSocket = "/var/run/docker.sock"
+
+// Policy answers "is this uid root-equivalent here?". Its answers are kept
+// for TTL, so an account added to sudo is admitted within that time and
+// one removed is refused within it.
+type Policy struct {
+	// Root is prepended to every host path read ("" or "/": the host).
+	Root string
+	// DockerSocket is the Docker socket whose group is root-equivalent
+	// (DefaultDockerSocket when empty; "-" for none).
+	DockerSocket string
+	// Allow lists more principals: "1000" (a uid), "alice" (a user),
+	// "@gpuops" (every member of a group).
+	Allow []string
+	// TTL is how long a decision is kept (5 s when zero).
+	TTL time.Duration
+	Now func() time.Time
+	Log *slog.Logger
+
+	mu    sync.Mutex
+	cache map[uint32]cached
+}
+
+// Decision is the answer for one uid.
+type Decision struct {
+	Allowed bool
+	// Who names the account ("uid 1000 (alice)").
+	Who string
+	// Why says which rule admitted it, or that none did.
+	Why string
+}
+
+type cached struct {
+	d  Decision
+	at time.Time
+}
+
+func (p *Policy) now() time.Time {
+	if p.Now != nil {
+		return p.Now()
+	}
+	return time.Now()
+}
+
+func (p *Policy) path(s string) string {
+	if p.Root == "" || p.Root == "/" {
+		return s
+	}
+	return filepath.Join(p.Root, s)
+}
+
+// Decide answers for uid, from the cache while it is fresh.
+func (p *Policy) Decide(uid uint32) Decision {
+	ttl := p.TTL
+	if ttl <= 0 {
+		ttl = 5 * time.Second
+	}
+	now := p.now()
+	p.mu.Lock()
+	if c, ok := p.cache[uid]; ok && now.Sub(c.at) < ttl {
+		p.mu.Unlock()
+		return c.d
+	}
+	p.mu.Unlock()
+	d := p.decide(uid)
+	p.mu.Lock()
+	if p.cache == nil || len(p.cache) > 4096 {
+		p.cache = map[uint32]cached{}
+	}
+	p.cache[uid] = cached{d: d, at: now}
+	p.mu.Unlock()
+	return d
+}
+
+// account is what the host's files say about a uid.
+type account struct {
+	uid    uint32
+	name   string // "" when passwd has no entry
+	groups map[string]bool
+	gids   map[uint32]bool
+}
+
+func (p *Policy) decide(uid uint32) Decision {
+	acc := p.lookup(uid)
+	who := "uid " + strconv.FormatUint(uint64(uid), 10)
+	if acc.name != "" {
+		who += " (" + acc.name + ")"
+	}
+	d := Decision{Who: who}
+	if uid == 0 {
+		d.Allowed, d.Why = true, "root"
+		return d
+	}
+	for _, a := range p.Allow {
+		a = strings.TrimSpace(a)
+		switch {
+		case a == "":
+		case strings.HasPrefix(a, "@"):
+			if acc.groups[a[1:]] {
+				d.Allowed, d.Why = true, "allowed by the operator (group "+a[1:]+")"
+				return d
+			}
+		case a == strconv.FormatUint(uint64(uid), 10) || acc.name != "" && a == acc.name:
+			d.Allowed, d.Why = true, "allowed by the operator"
+			return d
+		}
+	}
+	if g, ok := p.dockerGroup(); ok && acc.gids[g] {
+		d.Allowed, d.Why = true, "member of the Docker socket's group"
+		return d
+	}
+	if acc.name != "" {
+		rules, err := p.sudoRules()
+		if err != nil && p.Log != nil {
+			p.Log.Warn("read sudoers", "err", err)
+		}
+		if rule, ok := rules.grants(acc); ok {
+			d.Allowed, d.Why = true, "sudoers grants ALL: "+rule
+			return d
+		}
+	}
+	d.Why = "not root-equivalent on this host (not root, no sudoers rule granting ALL, not in the Docker socket's group, not allowed with --api-allow-user)"
+	return d
+}
+
+// lookup reads passwd and group for uid: its name, primary group and every
+// group that lists it.
+func (p *Policy) lookup(uid uint32) account {
+	acc := account{uid: uid, groups: map[string]bool{}, gids: map[uint32]bool{}}
+	var primary int64 = -1
+	forEachLine(p.path("/etc/passwd"), func(f []string) bool {
+		if len(f) < 4 {
+			return true
+		}
+		u, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil || uint32(u) != uid {
+			return true
+		}
+		acc.name = f[0]
+		if g, err := strconv.ParseInt(f[3], 10, 64); err == nil {
+			primary = g
+		}
+		return false
+	})
+	forEachLine(p.path("/etc/group"), func(f []string) bool {
+		if len(f) < 4 {
+			return true
+		}
+		gid, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil {
+			return true
+		}
+		member := int64(gid) == primary
+		if !member && acc.name != "" {
+			for _, m := range strings.Split(f[3], ",") {
+				if strings.TrimSpace(m) == acc.name {
+					member = true
+					break
+				}
+			}
+		}
+		if member {
+			acc.groups[f[0]] = true
+			acc.gids[uint32(gid)] = true
+		}
+		return true
+	})
+	return acc
+}
+
+// forEachLine calls fn with the colon-separated fields of each line of a
+// passwd-style file until fn returns false. A missing file has no lines.
+func forEachLine(path string, fn func([]string) bool) {
+	b, err := readBounded(path)
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if !fn(strings.Split(line, ":")) {
+			return
+		}
+	}
+}
+
+// readBounded reads a host policy file, at most 4 MiB of it: these are
+// root's files, but a bound costs nothing.
+func readBounded(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	buf := make([]byte, 0, 4096)
+	for len(buf) < 4<<20 {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := f.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil {
+			break
+		}
+	}
+	return buf, nil
+}
+
+// dockerGroup is the group of the Docker socket when that group may write
+// it.
+func (p *Policy) dockerGroup() (uint32, bool) {
+	sock := p.DockerSocket
+	if sock == "-" {
+		return 0, false
+	}
+	if sock == "" {
+		sock = DefaultDockerSocket
+	}
+	gid, mode, err := statGroup(p.path(sock))
+	if err != nil || mode&0o020 == 0 || gid == 0 {
+		return 0, false
+	}
+	return gid, true
+}
+
+// String describes the rule for logs.
+func (p *Policy) String() string {
+	s := "root, sudoers rules granting ALL, the Docker socket's group"
+	if len(p.Allow) > 0 {
+		s += ", and " + strings.Join(p.Allow, ", ")
+	}
+	return s
+}
+
+// Error is a refusal as callers word it.
+func (d Decision) Error() string {
+	return fmt.Sprintf("%s is %s", d.Who, d.Why)
+}
