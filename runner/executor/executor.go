@@ -16,9 +16,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tandem-run/tandem/common/ident"
+	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/logs"
@@ -78,6 +79,7 @@ type Config struct {
 	// Connections reports SSH activity for no_connections_secs (may be nil).
 	Connections Connections
 	// AuthorizeKey adds a key to the SSH server's shared authorized keys
+	// (a multi-node job's key, at run)
 	// (the job's multi-node key); may be nil.
 	AuthorizeKey func(line string) error
 	// SSHPort is written into ~/.ssh/config for the other nodes.
@@ -225,16 +227,23 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 	if !canMove(x.state, WaitRun) {
 		return fmt.Errorf("%w: submit in state %s", ErrState, x.state)
 	}
-	if x.state == WaitRun {
-		x.cfg.Log.Warn("job re-submitted; replacing the previous one")
-	}
-	// The cluster key is authorized now, not when the job starts: the
-	// master's launcher (mpirun, torchrun) may reach this node before its
-	// own /api/run arrives, and every node is submitted before any runs.
-	if k := b.JobSpec.SSHKey; k != nil && k.Public != "" && len(b.ClusterInfo.JobIPs) >= 2 && x.cfg.AuthorizeKey != nil {
-		if err := x.cfg.AuthorizeKey(k.Public); err != nil {
+	// The cluster key is checked now and authorized at run, from the
+	// submit that runs (as dstack's runner does; the server runs a
+	// multi-node master only once every other node runs): a submit that
+	// is replaced leaves no key behind.
+	if k := b.JobSpec.SSHKey; k != nil && k.Public != "" && len(b.ClusterInfo.JobIPs) >= 2 {
+		if _, _, _, _, err := gossh.ParseAuthorizedKey([]byte(k.Public)); err != nil {
 			return fmt.Errorf("%w: job_spec.ssh_key.public: %v", ErrBadInput, err)
 		}
+	}
+	if x.state == WaitRun {
+		// Nothing of the replaced submit may reach the job that runs: its
+		// uploads (code, archives) go with it.
+		x.cfg.Log.Warn("job re-submitted; replacing the previous one and discarding its uploads", "uploads", len(x.uploads))
+		for p := range x.uploads {
+			_ = os.Remove(p)
+		}
+		x.uploads, x.codeBlob = nil, false
 	}
 	x.body = &b
 	x.submitAt = x.cfg.Now()

@@ -175,37 +175,62 @@ func TestGitCredentials(t *testing.T) {
 	}
 }
 
-// TestClusterKeyAuthorizedAtSubmit: a multi-node job's key is accepted by
-// this node's SSH server from its submit on, before its own /api/run, so a
-// master that starts first can reach it; a malformed key fails the submit.
-func TestClusterKeyAuthorizedAtSubmit(t *testing.T) {
+// TestClusterKeyAuthorizedAtRun: a multi-node job's key is authorized by
+// this node's SSH server only when its job runs, from the submit that runs
+// (the server runs a master once every other node runs); a submit that was
+// replaced leaves no key and no upload behind; a malformed key fails the
+// submit.
+func TestClusterKeyAuthorizedAtRun(t *testing.T) {
+	const attacker = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHh3eXl4c2VjcmV0YXR0YWNrZXJrZXlmb3J0ZXN0c3MK attacker"
+	const real = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC8yVbSqjrvTJsNrx0BHW0YaJvTxdnsM3I1dTKdJjLKu job"
 	var authorized []string
-	x, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(l string) error {
-		if !strings.HasPrefix(l, "ssh-") {
-			return errors.New("not a key")
-		}
+	tmp := t.TempDir()
+	x, _ := New(Config{TempDir: tmp, SSHPort: 10022, AuthorizeKey: func(l string) error {
 		authorized = append(authorized, l)
 		return nil
 	}})
-	b := api.SubmitBody{JobSpec: api.JobSpec{SSHKey: &api.SSHKey{Private: "PRIVATE", Public: "ssh-ed25519 AAAA job"}},
+	t.Cleanup(func() { x.Close() })
+	wd := t.TempDir()
+	b := api.SubmitBody{JobSpec: api.JobSpec{SSHKey: &api.SSHKey{Private: "PRIVATE", Public: attacker}, Commands: []string{"true"}, WorkingDir: &wd, RepoDir: &wd},
 		ClusterInfo: api.ClusterInfo{JobIPs: []string{"10.0.0.1", "10.0.0.2"}}}
 	if err := x.Submit(b); err != nil {
 		t.Fatal(err)
 	}
-	if len(authorized) != 1 || authorized[0] != "ssh-ed25519 AAAA job" {
-		t.Fatalf("authorized %v", authorized)
+	if err := x.UploadCode(strings.NewReader("attacker's code")); err != nil {
+		t.Fatal(err)
 	}
-	y, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(string) error { return errors.New("not a key") }})
+	if len(authorized) != 0 {
+		t.Fatalf("a submit authorized %v before its run", authorized)
+	}
+	b.JobSpec.SSHKey.Public = real
+	if err := x.Submit(b); err != nil {
+		t.Fatal(err)
+	}
+	if x.codeBlob {
+		t.Fatal("the replaced submit's code upload is still used")
+	}
+	if blobs, _ := os.ReadDir(filepath.Join(tmp, "repo_blobs")); len(blobs) != 0 {
+		t.Fatalf("the replaced submit's upload is still on disk: %v", blobs)
+	}
+	if _, started, err := x.Run(); err != nil || !started {
+		t.Fatalf("run: %v %v", started, err)
+	}
+	if len(authorized) != 1 || authorized[0] != real {
+		t.Fatalf("authorized %v, want only the key of the submit that ran", authorized)
+	}
+	y, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(string) error { return nil }})
 	b.JobSpec.SSHKey.Public = "garbage"
 	if err := y.Submit(b); !errors.Is(err, ErrBadInput) || y.State() != WaitSubmit {
 		t.Fatalf("malformed key: %v, state %s", err, y.State())
 	}
 	// Single node: no key to authorize.
-	z, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(l string) error { t.Fatalf("authorized %q", l); return nil }})
+	z, _ := New(Config{TempDir: t.TempDir(), SSHPort: 10022, AuthorizeKey: func(l string) error { t.Errorf("authorized %q", l); return nil }})
+	t.Cleanup(func() { z.Close() })
 	b.ClusterInfo.JobIPs = []string{"10.0.0.1"}
 	if err := z.Submit(b); err != nil {
 		t.Fatal(err)
 	}
+	_, _, _ = z.Run()
 }
 
 func TestClusterSSH(t *testing.T) {
@@ -224,7 +249,7 @@ func TestClusterSSH(t *testing.T) {
 		t.Fatalf("key %q config:\n%s", key, cfg)
 	}
 	if len(authorized) != 0 {
-		t.Fatalf("the job start authorized %v again (submit does it)", authorized)
+		t.Fatalf("the cluster files step authorized %v (run does it)", authorized)
 	}
 	// Single node: nothing.
 	other := t.TempDir()

@@ -59,6 +59,11 @@ func (x *Executor) Run() (api.RunResponse, bool, error) {
 	if err != nil {
 		return fail(fmt.Sprintf("Failed to set job user (%v)", err))
 	}
+	if k := body.JobSpec.SSHKey; k != nil && k.Public != "" && len(body.ClusterInfo.JobIPs) >= 2 && x.cfg.AuthorizeKey != nil {
+		if err := x.cfg.AuthorizeKey(k.Public); err != nil {
+			return fail(fmt.Sprintf("Failed to authorize the cluster key (%v)", err))
+		}
+	}
 	wd, err := os.Getwd()
 	if err != nil {
 		wd = "/"
