@@ -32,6 +32,7 @@ import (
 	"github.com/tandem-run/tandem/shim/metrics"
 	"github.com/tandem-run/tandem/shim/netiso"
 	"github.com/tandem-run/tandem/shim/origin"
+	"github.com/tandem-run/tandem/shim/portfwd"
 	"github.com/tandem-run/tandem/shim/principal"
 	"github.com/tandem-run/tandem/shim/server"
 	"github.com/tandem-run/tandem/shim/task"
@@ -54,6 +55,10 @@ type Config struct {
 	// APIAllowUsers admits more local accounts than the root-equivalent
 	// ones (principal.Policy.Allow: uids, user names, @groups).
 	APIAllowUsers []string
+	// DockerPublishesPorts leaves a bridge task's runner ports to Docker's
+	// publishing (reachable by every local account) instead of the shim's
+	// gated forwards: a kill switch.
+	DockerPublishesPorts bool
 	// PolicyRoot is where the host's account files are read ("/"); a
 	// test points it at a fixture tree.
 	PolicyRoot string
@@ -214,6 +219,13 @@ func (a *agent) startEngine(context.Context) error {
 		taskNet = &netiso.Network{Name: a.cfg.IsolatedNetwork, Docker: a.rt.Client(), Log: a.log}
 	}
 	a.tcfg.Network, a.tcfg.Observer, a.tcfg.Volumes, a.tcfg.Home, a.tcfg.GPUVendor = taskNet, a.mx, volumes, a.cfg.Home, a.vendor
+	if !a.cfg.DockerPublishesPorts {
+		fwd := portfwd.New(a.access().AdmitConn, a.log)
+		a.tcfg.Forwarder = fwd
+		a.OnStop(fwd.CloseAll)
+	} else {
+		a.log.Warn("Docker publishes bridge tasks' runner ports: every local account can reach them (--docker-publish-ports)")
+	}
 	a.engine = task.New(a.tcfg, a.rt, a.locks, &authkeys.Editor{}, a.log)
 	a.OnStop(func() {
 		a.engine.Shutdown()
@@ -297,8 +309,7 @@ func (a *agent) startAPI(ctx context.Context) error {
 		cancelInstalls()
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
-	access := server.Access{AllowContainers: a.cfg.APIAllowContainers, Token: a.cfg.APIToken, AllowedHosts: a.cfg.APIAllowedHosts,
-		Check: origin.Checker{}.CheckBatch, Principals: a.principals(), Log: a.log}
+	access := a.access()
 	e.Pre(access.Middleware())
 	if a.cfg.APIAllowContainers {
 		a.log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
@@ -333,6 +344,12 @@ func (a *agent) startAPI(ctx context.Context) error {
 		a.cfg.Ready(gate.Addr().String())
 	}
 	return nil
+}
+
+// access is who may call the API and the forwarded task ports.
+func (a *agent) access() server.Access {
+	return server.Access{AllowContainers: a.cfg.APIAllowContainers, Token: a.cfg.APIToken, AllowedHosts: a.cfg.APIAllowedHosts,
+		Check: origin.Checker{}.CheckBatch, Principals: a.principals(), Log: a.log}
 }
 
 // principals is who may drive the agents (the shim's API and the runner

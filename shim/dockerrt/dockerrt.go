@@ -148,7 +148,7 @@ func Build(s task.ContainerSpec) (*container.Config, *container.HostConfig) {
 			Memory:   s.Memory,
 		},
 	}
-	if s.NetworkMode == "host" {
+	if s.NetworkMode == "host" || s.Forwarded {
 		hc.PortBindings = nil
 	}
 	for _, b := range s.Binds {
@@ -200,6 +200,31 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		return fmt.Errorf("start container %s: %w", short(id), err)
 	}
 	return nil
+}
+
+// Address returns the container's IPv4 address on network, or on any of
+// its networks when network is "" or not among them.
+func (r *Runtime) Address(ctx context.Context, id, network string) (string, error) {
+	ins, err := r.c.ContainerInspect(ctx, id)
+	if err != nil {
+		return "", fmt.Errorf("inspect container %s: %w", short(id), err)
+	}
+	if ins.NetworkSettings != nil {
+		if n, ok := ins.NetworkSettings.Networks[network]; ok && n != nil && n.IPAddress != "" {
+			return n.IPAddress, nil
+		}
+		names := make([]string, 0, len(ins.NetworkSettings.Networks))
+		for name := range ins.NetworkSettings.Networks {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			if n := ins.NetworkSettings.Networks[name]; n != nil && n.IPAddress != "" {
+				return n.IPAddress, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("container %s has no IPv4 address", short(id))
 }
 
 // Ports returns IPv4 TCP bindings.

@@ -160,6 +160,22 @@ func (a Access) Admit() httpapi.Admit {
 	}
 }
 
+// AdmitConn decides one connection by the same rule as the API (a
+// root-equivalent account on the host, not a container): the shim's
+// forwarded task ports use it. The Host header and token do not apply:
+// what passes is the runner's own protocol.
+func (a Access) AdmitConn(c net.Conn) (bool, string) {
+	if a.Check == nil {
+		return true, ""
+	}
+	v := a.Check([]origin.Pair{{Local: c.LocalAddr(), Remote: c.RemoteAddr()}})[0]
+	ok, msg := a.decide(v)
+	if !ok && a.Log != nil {
+		a.Log.Warn("task port refused", "peer", v.Peer, "uid", v.UID, "why", msg)
+	}
+	return ok, strings.Replace(msg, "the shim API", "this task port", 1)
+}
+
 // verdict is the origin the gate decided for the request's connection (a
 // connection the gate let through was admitted, uid included); a
 // connection that did not come through the gate is not the host's.

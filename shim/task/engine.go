@@ -67,11 +67,24 @@ type Network interface {
 	Ensure(ctx context.Context) (string, error)
 }
 
+// Forwarder forwards a bridge task's container ports from the host.
+type Forwarder interface {
+	// Open forwards ports of the container at ip, on the host ports in
+	// want where given, and returns the mappings.
+	Open(taskID, ip string, ports []int, want []api.PortMapping) ([]api.PortMapping, error)
+	// Close stops a task's forwards (a no-op when it has none).
+	Close(taskID string)
+}
+
 // Config is how the engine runs tasks.
 type Config struct {
 	// Network isolates bridge-mode tasks from each other; nil: they join
 	// Docker's default bridge, where containers reach each other.
 	Network Network
+	// Forwarder publishes a bridge task's runner ports on the host's
+	// loopback behind the API's gate (shim/portfwd); nil: Docker publishes
+	// them, to every local account.
+	Forwarder Forwarder
 	// Observer receives metrics events (nil: none).
 	Observer Observer
 	// Volumes mounts network volumes; nil refuses tasks that ask for them.

@@ -99,6 +99,9 @@ func (r *stepRuntime) Start(ctx context.Context, id string) error { return r.ste
 func (r *stepRuntime) Ports(ctx context.Context, id string) ([]api.PortMapping, error) {
 	return []api.PortMapping{}, nil
 }
+func (r *stepRuntime) Address(ctx context.Context, id, network string) (string, error) {
+	return "127.0.0.1", nil
+}
 func (r *stepRuntime) Wait(ctx context.Context, id string) (int, error) {
 	r.mu.Lock()
 	x := r.exit[id]

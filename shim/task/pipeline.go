@@ -242,7 +242,15 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	}
 	mark("start")
 	ports := []api.PortMapping{}
-	if cfg.NetworkMode != "host" {
+	switch {
+	case cfg.NetworkMode == "host":
+	case e.cfg.Forwarder != nil:
+		if ports, err = e.forward(context.WithoutCancel(ctx), t, id, nil); err != nil {
+			_ = e.rt.Stop(context.WithoutCancel(ctx), id, 0)
+			return fail(api.ReasonCreatingContainerError, "forward the runner's ports: %v", err)
+		}
+		mark("forward")
+	default:
 		ports, err = e.rt.Ports(context.WithoutCancel(ctx), id)
 		if err != nil {
 			log.Error("discover ports", "err", err)
@@ -413,4 +421,18 @@ func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.L
 		return fmt.Errorf("failed pulling %s: the pull ended but the image is not in the local store", ref)
 	}
 	return nil
+}
+
+// forward publishes a bridge task's runner ports through the engine's
+// Forwarder, on the host ports in want where given (a restart keeps what
+// the server was told).
+func (e *Engine) forward(ctx context.Context, t *task, contID string, want []api.PortMapping) ([]api.PortMapping, error) {
+	t.mu.Lock()
+	network := t.network
+	t.mu.Unlock()
+	ip, err := e.rt.Address(ctx, contID, network)
+	if err != nil {
+		return nil, err
+	}
+	return e.cfg.Forwarder.Open(t.cfg.ID, ip, e.runnerPorts(), want)
 }

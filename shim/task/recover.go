@@ -191,11 +191,24 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 			}
 			t.mu.Lock()
 			t.contID = c.ID
-			if c.Ports != nil {
-				t.ports = c.Ports
+			recorded := t.ports
+			if c.Ports != nil && (len(c.Ports) > 0 || e.cfg.Forwarder == nil || t.cfg.NetworkMode == "host") {
+				t.ports = c.Ports // Docker publishes them (host mode: none)
 			}
 			gpus := t.gpuIDs
 			t.mu.Unlock()
+			if t.cfg.NetworkMode != "host" && e.cfg.Forwarder != nil && len(c.Ports) == 0 && c.Running {
+				// The shim's own forwards died with it: open them again on
+				// the ports the server was told.
+				ports, err := e.forward(ctx, t, c.ID, recorded)
+				if err != nil {
+					log.Error("re-open the task's forwarded ports", "err", err, "ports", recorded)
+				} else {
+					t.mu.Lock()
+					t.ports = ports
+					t.mu.Unlock()
+				}
+			}
 			e.mustSave(t)
 			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", gpus)
 			e.follow(t, log)

@@ -33,7 +33,7 @@ type resource interface {
 
 // newResources is the acquire order; release walks it backwards.
 func newResources(e *Engine) []resource {
-	return []resource{gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e}, networkResource{e}}
+	return []resource{gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e}, networkResource{e}, forwardResource{e}}
 }
 
 // gpuResource is the task's GPUs, locked in the engine's gpu.Locks.
@@ -206,3 +206,19 @@ func (r networkResource) acquire(ctx context.Context, t *task) *failure {
 
 func (networkResource) release(*task, *slog.Logger) {}
 func (networkResource) reclaim(*task, *slog.Logger) {}
+
+// forwardResource is a bridge task's runner ports, forwarded by the shim
+// (shim/portfwd). They are opened once the container has an address (the
+// pipeline's start, recovery's re-attach) and closed here when the task
+// ends.
+type forwardResource struct{ e *Engine }
+
+func (forwardResource) acquire(context.Context, *task) *failure { return nil }
+
+func (r forwardResource) release(t *task, _ *slog.Logger) {
+	if r.e.cfg.Forwarder != nil {
+		r.e.cfg.Forwarder.Close(t.cfg.ID)
+	}
+}
+
+func (forwardResource) reclaim(*task, *slog.Logger) {}

@@ -23,6 +23,9 @@ type Runtime interface {
 	Start(ctx context.Context, id string) error
 	// Ports returns the IPv4 TCP port mappings of a started container.
 	Ports(ctx context.Context, id string) ([]api.PortMapping, error)
+	// Address returns a started container's IPv4 address on network
+	// (any of its networks when "").
+	Address(ctx context.Context, id, network string) (string, error)
 	// Wait blocks until the container is not running and returns its exit code.
 	Wait(ctx context.Context, id string) (int, error)
 	// Stop signals the container and kills it after timeout.
@@ -77,8 +80,11 @@ type ContainerSpec struct {
 	NetworkMode string
 	Privileged  bool
 	// ExposedTCP ports are published on 127.0.0.1 with ephemeral host ports
-	// (Docker ignores publishing in host network mode).
-	ExposedTCP       []int
+	// (Docker ignores publishing in host network mode), unless Forwarded.
+	ExposedTCP []int
+	// Forwarded: the shim forwards ExposedTCP itself (shim/portfwd), so
+	// Docker publishes nothing.
+	Forwarded        bool
 	Binds            []Bind
 	ShmSize          int64 // >0: /dev/shm is an exec tmpfs of this size
 	NanoCPUs         int64

@@ -52,7 +52,8 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		Labels:      map[string]string{LabelIsTask: "true", LabelTaskID: cfg.ID, LabelShimHome: e.cfg.Home},
 		NetworkMode: cmp.Or(network, cfg.NetworkMode),
 		Privileged:  cfg.Privileged || e.cfg.Privileged,
-		ExposedTCP:  []int{e.cfg.RunnerHTTPPort, e.cfg.RunnerSSHPort},
+		ExposedTCP:  e.runnerPorts(),
+		Forwarded:   e.cfg.Forwarder != nil,
 		Binds:       binds,
 		ShmSize:     cfg.ShmSize,
 		NanoCPUs:    int64(cfg.CPU * 1e9),
@@ -97,3 +98,6 @@ func withoutDisplay(spec ContainerSpec) ContainerSpec {
 	spec.GPUs = gpu.WithoutDisplay(spec.GPUs)
 	return spec
 }
+
+// runnerPorts are the container ports a bridge task's runner serves.
+func (e *Engine) runnerPorts() []int { return []int{e.cfg.RunnerHTTPPort, e.cfg.RunnerSSHPort} }
