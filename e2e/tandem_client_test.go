@@ -262,12 +262,28 @@ func TestTandemSSHConfig(t *testing.T) {
 		t.Fatalf("run -d: %v %s %s", err, out, errb)
 	}
 	entries, _ := os.ReadFile(filepath.Join(dir, "tandem_ssh_config"))
-	if !strings.Contains(string(entries), "\nHost box\n") || !strings.Contains(string(entries), "IdentityFile "+filepath.Join(dir, ".ssh", "id_ed25519")) {
+	if !strings.Contains(string(entries), "\nHost tandem-box\n") || !strings.Contains(string(entries), "IdentityFile "+filepath.Join(dir, ".ssh", "id_ed25519")) {
 		t.Fatalf("no entry for box after run -d:\n%s", entries)
+	}
+	// Another tenant's task on the same shim, named for a real host: its
+	// name must never become an ssh Host of this user's.
+	other, oOut, oErr := tandemIn(t, t.TempDir(), nil, "run", "-d", "--no-ssh-config", "--shim", shim, "--image", debian, "--name", "github.com", "--", "sleep", "300")
+	if err := other.Run(); err != nil {
+		t.Fatalf("the other tenant's run: %v %s %s", err, oOut, oErr)
+	}
+	t.Cleanup(func() { c, _, _ := tandemIn(t, t.TempDir(), nil, "rm", "-f", "--shim", shim, "github.com"); _ = c.Run() })
+	// A stale entry of a task that is gone is dropped by a re-run.
+	stale := "# tandem task deadbeef-0000-0000-0000-000000000000 shim " + shim + "\nHost tandem-gone\n  HostName 127.0.0.1\n"
+	if b, err := os.ReadFile(filepath.Join(dir, "tandem_ssh_config")); err == nil {
+		_ = os.WriteFile(filepath.Join(dir, "tandem_ssh_config"), append(b, []byte("\n"+stale+"\n")...), 0o600)
 	}
 	cfgCmd, cfgOut, cfgErr := tandemIn(t, dir, nil, "ssh-config", "--install", "--shim", shim)
 	if err := cfgCmd.Run(); err != nil || !strings.Contains(cfgErr.String(), "1 task(s)") {
 		t.Fatalf("ssh-config: %v %s %s", err, cfgOut, cfgErr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "tandem_ssh_config")); strings.Contains(string(b), "github") || strings.Contains(string(b), "tandem-gone") ||
+		!strings.Contains(string(b), "Host tandem-box\n") {
+		t.Fatalf("ssh-config wrote another tenant's task or kept a gone one:\n%s", b)
 	}
 	userCfg := filepath.Join(dir, ".ssh", "config")
 	if b, _ := os.ReadFile(userCfg); !strings.HasPrefix(string(b), "Include "+filepath.Join(dir, "tandem_ssh_config")+"\n") {
@@ -287,15 +303,15 @@ func TestTandemSSHConfig(t *testing.T) {
 		}
 		return string(out)
 	}
-	if got := sshRun("box", "cat", "/etc/debian_version"); !strings.HasPrefix(got, "12") {
+	if got := sshRun("tandem-box", "cat", "/etc/debian_version"); !strings.HasPrefix(got, "12") {
 		t.Fatalf("ssh box: %q", got)
 	}
 	local := filepath.Join(dir, "payload")
 	_ = os.WriteFile(local, []byte("copied by scp\n"), 0o644)
-	if out, err := exec.Command("scp", "-F", userCfg, "-o", "BatchMode=yes", local, "box:/tmp/payload").CombinedOutput(); err != nil {
+	if out, err := exec.Command("scp", "-F", userCfg, "-o", "BatchMode=yes", local, "tandem-box:/tmp/payload").CombinedOutput(); err != nil {
 		t.Fatalf("scp: %v %s", err, out)
 	}
-	if got := sshRun("box", "cat", "/tmp/payload"); got != "copied by scp\n" {
+	if got := sshRun("tandem-box", "cat", "/tmp/payload"); got != "copied by scp\n" {
 		t.Fatalf("after scp: %q", got)
 	}
 	src := filepath.Join(dir, "tree")
@@ -303,11 +319,11 @@ func TestTandemSSHConfig(t *testing.T) {
 	_ = os.WriteFile(filepath.Join(src, "sub", "f"), []byte("synced by rsync\n"), 0o644)
 	// The image has no rsync: the host's, mounted with its libraries, serves.
 	rsync := exec.Command("rsync", "-a", "-e", "ssh -F "+userCfg+" -o BatchMode=yes",
-		"--rsync-path=LD_LIBRARY_PATH=/opt/hostlib /opt/hostbin/rsync", src+"/", "box:/tmp/tree/")
+		"--rsync-path=LD_LIBRARY_PATH=/opt/hostlib /opt/hostbin/rsync", src+"/", "tandem-box:/tmp/tree/")
 	if out, err := rsync.CombinedOutput(); err != nil {
 		t.Fatalf("rsync: %v %s", err, out)
 	}
-	if got := sshRun("box", "cat", "/tmp/tree/sub/f"); got != "synced by rsync\n" {
+	if got := sshRun("tandem-box", "cat", "/tmp/tree/sub/f"); got != "synced by rsync\n" {
 		t.Fatalf("after rsync: %q", got)
 	}
 	// Completion offers the task by name.
@@ -332,7 +348,7 @@ func TestTandemSSHConfig(t *testing.T) {
 	if err := rm.Run(); err != nil {
 		t.Fatalf("rm: %v %s", err, rmErr)
 	}
-	if b, _ := os.ReadFile(filepath.Join(dir, "tandem_ssh_config")); strings.Contains(string(b), "Host box") {
+	if b, _ := os.ReadFile(filepath.Join(dir, "tandem_ssh_config")); strings.Contains(string(b), "Host tandem-box") {
 		t.Fatalf("entry left after rm:\n%s", b)
 	}
 }

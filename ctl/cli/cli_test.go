@@ -30,8 +30,12 @@ func TestParseSizeAndGPUs(t *testing.T) {
 	}
 }
 
-func TestAliasFallsBackOnBadNames(t *testing.T) {
-	for name, want := range map[string]string{"train-1": "train-1", "": "tandem-abcdef12", "bad\nHost *": "tandem-abcdef12", "a b": "tandem-abcdef12"} {
+// TestAliasCannotShadowAHost: every alias carries the tandem- prefix and no
+// dot, so a task named for a real host or an address cannot take over
+// `ssh NAME`; a bad name falls back to the short id.
+func TestAliasCannotShadowAHost(t *testing.T) {
+	for name, want := range map[string]string{"train-1": "tandem-train-1", "github.com": "tandem-github-com", "10.0.0.1": "tandem-10-0-0-1",
+		"prod": "tandem-prod", "": "tandem-abcdef12", "bad\nHost *": "tandem-abcdef12", "a b": "tandem-abcdef12"} {
 		info := api.TaskInfoResponse{ID: "abcdef12-0000", Tandem: &api.TaskDetails{Name: name}}
 		if got := alias(info); got != want {
 			t.Errorf("alias(%q) = %q, want %q", name, got, want)

@@ -32,11 +32,14 @@ func sshEndpoint(c *cli.Context, shim, jump string, info api.TaskInfoResponse) (
 		KnownHosts: c.String("known-hosts"), RunnerSSHPort: c.Int("runner-ssh-port")})
 }
 
-// alias is the task's Host name: its name when it is a valid task name,
-// else tandem-<short id>.
+// alias is the task's Host name: "tandem-" and its name with dots made
+// dashes, else tandem-<short id>. The prefix and the missing dots keep it
+// from ever naming a real host or an address: a task named github.com
+// must not take over `ssh github.com` or `git push` of whoever includes
+// the file.
 func alias(info api.TaskInfoResponse) string {
-	if n := ctl.TaskName(info); ident.TaskName(n) == nil {
-		return n
+	if n := ctl.TaskName(info); n != "" && ident.TaskName(n) == nil {
+		return "tandem-" + strings.ReplaceAll(n, ".", "-")
 	}
 	return "tandem-" + ctl.ShortID(info.ID)
 }
@@ -69,10 +72,13 @@ func forgetSSHConfig(taskID string) error {
 
 func sshConfigCmd() *cli.Command {
 	return &cli.Command{Name: "ssh-config",
-		Usage: "keep an ssh config with one Host per running task (ssh NAME, scp, rsync, VS Code Remote)",
-		Description: "Rewrites this shim's entries in ~/.tandem/ssh_config (TANDEM_SSH_CONFIG) from its running tasks;\n" +
-			"entries of other shims stay. --install adds `Include ~/.tandem/ssh_config` to ~/.ssh/config once.\n" +
-			"tandem run adds its task's entry by default and drops it when the run ends (kept with -d).",
+		Usage:     "keep an ssh config with one Host tandem-NAME per task of yours (ssh tandem-NAME, scp, rsync, VS Code Remote)",
+		ArgsUsage: "[TASK...]",
+		Description: "Refreshes this shim's entries in ~/.tandem/ssh_config (TANDEM_SSH_CONFIG): the tasks you started\n" +
+			"with tandem run (it adds its task's entry, and drops it when the run ends unless -d) and the TASKs\n" +
+			"named here; entries of tasks that no longer run are dropped, other shims' entries stay. Other\n" +
+			"tenants' tasks are never added. Each Host is tandem-<name> (dots made dashes), so no task can\n" +
+			"shadow a real host. --install adds `Include ~/.tandem/ssh_config` to ~/.ssh/config once.",
 		Flags: append(connFlags(), runnerSSHPortFlag,
 			&cli.BoolFlag{Name: "install", Usage: "add the Include line to ~/.ssh/config"},
 			&cli.BoolFlag{Name: "print", Usage: "print the file after writing it"}),
@@ -81,9 +87,24 @@ func sshConfigCmd() *cli.Command {
 			if err != nil {
 				return err
 			}
+			f, err := sshConfig()
+			if err != nil {
+				return exitError{ctl.ExitFailure, "ssh config: " + err.Error()}
+			}
+			mine, err := f.Tasks(c.String("shim"))
+			if err != nil {
+				return exitError{ctl.ExitFailure, "ssh config: " + err.Error()}
+			}
+			for _, ref := range c.Args().Slice() {
+				info, err := ctl.Match(infos, ref)
+				if err != nil {
+					return exitError{ctl.ExitFailure, err.Error()}
+				}
+				mine[info.ID] = true
+			}
 			var fresh []string
 			for _, info := range infos {
-				if info.Status != api.TaskRunning {
+				if info.Status != api.TaskRunning || !mine[info.ID] {
 					continue
 				}
 				ep, err := sshEndpoint(c, c.String("shim"), c.String("ssh"), info)
@@ -97,10 +118,7 @@ func sshConfigCmd() *cli.Command {
 				}
 				fresh = append(fresh, entry)
 			}
-			f, err := sshConfig()
-			if err == nil {
-				err = f.ReplaceShim(c.String("shim"), fresh)
-			}
+			err = f.ReplaceShim(c.String("shim"), fresh)
 			path := f.Path
 			if err != nil {
 				return exitError{ctl.ExitFailure, "ssh config: " + err.Error()}

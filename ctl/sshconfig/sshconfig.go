@@ -116,6 +116,21 @@ func (f File) Forget(taskID string) error {
 	})
 }
 
+// Tasks returns the ids of the tasks of shim that have an entry.
+func (f File) Tasks(shim string) (map[string]bool, error) {
+	b, err := os.ReadFile(f.Path)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	ids := map[string]bool{}
+	for _, e := range parse(b) {
+		if id, s := EntryTask(e); s == shim && id != "" {
+			ids[id] = true
+		}
+	}
+	return ids, nil
+}
+
 // ReplaceShim sets the entries of one shim's tasks to fresh, keeping
 // other shims' entries.
 func (f File) ReplaceShim(shim string, fresh []string) error {
