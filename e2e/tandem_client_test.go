@@ -267,7 +267,7 @@ func TestTandemSSHConfig(t *testing.T) {
 	}
 	// Another tenant's task on the same shim, named for a real host: its
 	// name must never become an ssh Host of this user's.
-	other, oOut, oErr := tandemIn(t, t.TempDir(), nil, "run", "-d", "--no-ssh-config", "--shim", shim, "--image", debian, "--name", "github.com", "--", "sleep", "300")
+	other, oOut, oErr := tandemIn(t, t.TempDir(), nil, "run", "-d", "--no-ssh-config", "--network", "bridge", "--shim", shim, "--image", debian, "--name", "github.com", "--", "sleep", "300")
 	if err := other.Run(); err != nil {
 		t.Fatalf("the other tenant's run: %v %s %s", err, oOut, oErr)
 	}
