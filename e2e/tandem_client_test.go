@@ -271,7 +271,10 @@ func TestTandemSSHConfig(t *testing.T) {
 	if err := other.Run(); err != nil {
 		t.Fatalf("the other tenant's run: %v %s %s", err, oOut, oErr)
 	}
-	t.Cleanup(func() { c, _, _ := tandemIn(t, t.TempDir(), nil, "rm", "-f", "--shim", shim, "github.com"); _ = c.Run() })
+	t.Cleanup(func() {
+		c, _, _ := tandemIn(t, t.TempDir(), nil, "rm", "-f", "--shim", shim, "github.com")
+		_ = c.Run()
+	})
 	// A stale entry of a task that is gone is dropped by a re-run.
 	stale := "# tandem task deadbeef-0000-0000-0000-000000000000 shim " + shim + "\nHost tandem-gone\n  HostName 127.0.0.1\n"
 	if b, err := os.ReadFile(filepath.Join(dir, "tandem_ssh_config")); err == nil {
