@@ -272,3 +272,30 @@ func TestReplacedSubmitLeavesNoKey(t *testing.T) {
 		t.Fatal("the replaced submit's key logs in to the container")
 	}
 }
+
+// TestHostNetworkRunnerAdmitsOnlyRootEquivalentAccounts (issue 37, hole 2,
+// host network): a host-network runner listens on the host's loopback
+// itself, where the shim cannot gate it; the shim tells it the uids of the
+// root-equivalent accounts and it refuses the rest. On the build before
+// the fix uid 65534 read its healthcheck and could submit first.
+func TestHostNetworkRunnerAdmitsOnlyRootEquivalentAccounts(t *testing.T) {
+	h, _, runnerPort := realStack(t)
+	cfg := h.submit(api.TaskConfig{NetworkMode: "host"})
+	if info := h.wait(cfg.ID, 60*time.Second, func(i api.TaskInfoResponse) bool { return i.Status != api.TaskPending && i.Status != api.TaskPreparing && i.Status != api.TaskPulling && i.Status != api.TaskCreating }); info.Status != api.TaskRunning {
+		t.Fatalf("host task did not run: %+v", info)
+	}
+	url := "http://127.0.0.1:" + runnerPort + "/api/healthcheck"
+	var root string
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if root = asUID(t, 0, "GET", url, ""); strings.Contains(root, " 200 ") {
+			break
+		}
+	}
+	if !strings.Contains(root, " 200 ") || !strings.Contains(root, "dstack-runner") {
+		t.Fatalf("root (the control) does not reach the runner: %q", root)
+	}
+	out := asUID(t, 65534, "POST", "http://127.0.0.1:"+runnerPort+"/api/submit", `{"run":{}}`)
+	if !strings.Contains(out, " 403 ") || !strings.Contains(out, "uid 65534") {
+		t.Fatalf("nobody reached the host-network runner: %q", out)
+	}
+}

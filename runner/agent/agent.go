@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/lifecycle"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/common/sockdiag"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/executor"
@@ -53,6 +55,12 @@ type Config struct {
 	// late readers (a CLI attaching over WebSocket, a retried pull).
 	Linger time.Duration
 	Stdout io.Writer
+
+	// APIUIDs, when set, are the only uids whose local sockets the HTTP
+	// API serves (the shim passes its root-equivalent accounts to a
+	// host-network runner, whose port is on the host's loopback); nil
+	// serves every client.
+	APIUIDs []uint32
 
 	Executor executor.Config
 	SSH      sshd.Config
@@ -216,7 +224,12 @@ func (a *agent) startAPI() error {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
 	hs := httpapi.NewServer(e, httpapi.DefaultLimits)
-	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, nil, a.log)
+	var admit httpapi.Admit
+	if a.cfg.APIUIDs != nil {
+		admit = uidAdmit(a.cfg.APIUIDs)
+		a.log.Info("runner API serves only these local uids", "uids", a.cfg.APIUIDs)
+	}
+	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, admit, a.log)
 	gate.Attach(hs)
 	go func() { _ = hs.Serve(gate) }()
 	a.OnStop(func() {
@@ -315,4 +328,36 @@ func hasCaps(statusPath string, bits ...uint) bool {
 		}
 	}
 	return false
+}
+
+// uidAdmit admits the connections whose client socket, found in this
+// network namespace's tables, is owned by one of uids; any other, or one
+// not found, is refused with a 403 naming it.
+func uidAdmit(uids []uint32) httpapi.Admit {
+	return func(conns []net.Conn) []httpapi.Admission {
+		look := sockdiag.Open("")
+		defer look.Close()
+		out := make([]httpapi.Admission, len(conns))
+		for i, c := range conns {
+			peer := c.RemoteAddr().String()
+			l, ok1 := c.LocalAddr().(*net.TCPAddr)
+			r, ok2 := c.RemoteAddr().(*net.TCPAddr)
+			if !ok1 || !ok2 {
+				out[i] = httpapi.Admission{Refuse: true, Peer: peer, Reason: "not a TCP connection"}
+				continue
+			}
+			_, uid, err := look.Find(l, r)
+			switch {
+			case err != nil:
+				out[i] = httpapi.Admission{Refuse: true, Peer: peer, Reason: err.Error(),
+					Message: "this runner serves only the host's root-equivalent accounts; the caller " + peer + " was not found: " + err.Error()}
+			case !slices.Contains(uids, uid):
+				out[i] = httpapi.Admission{Refuse: true, Peer: peer + " uid " + strconv.FormatUint(uint64(uid), 10), Reason: "uid not root-equivalent",
+					Message: "this runner serves only the host's root-equivalent accounts, not uid " + strconv.FormatUint(uint64(uid), 10) + " (" + peer + ")"}
+			default:
+				out[i] = httpapi.Admission{Trusted: true, Peer: peer}
+			}
+		}
+		return out
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -87,6 +88,7 @@ func app(run func(context.Context, agent.Config) error) *cli.App {
 				&cli.Int64Flag{Name: "max-upload-total-bytes", Value: d.Executor.MaxUploadTotal, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_TOTAL_BYTES"}, Usage: "all uploads of a job together"},
 				&cli.Int64Flag{Name: "job-log-max-bytes", Value: d.Executor.LogRetention.Max, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_MAX_BYTES"}, Usage: "disk kept per job log file (raw output, stripped lines): the head and the latest output; -1 keeps all"},
 				&cli.Int64Flag{Name: "job-log-head-bytes", Value: d.Executor.LogRetention.Head, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_HEAD_BYTES"}, Usage: "of --job-log-max-bytes, the start of the output always kept"},
+				&cli.StringFlag{Name: "api-allow-uids", EnvVars: []string{"TANDEM_RUNNER_API_UIDS"}, Usage: "serve the HTTP API only to local clients whose socket is owned by one of these uids (comma-separated; the shim passes its root-equivalent accounts to host-network runners); empty: every client"},
 				&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_RUNNER_LOG_MIN_FREE_BYTES"}, Usage: "free space under --temp-dir below which output is no longer kept (the job goes on); 0: a tenth of the filesystem, at most 256 MiB; -1: none"},
 			},
 			Action: func(c *cli.Context) error {
@@ -116,10 +118,29 @@ func app(run func(context.Context, agent.Config) error) *cli.App {
 				x.InterruptGrace, x.MaxUpload, x.MaxUploadTotal = c.Duration("interrupt-grace"), c.Int64("max-upload-bytes"), c.Int64("max-upload-total-bytes")
 				x.LogRetention = logs.Retention{Head: c.Int64("job-log-head-bytes"), Max: c.Int64("job-log-max-bytes")}
 				x.LogMinFree = c.Int64("log-min-free-bytes")
+				if cfg.APIUIDs, err = parseUIDs(c.String("api-allow-uids")); err != nil {
+					return fmt.Errorf("--api-allow-uids: %w", err)
+				}
+				// The job inherits the runner's environment: the list is the
+				// runner's, not the job's.
+				_ = os.Unsetenv("TANDEM_RUNNER_API_UIDS")
 				return run(ctx, cfg)
 			},
 		}},
 	}
+}
+
+// parseUIDs reads "0,1000"; "" is nil (no check).
+func parseUIDs(s string) ([]uint32, error) {
+	var out []uint32
+	for _, f := range splitCommas([]string{s}) {
+		v, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("uid %q: %w", f, err)
+		}
+		out = append(out, uint32(v))
+	}
+	return out, nil
 }
 
 // splitCommas accepts a list flag both repeated and comma-separated.

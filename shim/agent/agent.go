@@ -226,6 +226,7 @@ func (a *agent) startEngine(context.Context) error {
 	} else {
 		a.log.Warn("Docker publishes bridge tasks' runner ports: every local account can reach them (--docker-publish-ports)")
 	}
+	a.tcfg.RunnerAPIUIDs = a.principals().AllowedUIDs
 	a.engine = task.New(a.tcfg, a.rt, a.locks, &authkeys.Editor{}, a.log)
 	a.OnStop(func() {
 		a.engine.Shutdown()

@@ -7,10 +7,11 @@
 package origin
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"strconv"
+
+	"github.com/tandem-run/tandem/common/sockdiag"
 )
 
 // Verdict is the answer for one connection.
@@ -32,7 +33,7 @@ type Verdict struct {
 
 // ErrNotFound means the client's socket is not in this network namespace's
 // tables (a client on another machine, or in another network namespace).
-var ErrNotFound = errors.New("client socket not found on this host")
+var ErrNotFound = sockdiag.ErrNotFound
 
 // Checker resolves connections. Proc is the procfs root ("/proc").
 type Checker struct {
@@ -63,8 +64,8 @@ func (c Checker) CheckBatch(pairs []Pair) []Verdict {
 	out := make([]Verdict, len(pairs))
 	inodes := make([]uint64, len(pairs))
 	want := map[uint64]struct{}{}
-	look := c.inodeLookup()
-	defer look.close()
+	look := sockdiag.Open(c.Proc)
+	defer look.Close()
 	for i, p := range pairs {
 		l, ok1 := p.Local.(*net.TCPAddr)
 		r, ok2 := p.Remote.(*net.TCPAddr)
@@ -73,7 +74,7 @@ func (c Checker) CheckBatch(pairs []Pair) []Verdict {
 			continue
 		}
 		out[i].Peer = r.String()
-		inode, uid, err := look.inode(l, r)
+		inode, uid, err := look.Find(l, r)
 		if err != nil {
 			out[i].Reason = err.Error()
 			continue

@@ -267,3 +267,39 @@ func (p *Policy) String() string {
 func (d Decision) Error() string {
 	return fmt.Sprintf("%s is %s", d.Who, d.Why)
 }
+
+// AllowedUIDs lists the uids Decide admits among the accounts of the
+// host's passwd, plus root and the operator's numeric entries: what a
+// host-network runner, which cannot read the host's policy, is told to
+// serve. Accounts added later are not in it (the task keeps the list it
+// started with).
+func (p *Policy) AllowedUIDs() []uint32 {
+	seen := map[uint32]bool{0: true}
+	out := []uint32{0}
+	add := func(uid uint32) {
+		if !seen[uid] {
+			seen[uid] = true
+			out = append(out, uid)
+		}
+	}
+	for _, a := range p.Allow {
+		if v, err := strconv.ParseUint(strings.TrimSpace(a), 10, 32); err == nil {
+			add(uint32(v))
+		}
+	}
+	var uids []uint32
+	forEachLine(p.path("/etc/passwd"), func(f []string) bool {
+		if len(f) >= 3 {
+			if v, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+				uids = append(uids, uint32(v))
+			}
+		}
+		return true
+	})
+	for _, uid := range uids {
+		if !seen[uid] && p.Decide(uid).Allowed {
+			add(uid)
+		}
+	}
+	return out
+}

@@ -3,6 +3,7 @@ package principal
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,6 +109,11 @@ func TestDecide(t *testing.T) {
 	}
 	if d := p.Decide(1002); !strings.Contains(d.Error(), "uid 1002 (bob)") {
 		t.Errorf("refusal names the account: %q", d.Error())
+	}
+	got := p.AllowedUIDs()
+	slices.Sort(got)
+	if want := []uint32{0, 1000, 1001, 1003, 1005, 1006, 1007, 4242}; !slices.Equal(got, want) {
+		t.Errorf("AllowedUIDs = %v, want %v", got, want)
 	}
 }
 

@@ -85,6 +85,10 @@ type Config struct {
 	// loopback behind the API's gate (shim/portfwd); nil: Docker publishes
 	// them, to every local account.
 	Forwarder Forwarder
+	// RunnerAPIUIDs lists the local uids a host-network runner's API may
+	// serve (the API's root-equivalent accounts); nil: the runner serves
+	// every local client, as dstack's does.
+	RunnerAPIUIDs func() []uint32
 	// Observer receives metrics events (nil: none).
 	Observer Observer
 	// Volumes mounts network volumes; nil refuses tasks that ask for them.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/shim/gpu"
@@ -48,7 +49,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		User:        cfg.ContainerUser,
 		Entrypoint:  []string{RunnerBinaryInContainer},
 		Cmd:         cmd,
-		Env:         slices.Clone(e.cfg.Env),
+		Env:         e.containerEnv(cfg.NetworkMode),
 		Labels:      map[string]string{LabelIsTask: "true", LabelTaskID: cfg.ID, LabelShimHome: e.cfg.Home},
 		NetworkMode: cmp.Or(network, cfg.NetworkMode),
 		Privileged:  cfg.Privileged || e.cfg.Privileged,
@@ -101,3 +102,23 @@ func withoutDisplay(spec ContainerSpec) ContainerSpec {
 
 // runnerPorts are the container ports a bridge task's runner serves.
 func (e *Engine) runnerPorts() []int { return []int{e.cfg.RunnerHTTPPort, e.cfg.RunnerSSHPort} }
+
+// RunnerAPIUIDsEnv tells our runner which local uids its API serves.
+const RunnerAPIUIDsEnv = "TANDEM_RUNNER_API_UIDS"
+
+// containerEnv is the shim's environment for every container, and for a
+// host-network one the uids its runner's API may serve: its port is on the
+// host's loopback, where the shim cannot gate it (a bridge task's ports
+// are the shim's forwards).
+func (e *Engine) containerEnv(networkMode string) []string {
+	env := slices.Clone(e.cfg.Env)
+	if networkMode == "host" && e.cfg.RunnerAPIUIDs != nil {
+		uids := e.cfg.RunnerAPIUIDs()
+		parts := make([]string, len(uids))
+		for i, u := range uids {
+			parts[i] = strconv.FormatUint(uint64(u), 10)
+		}
+		env = append(env, RunnerAPIUIDsEnv+"="+strings.Join(parts, ","))
+	}
+	return env
+}
