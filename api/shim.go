@@ -197,6 +197,10 @@ type TaskDetails struct {
 	// ended, kept after the runner and its container are gone): its exit
 	// status outlives them.
 	Job *JobStateEvent `json:"job,omitempty"`
+	// HostKeys are the runner's SSH host public keys ("ssh-ed25519 AAAA..."),
+	// once it wrote them: a client pins them instead of trusting the
+	// first key it sees.
+	HostKeys []string `json:"ssh_host_keys,omitempty"`
 }
 
 // TaskSubmitResponse is the body of a successful POST /api/tasks. dstack's shim

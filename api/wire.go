@@ -17,4 +17,8 @@ const (
 	RunnerDirInContainer = "/tmp/runner"
 	// RunnerBinaryInContainer is where the host's runner binary is bound.
 	RunnerBinaryInContainer = "/usr/local/bin/dstack-runner"
+	// RunnerHostKeysFile is where, in its temp dir, the runner leaves its
+	// SSH host public keys (authorized_keys lines), for the shim to report
+	// and a client to pin.
+	RunnerHostKeysFile = "ssh_host_keys.pub"
 )

@@ -41,6 +41,9 @@ type SSHOptions struct {
 	Identity      string
 	KnownHosts    string // for the jump host ("" = OpenSSH's default)
 	User          string // login in the container (default root)
+	// PinDir, when set, receives a known_hosts file of the task's host
+	// keys (when its shim reports them), which the endpoint then checks.
+	PinDir string
 	Dial          func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
@@ -51,16 +54,26 @@ type SSHEndpoint struct {
 	Identity   string // private key file; "" = ssh's defaults
 	Jump       string // user@host[:port]; "" = direct
 	KnownHosts string // the jump host's known_hosts; "" = ssh's default
+	// Pins is a known_hosts file holding the task's own host keys under
+	// Alias (sshconfig.WritePins); "": the task's key is not checked.
+	Pins, Alias string
 }
 
 // Options are the endpoint as OpenSSH -o options (ssh_config keywords),
 // shared by the argv of tandem ssh and tandem's ssh config entries.
 func (e SSHEndpoint) Options() [][2]string {
-	opts := [][2]string{{"HostName", e.Host}, {"Port", strconv.Itoa(e.Port)}, {"User", e.User},
-		// The container's host key is created per task: pinning it buys
-		// nothing, and the path to it is already authenticated (local, or
-		// through the checked jump host).
-		{"StrictHostKeyChecking", "no"}, {"UserKnownHostsFile", "/dev/null"}, {"LogLevel", "ERROR"}}
+	opts := [][2]string{{"HostName", e.Host}, {"Port", strconv.Itoa(e.Port)}, {"User", e.User}}
+	if e.Pins != "" {
+		// The task's own host keys, as its runner wrote them and the shim
+		// reported them: a port that another task took over since cannot
+		// pass for this one.
+		opts = append(opts, [2]string{"StrictHostKeyChecking", "yes"}, [2]string{"UserKnownHostsFile", e.Pins},
+			[2]string{"HostKeyAlias", e.Alias}, [2]string{"LogLevel", "ERROR"})
+	} else {
+		// A shim that reports no host key (dstack's, an old one): the path
+		// is authenticated up to the host (local, or the checked jump).
+		opts = append(opts, [2]string{"StrictHostKeyChecking", "no"}, [2]string{"UserKnownHostsFile", "/dev/null"}, [2]string{"LogLevel", "ERROR"})
+	}
 	if e.Identity != "" {
 		opts = append(opts, [2]string{"IdentityFile", e.Identity}, [2]string{"IdentitiesOnly", "yes"})
 	}
@@ -122,7 +135,14 @@ func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
 	if user == "" {
 		user = "root"
 	}
-	return SSHEndpoint{Host: host, Port: port, User: user, Identity: o.Identity, Jump: o.Jump, KnownHosts: o.KnownHosts}, nil
+	ep := SSHEndpoint{Host: host, Port: port, User: user, Identity: o.Identity, Jump: o.Jump, KnownHosts: o.KnownHosts}
+	if d := info.Tandem; o.PinDir != "" && d != nil && len(d.HostKeys) > 0 {
+		ep.Alias = "tandem-task-" + info.ID
+		if ep.Pins, err = sshconfig.WritePins(o.PinDir, info.ID, ep.Alias, d.HostKeys); err != nil {
+			return SSHEndpoint{}, fmt.Errorf("pin the task's host keys: %w", err)
+		}
+	}
+	return ep, nil
 }
 
 // SSHCommand returns the OpenSSH client argv that opens a shell (or runs

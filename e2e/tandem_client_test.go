@@ -329,6 +329,27 @@ func TestTandemSSHConfig(t *testing.T) {
 	if got := sshRun("tandem-box", "cat", "/tmp/tree/sub/f"); got != "synced by rsync\n" {
 		t.Fatalf("after rsync: %q", got)
 	}
+	// The entry pins the task's own host key: a different key at the same
+	// place (a port another task took over) is refused.
+	b, _ := os.ReadFile(filepath.Join(dir, "tandem_ssh_config"))
+	if !strings.Contains(string(b), "StrictHostKeyChecking yes") || !strings.Contains(string(b), "HostKeyAlias tandem-task-") {
+		t.Fatalf("the entry does not pin the host key:\n%s", b)
+	}
+	pins, _ := filepath.Glob(filepath.Join(dir, "known_hosts.d", "*"))
+	if len(pins) != 1 {
+		t.Fatalf("pin files: %v", pins)
+	}
+	good, _ := os.ReadFile(pins[0])
+	impostor := testenv.KeyGen(t, filepath.Join(t.TempDir(), "impostor"), "ed25519")
+	alias := strings.Fields(string(good))[0]
+	if err := os.WriteFile(pins[0], []byte(alias+" "+strings.Join(strings.Fields(impostor)[:2], " ")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("ssh", "-F", userCfg, "-o", "BatchMode=yes", "tandem-box", "true").CombinedOutput(); err == nil ||
+		!strings.Contains(string(out), "HOST IDENTIFICATION HAS CHANGED") && !strings.Contains(string(out), "Host key verification failed") {
+		t.Fatalf("a wrong pinned key was accepted: %v %s", err, out)
+	}
+	_ = os.WriteFile(pins[0], good, 0o600)
 	// Completion offers the task by name.
 	comp, compOut, _ := tandemIn(t, dir, nil, "logs", "--shim", shim, "--generate-bash-completion")
 	if err := comp.Run(); err != nil || !strings.Contains(compOut.String(), "box") {
@@ -353,5 +374,8 @@ func TestTandemSSHConfig(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(filepath.Join(dir, "tandem_ssh_config")); strings.Contains(string(b), "Host tandem-box") {
 		t.Fatalf("entry left after rm:\n%s", b)
+	}
+	if pins, _ := filepath.Glob(filepath.Join(dir, "known_hosts.d", "*")); len(pins) != 0 {
+		t.Fatalf("pin files left after rm: %v", pins)
 	}
 }

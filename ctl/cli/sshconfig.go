@@ -28,8 +28,12 @@ func sshEndpoint(c *cli.Context, shim, jump string, info api.TaskInfoResponse) (
 			identity = strings.TrimSuffix(pub, ".pub")
 		}
 	}
+	f, err := sshConfig()
+	if err != nil {
+		return ctl.SSHEndpoint{}, err
+	}
 	return ctl.Endpoint(info, ctl.SSHOptions{Shim: shim, Jump: jump, Identity: identity,
-		KnownHosts: c.String("known-hosts"), RunnerSSHPort: c.Int("runner-ssh-port")})
+		KnownHosts: c.String("known-hosts"), RunnerSSHPort: c.Int("runner-ssh-port"), PinDir: f.PinDir()})
 }
 
 // alias is the task's Host name: "tandem-" and its name with dots made

@@ -194,9 +194,13 @@ func sshCmd() *cli.Command {
 			if err != nil {
 				return err
 			}
+			pins := ""
+			if f, err := sshConfig(); err == nil {
+				pins = f.PinDir()
+			}
 			argv, err := ctl.SSHCommand(c.Context, c.Args().First(), ctl.SSHOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"),
 				RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts"),
-				User: c.String("user"), Dial: dial}, c.Args().Slice()[1:])
+				User: c.String("user"), Dial: dial, PinDir: pins}, c.Args().Slice()[1:])
 			closeDial()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}

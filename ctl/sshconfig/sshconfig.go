@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/common/atomicfile"
+	"github.com/tandem-run/tandem/common/ident"
 )
 
 // header opens the file; everything but the entries is rewritten.
@@ -58,7 +59,57 @@ func (f File) Edit(edit func(entries []string) []string) error {
 	for _, e := range edit(parse(old)) {
 		b.WriteString(strings.TrimRight(e, "\n") + "\n\n")
 	}
-	return atomicfile.WriteBytes(f.Path, b.Bytes(), atomicfile.Options{Perm: 0o600, UID: -1})
+	if err := atomicfile.WriteBytes(f.Path, b.Bytes(), atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
+		return err
+	}
+	f.prunePins(b.Bytes())
+	return nil
+}
+
+// PinDir holds one known_hosts file per task (its runner's host keys under
+// the task's alias), beside the config.
+func (f File) PinDir() string { return filepath.Join(filepath.Dir(f.Path), "known_hosts.d") }
+
+// WritePins writes the known_hosts file of taskID into dir: each key under
+// alias (ssh's HostKeyAlias), so ssh checks the task's real host key
+// whatever port or jump reaches it. It returns the file's path.
+func WritePins(dir, taskID, alias string, keys []string) (string, error) {
+	if err := ident.TaskID(taskID); err != nil {
+		return "", err
+	}
+	if err := ident.TaskName(alias); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, k := range keys {
+		if strings.ContainsAny(k, "\n\r") || len(strings.Fields(k)) != 2 {
+			return "", fmt.Errorf("host key %q: not one key", k)
+		}
+		b.WriteString(alias + " " + k + "\n")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, taskID)
+	return path, atomicfile.WriteBytes(path, []byte(b.String()), atomicfile.Options{Perm: 0o600, UID: -1})
+}
+
+// prunePins drops the known_hosts files of tasks that have no entry.
+func (f File) prunePins(content []byte) {
+	ents, err := os.ReadDir(f.PinDir())
+	if err != nil {
+		return
+	}
+	keep := map[string]bool{}
+	for _, e := range parse(content) {
+		id, _ := EntryTask(e)
+		keep[id] = true
+	}
+	for _, e := range ents {
+		if !keep[e.Name()] && ident.TaskID(e.Name()) == nil {
+			_ = os.Remove(filepath.Join(f.PinDir(), e.Name()))
+		}
+	}
 }
 
 // parse returns the entries of a file's content: the blocks that start

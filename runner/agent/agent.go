@@ -195,6 +195,7 @@ func (a *agent) startSSH() error {
 	}
 	sc := a.cfg.SSH
 	sc.HostKeyDir, sc.Accounts, sc.Env = filepath.Join(a.cfg.TempDir, "ssh"), a.accounts, a.x.SessionEnv
+	sc.PublicKeysFile = filepath.Join(a.cfg.TempDir, api.RunnerHostKeysFile)
 	sc.CanSetUser, sc.Self, sc.Tracker = a.canSet, self, a.tracker
 	sc.Log = logging.AtLevel(a.base, a.cfg.SSHLogLevel)
 	srv, err := sshd.New(sc, a.keys)

@@ -35,7 +35,10 @@ import (
 type Config struct {
 	Addr       string
 	HostKeyDir string // host keys are created here once and reused
-	Accounts   account.Accounts
+	// PublicKeysFile, when set, receives the host public keys, one
+	// authorized_keys line each (the shim reports them to clients).
+	PublicKeysFile string
+	Accounts       account.Accounts
 	// Env returns the environment sessions start from: the job's once it
 	// runs, else the runner's.
 	Env        func() []string
@@ -174,6 +177,15 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 	signers, err := hostKeys(cfg.HostKeyDir)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.PublicKeysFile != "" {
+		var b []byte
+		for _, s := range signers {
+			b = append(b, gossh.MarshalAuthorizedKey(s.PublicKey())...)
+		}
+		if err := atomicfile.WriteBytes(cfg.PublicKeysFile, b, atomicfile.Options{Perm: 0o644, UID: -1}); err != nil {
+			return nil, fmt.Errorf("host public keys: %w", err)
+		}
 	}
 	s := &Server{cfg: cfg, keys: keys, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns),
 		ahead: rawnet.NewBuffers(readAheadBuf, maxReadAheadBufs)}

@@ -205,6 +205,7 @@ type task struct {
 	message   string
 	contID    string
 	ports     []api.PortMapping
+	hostKeys  []string // the runner's SSH host keys, once read
 	gpuIDs    []string
 	stopReq   *api.TaskTerminateRequest // set by terminate
 	job       *api.JobStateEvent        // the job's final state, once its runner left it

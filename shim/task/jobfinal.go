@@ -9,7 +9,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
+	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
@@ -208,3 +211,59 @@ func (d *dataReader) fill() error {
 }
 
 func (d *dataReader) Close() error { return d.f.Close() }
+
+// maxHostKeysFile bounds the runner's host public keys file: a few lines.
+const maxHostKeysFile = 16 << 10
+
+// readHostKeys reads the runner's SSH host public keys from its dir, as
+// any input from the job (the dir is the job's too): not through a link,
+// bounded, each line parsed as a public key and written anew, so nothing
+// but a key reaches a client's known_hosts.
+func readHostKeys(dir string) ([]string, error) {
+	f, _, err := openJobFile(dir, api.RunnerHostKeysFile)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxHostKeysFile))
+	if err != nil {
+		return nil, err
+	}
+	var keys []string
+	for len(b) > 0 && len(keys) < 8 {
+		pk, _, _, rest, err := gossh.ParseAuthorizedKey(b)
+		if err != nil {
+			break
+		}
+		if k := strings.TrimSpace(string(gossh.MarshalAuthorizedKey(pk))); !slices.Contains(keys, k) {
+			keys = append(keys, k)
+		}
+		b = rest
+	}
+	if len(keys) == 0 {
+		return nil, fmt.Errorf("%s: no public key", api.RunnerHostKeysFile)
+	}
+	return keys, nil
+}
+
+// learnHostKeys keeps a running task's runner host keys once it wrote
+// them (they never change); until then each answer looks again.
+func (e *Engine) learnHostKeys(t *task) {
+	t.mu.Lock()
+	need := t.status == api.TaskRunning && t.hostKeys == nil
+	t.mu.Unlock()
+	if !need {
+		return
+	}
+	dir, err := e.runnerDir(t)
+	if err != nil {
+		return
+	}
+	keys, err := readHostKeys(dir)
+	if err != nil {
+		return
+	}
+	t.mu.Lock()
+	t.hostKeys = keys
+	t.mu.Unlock()
+}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tandem-run/tandem/api"
@@ -86,4 +87,34 @@ func FuzzParseJobFinal(f *testing.F) {
 			t.Fatalf("accepted %+v", ev)
 		}
 	})
+}
+
+// TestReadHostKeys: the runner's host keys are read as job input: keys
+// only (rewritten without comments or options), never through a link,
+// never from something that is not a regular file.
+func TestReadHostKeys(t *testing.T) {
+	dir := t.TempDir()
+	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC8yVbSqjrvTJsNrx0BHW0YaJvTxdnsM3I1dTKdJjLKu"
+	body := key + " comment\nnot a key\n" + `command="evil" ` + key + "\n"
+	if err := os.WriteFile(filepath.Join(dir, api.RunnerHostKeysFile), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	keys, err := readHostKeys(dir)
+	if err != nil || len(keys) != 1 || keys[0] != key {
+		t.Fatalf("%q %v", keys, err)
+	}
+	link := t.TempDir()
+	if err := os.Symlink(filepath.Join(dir, api.RunnerHostKeysFile), filepath.Join(link, api.RunnerHostKeysFile)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readHostKeys(link); err == nil {
+		t.Fatal("read through a link")
+	}
+	fifo := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(fifo, api.RunnerHostKeysFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readHostKeys(fifo); err == nil {
+		t.Fatal("read a FIFO")
+	}
 }

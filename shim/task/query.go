@@ -59,6 +59,7 @@ func (e *Engine) GPUIDs(id string) ([]string, error) {
 
 // info is what the API answers for t.
 func (e *Engine) info(t *task) api.TaskInfoResponse {
+	e.learnHostKeys(t)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return e.infoLocked(t)
@@ -108,6 +109,7 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 		j := *t.job
 		d.Job = &j
 	}
+	d.HostKeys = slices.Clone(t.hostKeys)
 	info.Tandem = d
 	return info
 }
