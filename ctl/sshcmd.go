@@ -44,7 +44,7 @@ type SSHOptions struct {
 	// PinDir, when set, receives a known_hosts file of the task's host
 	// keys (when its shim reports them), which the endpoint then checks.
 	PinDir string
-	Dial          func(ctx context.Context, network, addr string) (net.Conn, error)
+	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // SSHEndpoint is where and how OpenSSH reaches a task's SSH server.

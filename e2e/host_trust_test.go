@@ -281,7 +281,9 @@ func TestReplacedSubmitLeavesNoKey(t *testing.T) {
 func TestHostNetworkRunnerAdmitsOnlyRootEquivalentAccounts(t *testing.T) {
 	h, _, runnerPort := realStack(t)
 	cfg := h.submit(api.TaskConfig{NetworkMode: "host"})
-	if info := h.wait(cfg.ID, 60*time.Second, func(i api.TaskInfoResponse) bool { return i.Status != api.TaskPending && i.Status != api.TaskPreparing && i.Status != api.TaskPulling && i.Status != api.TaskCreating }); info.Status != api.TaskRunning {
+	if info := h.wait(cfg.ID, 60*time.Second, func(i api.TaskInfoResponse) bool {
+		return i.Status != api.TaskPending && i.Status != api.TaskPreparing && i.Status != api.TaskPulling && i.Status != api.TaskCreating
+	}); info.Status != api.TaskRunning {
 		t.Fatalf("host task did not run: %+v", info)
 	}
 	url := "http://127.0.0.1:" + runnerPort + "/api/healthcheck"
