@@ -301,3 +301,37 @@ func TestHostNetworkRunnerAdmitsOnlyRootEquivalentAccounts(t *testing.T) {
 		t.Fatalf("nobody reached the host-network runner: %q", out)
 	}
 }
+
+// TestMetricsAddressServesScrapersOnly: with --metrics-address, GET
+// /metrics answers any scraper (here an ordinary account, and a client in
+// its own mount namespace as a containerised Prometheus is), while the task
+// API on the same listener does not exist and the API port still refuses
+// them.
+func TestMetricsAddressServesScrapersOnly(t *testing.T) {
+	testenv.RequireDocker(t)
+	bins := testenv.Binaries(t)
+	maddr := testenv.FreeAddr(t)
+	h := startShim(t, bins.Runner, nil, "--metrics-address", maddr)
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if out = asUID(t, 65534, "GET", "http://"+maddr+"/metrics", ""); strings.Contains(out, " 200 ") {
+			break
+		}
+	}
+	if !strings.Contains(out, " 200 ") || !strings.Contains(out, "tandem_shim_") {
+		t.Fatalf("nobody could not scrape the metrics address: %q", out)
+	}
+	if out := asUID(t, 65534, "GET", "http://"+maddr+"/api/tasks", ""); !strings.Contains(out, " 404 ") {
+		t.Fatalf("the metrics address serves the task API: %q", out)
+	}
+	if out := asUID(t, 65534, "GET", "http://"+h.addr()+"/metrics", ""); !strings.Contains(out, " 403 ") {
+		t.Fatalf("the API port serves nobody: %q", out)
+	}
+	bb, _ := exec.LookPath("busybox")
+	host, port, _ := net.SplitHostPort(maddr)
+	cmd := exec.Command("unshare", "--mount", bb, "nc", host, port)
+	cmd.Stdin = strings.NewReader("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+	if b, _ := cmd.CombinedOutput(); !strings.Contains(string(b), " 200 ") {
+		t.Fatalf("a namespaced scraper could not scrape: %q", b)
+	}
+}

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/netutil"
+
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/lifecycle"
@@ -55,6 +57,10 @@ type Config struct {
 	// APIAllowUsers admits more local accounts than the root-equivalent
 	// ones (principal.Policy.Allow: uids, user names, @groups).
 	APIAllowUsers []string
+	// MetricsAddress, when set, serves GET /metrics alone on its own
+	// listener, to any scraper (a Prometheus in a container, on another
+	// machine, or as its own account), without opening the task API.
+	MetricsAddress string
 	// DockerPublishesPorts leaves a bridge task's runner ports to Docker's
 	// publishing (reachable by every local account) instead of the shim's
 	// gated forwards: a kill switch.
@@ -135,6 +141,7 @@ type agent struct {
 	sd                   *shutdown
 	force                bool // the API asked for a forced shutdown
 	policy               *principal.Policy
+	metricsH             http.Handler
 
 	lifecycle.Stack // what started, stopped in reverse by Run
 }
@@ -301,7 +308,7 @@ func (a *agent) startAPI(ctx context.Context) error {
 		Stopper:           a.sd,
 		Readiness:         recovered{done: a.ready},
 		Log:               a.log,
-		Metrics:           a.mx.Handler(metrics.Sources{Tasks: a.engine, GPUs: a.locks}),
+		Metrics:           a.metricsHandler(),
 		MetricsMiddleware: a.mx.Middleware(),
 	})
 	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
@@ -341,9 +348,39 @@ func (a *agent) startAPI(ctx context.Context) error {
 		}
 	})
 	a.log.Info("shim API serving", "addr", gate.Addr().String())
+	if a.cfg.MetricsAddress != "" {
+		if err := a.startMetrics(); err != nil {
+			return err
+		}
+	}
 	if a.cfg.Ready != nil {
 		a.cfg.Ready(gate.Addr().String())
 	}
+	return nil
+}
+
+func (a *agent) metricsHandler() http.Handler {
+	if a.metricsH == nil {
+		a.metricsH = a.mx.Handler(metrics.Sources{Tasks: a.engine, GPUs: a.locks})
+	}
+	return a.metricsH
+}
+
+// startMetrics serves /metrics alone on --metrics-address: read-only
+// counters for a scraper anywhere. Each connection is bounded in time and
+// there are at most 32 at once; nothing else of the API answers there.
+func (a *agent) startMetrics() error {
+	ln, err := net.Listen("tcp", a.cfg.MetricsAddress)
+	if err != nil {
+		return fmt.Errorf("listen %s (--metrics-address): %w", a.cfg.MetricsAddress, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", a.metricsHandler())
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: 60 * time.Second, MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
+	go func() { _ = hs.Serve(netutil.LimitListener(ln, 32)) }()
+	a.OnStop(func() { _ = hs.Close() })
+	a.log.Info("metrics serving", "addr", ln.Addr().String())
 	return nil
 }
 

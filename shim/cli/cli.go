@@ -119,6 +119,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		APIAllowedHosts:      c.StringSlice("api-allowed-host"),
 		APIAllowUsers:        c.StringSlice("api-allow-user"),
 		DockerPublishesPorts: c.Bool("docker-publish-ports"),
+		MetricsAddress:       c.String("metrics-address"),
 		IsolatedNetwork:      c.String("task-network"),
 	}, nil
 }
@@ -169,6 +170,7 @@ func Flags() []cli.Flag {
 		&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_SHIM_LOG_MIN_FREE_BYTES"}, Usage: "passed to each runner: free space in the shim home below which job output is no longer kept (runner default: a tenth of the filesystem, at most 256 MiB; -1: none)"},
 		&cli.StringFlag{Name: "task-network", Value: netiso.DefaultName, EnvVars: []string{"TANDEM_SHIM_TASK_NETWORK"}, Usage: "bridge network (created with inter-container traffic off) that bridge-mode tasks join, so tasks cannot reach each other; \"\" for Docker's default bridge"},
 		&cli.StringSliceFlag{Name: "api-allow-user", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_USERS"}, Usage: "local accounts admitted to the API and the task ports besides root-equivalent ones (root, sudoers granting ALL, the Docker socket's group): a uid, a user name or @group; repeat or comma-separate"},
+		&cli.StringFlag{Name: "metrics-address", EnvVars: []string{"TANDEM_SHIM_METRICS_ADDRESS"}, Usage: "also serve GET /metrics alone on this address (host:port; off by default), for a scraper the API refuses (in a container, on another machine, its own account); nothing else answers there"},
 		&cli.BoolFlag{Name: "docker-publish-ports", EnvVars: []string{"TANDEM_SHIM_DOCKER_PUBLISH_PORTS"}, Usage: "kill switch: let Docker publish bridge tasks' runner ports (every local account reaches them) instead of the shim's forwards, which admit only the API's callers"},
 		&cli.StringSliceFlag{Name: "api-allowed-host", EnvVars: []string{"TANDEM_SHIM_API_ALLOWED_HOSTS"}, Usage: "Host header names accepted besides loopback ones (* for any)"},
 		&cli.IntFlag{Name: "shim-http-port", Value: api.ShimHTTPPort, EnvVars: []string{"DSTACK_SHIM_HTTP_PORT"}, Usage: "API port"},
