@@ -7,7 +7,10 @@ DSTACK_VERSION ?= 0.21.3
 VERSION        ?= $(DSTACK_VERSION)
 PKG            := github.com/tandem-run/tandem
 LDFLAGS        := -s -w -buildid= -X $(PKG)/common/version.dstack=$(DSTACK_VERSION) -X $(PKG)/common/version.tandem=$(TANDEM_VERSION)
-GOBIN          := $(shell go env GOPATH)/bin
+# Go from scripts/go.sh (/usr/local/go) first: a distribution's older Go may
+# be on the PATH too. Before it exists, GOPATH is Go's default.
+export PATH    := /usr/local/go/bin:$(PATH)
+GOBIN          := $(or $(shell go env GOPATH 2>/dev/null),$(HOME)/go)/bin
 export PATH    := $(PATH):$(GOBIN)
 BIN            := $(CURDIR)/bin
 GOTEST_FLAGS   ?= -count=1 -timeout 30m
@@ -32,8 +35,11 @@ build:
 release:
 	TANDEM_VERSION=$(TANDEM_VERSION) ./scripts/release.sh $(VERSION) $(CURDIR)/dist
 
-## demo: the main job: one run through both agents on this machine
-demo: deps build
+## demo: the main job: one run through both agents on this machine (installs
+## only what it needs: Docker, gcc, busybox, Go)
+demo:
+	./scripts/deps.sh demo
+	$(MAKE) build
 	./scripts/demo.sh
 
 ## deps: install missing Debian packages and tools, start dockerd if needed

@@ -1,12 +1,21 @@
 #!/bin/sh
 # Installs what Tandem's build and tests need on Debian/Ubuntu (as root), only
-# what is missing, and makes sure a Docker daemon answers.
+# what is missing, and makes sure a Docker daemon answers. `deps.sh demo`
+# installs only what `make demo` needs (Docker, a C compiler for the shim's
+# NVML binding, busybox for the demo image, Go).
 set -eu
+cd "$(dirname "$0")/.."
 
-PACKAGES="docker.io docker-registry busybox-static openssh-client openssh-server rsync git fdisk cloud-init packer debootstrap shellcheck apache2-utils e2fsprogs util-linux iproute2 ca-certificates gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd prometheus jq qemu-system-x86 qemu-utils genisoimage xorriso socat"
+DEMO_PACKAGES="docker.io busybox-static gcc libc6-dev ca-certificates"
+PACKAGES="$DEMO_PACKAGES docker-registry openssh-client openssh-server rsync git fdisk cloud-init packer debootstrap shellcheck apache2-utils e2fsprogs util-linux iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd prometheus jq qemu-system-x86 qemu-utils genisoimage xorriso socat"
 STATICCHECK_VERSION="${STATICCHECK_VERSION:-v0.8.2}"
 
 log() { printf 'deps: %s\n' "$*" >&2; }
+
+mode="${1:-all}"
+if [ "$mode" = demo ]; then
+	PACKAGES="$DEMO_PACKAGES"
+fi
 
 missing=""
 for p in $PACKAGES; do
@@ -26,8 +35,10 @@ if [ -n "$missing" ]; then
 	apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
+./scripts/go.sh
+PATH="/usr/local/go/bin:$PATH"
 gobin="$(go env GOPATH)/bin"
-if ! command -v staticcheck >/dev/null 2>&1 && [ ! -x "$gobin/staticcheck" ]; then
+if [ "$mode" != demo ] && ! command -v staticcheck >/dev/null 2>&1 && [ ! -x "$gobin/staticcheck" ]; then
 	log "installing staticcheck $STATICCHECK_VERSION"
 	go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
 fi
