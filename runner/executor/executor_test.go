@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/runner/account"
@@ -215,6 +216,7 @@ func TestClusterKeyAuthorizedAtRun(t *testing.T) {
 	if _, started, err := x.Run(); err != nil || !started {
 		t.Fatalf("run: %v %v", started, err)
 	}
+	waitFinished(t, x)
 	if len(authorized) != 1 || authorized[0] != real {
 		t.Fatalf("authorized %v, want only the key of the submit that ran", authorized)
 	}
@@ -230,7 +232,21 @@ func TestClusterKeyAuthorizedAtRun(t *testing.T) {
 	if err := z.Submit(b); err != nil {
 		t.Fatal(err)
 	}
-	_, _, _ = z.Run()
+	if _, _, err := z.Run(); err != nil {
+		t.Fatal(err)
+	}
+	waitFinished(t, z)
+}
+
+// waitFinished waits for x's job to end and be recorded, so that nothing
+// writes into the test's temp dirs after the test.
+func waitFinished(t *testing.T, x *Executor) {
+	t.Helper()
+	select {
+	case <-x.Finished():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the job did not finish")
+	}
 }
 
 func TestClusterSSH(t *testing.T) {
