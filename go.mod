@@ -2,6 +2,8 @@ module github.com/tandem-run/tandem
 
 go 1.26.0
 
+toolchain go1.26.8
+
 require (
 	github.com/NVIDIA/go-nvml v0.13.3-0
 	github.com/bluekeyes/go-gitdiff v0.9.0
