@@ -51,9 +51,104 @@ func DisplayName(info api.TaskInfoResponse) string {
 	return ShortID(info.ID)
 }
 
-// Logs streams a running task's raw output (from since on) to w until the
-// job's output ends.
-func Logs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.Writer) error {
+// LogsOptions say how much of a task's output Logs prints.
+type LogsOptions struct {
+	// Follow streams from the task's runner until the job's output ends;
+	// else what the shim kept so far is printed and Logs returns.
+	Follow bool
+	// Since (with Follow) starts the stream at this time.
+	Since time.Time
+	// Tail, when > 0, prints only the last Tail lines kept so far (then,
+	// with Follow, what comes after).
+	Tail int
+}
+
+// Logs prints a task's raw output to w: what its shim kept so far, or with
+// Follow the stream from its runner until the job's output ends.
+func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.Writer) error {
+	since := lo.Since
+	if !lo.Follow || lo.Tail > 0 {
+		shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
+		if err != nil {
+			return err
+		}
+		info, err := Resolve(ctx, shim, ref)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		out := w
+		var tail *tailWriter
+		if lo.Tail > 0 {
+			tail = &tailWriter{n: lo.Tail}
+			out = tail
+		}
+		err = shim.JobLog(ctx, info.ID, out)
+		if tail != nil {
+			if _, werr := w.Write(tail.bytes()); werr != nil {
+				return werr
+			}
+		}
+		switch {
+		case errors.Is(err, api.ErrNotFound):
+			if !lo.Follow {
+				return fmt.Errorf("task %s has no output kept yet", DisplayName(info))
+			}
+		case err != nil:
+			return fmt.Errorf("%s: %w", DisplayName(info), err)
+		}
+		if !lo.Follow {
+			return nil
+		}
+		// What comes after the kept lines (a line written meanwhile may
+		// show twice; none is lost).
+		since = now
+		if info.Status != api.TaskRunning || JobEnded(info) {
+			return nil
+		}
+	}
+	return followLogs(ctx, ref, o, since, w)
+}
+
+// tailWriter keeps the last n lines written to it.
+type tailWriter struct {
+	n     int
+	lines [][]byte
+	part  []byte
+}
+
+func (t *tailWriter) Write(p []byte) (int, error) {
+	for _, b := range p {
+		t.part = append(t.part, b)
+		if b == '\n' {
+			t.lines = append(t.lines, t.part)
+			t.part = nil
+			if len(t.lines) > t.n {
+				t.lines = t.lines[1:]
+			}
+		}
+	}
+	return len(p), nil
+}
+
+func (t *tailWriter) bytes() []byte {
+	lines := t.lines
+	if len(t.part) > 0 {
+		lines = append(lines, t.part)
+		if len(lines) > t.n {
+			lines = lines[1:]
+		}
+	}
+	var out []byte
+	for _, l := range lines {
+		out = append(out, l...)
+	}
+	return out
+}
+
+// followLogs streams a running task's raw output (from since on) to w
+// until the job's output ends.
+func followLogs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.Writer) error {
 	info, r, addr, err := runnerOf(ctx, ref, o, "logs")
 	if info.ID != "" && JobEnded(info) && (err != nil || !runnerAnswers(ctx, r)) {
 		_, err := attachEnded(ctx, info, o, w, Result{})

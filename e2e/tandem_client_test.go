@@ -70,7 +70,7 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	// from the start and the status are still there.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		ps, psOut, _ = tandemIn(t, dir, nil, "ps", "--shim", shim)
+		ps, psOut, _ = tandemIn(t, dir, nil, "ps", "-a", "--shim", shim)
 		_ = ps.Run()
 		if strings.Contains(psOut.String(), "exited (4)") {
 			if !strings.Contains(psOut.String(), " 4\n") {
@@ -82,6 +82,11 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 			t.Fatalf("job never ended in ps:\n%s", psOut)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// Plain ps lists running jobs only, as docker ps does.
+	ps, psOut, _ = tandemIn(t, dir, nil, "ps", "--shim", shim)
+	if err := ps.Run(); err != nil || strings.Contains(psOut.String(), "train-1") {
+		t.Fatalf("ps without -a lists an ended job: %v\n%s", err, psOut)
 	}
 	att, attOut, attErr := tandemIn(t, dir, nil, "attach", "--shim", shim, "train-1")
 	err := att.Run()
@@ -98,11 +103,17 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	}
 	// rm: a running task needs --force; a unique id prefix works. In bridge
 	// mode the runner's ports are the published ones, found through the shim.
-	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--network", "bridge", "--shim", shim, "--image", h.image, "--name", "sleeper", "--", "sleep", "300")
-	if err := run.Run(); err != nil {
-		t.Fatalf("run -d: %v %s", err, errb)
+	// run -d -o json exits 0 on a started job; -o takes only what it writes.
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "-o", "yaml", "--network", "bridge", "--shim", shim, "--image", h.image, "--", "true")
+	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "want text or json") {
+		t.Fatalf("run -o yaml: %v %s %s", err, out, errb)
 	}
-	sleeper := strings.Fields(out.String())[1]
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "-o", "json", "--network", "bridge", "--shim", shim, "--image", h.image, "--name", "sleeper", "--", "sleep", "300")
+	var started map[string]any
+	if err := run.Run(); err != nil || json.Unmarshal(out.Bytes(), &started) != nil || started["exit_code"] != float64(0) || started["detached"] != true {
+		t.Fatalf("run -d -o json: %v %s %s", err, out, errb)
+	}
+	sleeper, _ := started["task_id"].(string)
 	rm, _, rmErr := tandemIn(t, dir, nil, "rm", "--shim", shim, "sleeper")
 	if err := rm.Run(); exitCodeOf(err) != 125 || !strings.Contains(rmErr.String(), "stop it first") {
 		t.Fatalf("rm of a running task: %v %s", err, rmErr)

@@ -257,8 +257,18 @@ func TestTandemPsLogsStop(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// logs streams the history and follows; stop ends the task and the stream.
-	logs, logsOut, logsErr := tandem(t, "logs", "--shim", shim, "--runner-port", rport, task)
+	// logs prints what there is and exits, as docker logs does; --tail keeps
+	// the last lines.
+	plain, plainOut, plainErr := tandem(t, "logs", "--shim", shim, task)
+	if err := plain.Run(); err != nil || !strings.Contains(plainOut.String(), "first-line") || !strings.Contains(plainOut.String(), "second-line") {
+		t.Fatalf("logs: %v %q %q", err, plainOut, plainErr)
+	}
+	tail, tailOut, tailErr := tandem(t, "logs", "--tail", "1", "--shim", shim, task)
+	if err := tail.Run(); err != nil || strings.Contains(tailOut.String(), "first-line") || !strings.Contains(tailOut.String(), "second-line") {
+		t.Fatalf("logs --tail 1: %v %q %q", err, tailOut, tailErr)
+	}
+	// logs -f streams the history and follows; stop ends the task and the stream.
+	logs, logsOut, logsErr := tandem(t, "logs", "-f", "--shim", shim, "--runner-port", rport, task)
 	if err := logs.Start(); err != nil {
 		t.Fatal(err)
 	}

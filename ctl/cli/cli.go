@@ -179,7 +179,13 @@ func shim(c *cli.Context) (*shimclient.Client, func(), error) {
 	return s, closeDial, nil
 }
 
-var outputFlag = &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json"}
+var outputFlag = &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json",
+	Action: func(_ *cli.Context, v string) error {
+		if v != "text" && v != "json" {
+			return exitError{ctl.ExitFailure, fmt.Sprintf("-o %q: want text or json", v)}
+		}
+		return nil
+	}}
 
 func writeJSON(c *cli.Context, v any) error {
 	enc := json.NewEncoder(c.App.Writer)

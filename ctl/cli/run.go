@@ -193,6 +193,8 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 func reportRun(c *cli.Context, o ctl.RunOptions, res ctl.Result, err error, jsonOut bool) error {
 	code := res.ExitCode()
 	switch {
+	case err == nil && res.Detached:
+		code = 0 // the job was started and left running: a success
 	case errors.Is(err, ctl.ErrInterrupted):
 		code = ctl.ExitInterrupted
 	case err != nil:

@@ -77,6 +77,9 @@ func psCmd() *cli.Command {
 						}
 					}
 				}
+				if !c.Bool("all") && r.Job.Final() {
+					continue // the job ended; its runner waits for its output to be read
+				}
 				rows = append(rows, r)
 			}
 			slices.SortStableFunc(rows, func(a, b psRow) int { return int(b.Submitted - a.Submitted) })
@@ -161,9 +164,11 @@ func age(unix int64) string {
 }
 
 func logsCmd() *cli.Command {
-	return &cli.Command{Name: "logs", Usage: "stream a running task's output", ArgsUsage: "TASK (name, id or id prefix)",
+	return &cli.Command{Name: "logs", Usage: "print a task's output (-f: follow it)", ArgsUsage: "TASK (name, id or id prefix)",
 		Flags: append(connFlags(), runnerPortFlag,
-			&cli.DurationFlag{Name: "since", Usage: "only output newer than this, e.g. 5m"}),
+			&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "stream the output until the job ends"},
+			&cli.IntFlag{Name: "tail", Aliases: []string{"n"}, Usage: "only the last N lines (then, with -f, what follows)"},
+			&cli.DurationFlag{Name: "since", Usage: "with -f: only output newer than this, e.g. 5m"}),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -174,7 +179,14 @@ func logsCmd() *cli.Command {
 				return err
 			}
 			defer closeDial()
-			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), sinceFlag(c), jobOutput(c)); err != nil {
+			if c.Int("tail") < 0 {
+				return exitError{ctl.ExitFailure, "--tail: want a count of lines"}
+			}
+			if c.IsSet("since") && !c.Bool("follow") {
+				return exitError{ctl.ExitFailure, "--since needs -f (the kept output has no times)"}
+			}
+			lo := ctl.LogsOptions{Follow: c.Bool("follow"), Since: sinceFlag(c), Tail: c.Int("tail")}
+			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), lo, jobOutput(c)); err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			return nil
