@@ -163,7 +163,30 @@ func (r *Run) Submit(ctx context.Context) error {
 		return err
 	}
 	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
+	if err := checkGPUs(ctx, r.shim, r.o.GPUs); err != nil {
+		return err
+	}
 	return submitTask(ctx, r.shim, taskConfig(r.o, r.id, r.name))
+}
+
+// checkGPUs refuses a run that asks for GPUs the host does not have (all
+// of none, or more than it has), as its shim counts them; a shim that does
+// not say (dstack's) is left to decide.
+func checkGPUs(ctx context.Context, shim *shimclient.Client, gpus int) error {
+	if gpus == 0 {
+		return nil
+	}
+	h, err := shim.InstanceHost(ctx)
+	if err != nil {
+		return nil
+	}
+	switch {
+	case gpus < 0 && h.GPUCount == 0:
+		return errors.New("--gpus all: this host has no GPUs its shim can use")
+	case gpus > h.GPUCount:
+		return fmt.Errorf("--gpus %d: this host has %d GPU(s)", gpus, h.GPUCount)
+	}
+	return nil
 }
 
 // submitTask submits cfg, again while the shim is slow or restarting (a

@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -388,5 +392,35 @@ func TestTandemSSHConfig(t *testing.T) {
 	}
 	if pins, _ := filepath.Glob(filepath.Join(dir, "known_hosts.d", "*")); len(pins) != 0 {
 		t.Fatalf("pin files left after rm: %v", pins)
+	}
+}
+
+// TestTandemDockerHabits: run takes IMAGE COMMAND as docker run does;
+// --gpus all on a host without GPUs is refused before anything runs; a
+// server that is not a shim is named in one line, its page not dumped.
+func TestTandemDockerHabits(t *testing.T) {
+	h, shim, _ := realStack(t)
+	dir := t.TempDir()
+	run, out, errb := tandemIn(t, dir, nil, "run", "--no-ssh-config", "--shim", shim, h.image, "/bin/sh", "-c", "echo hi-from-the-image; cat /bin/busybox >/dev/null")
+	if err := run.Run(); err != nil || !strings.Contains(out.String(), "hi-from-the-image") {
+		t.Fatalf("run IMAGE COMMAND: %v %s %s", err, out, errb)
+	}
+	run, out, errb = tandemIn(t, dir, nil, "run", "--no-ssh-config", "--gpus", "all", "--shim", shim, h.image, "true")
+	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "no GPUs") {
+		t.Fatalf("--gpus all without GPUs: %v %s %s", err, out, errb)
+	}
+	if items, err := h.client.ListTasks(context.Background()); err != nil || len(items) != 1 {
+		t.Fatalf("the refused run left a task (or the first run none): %+v %v", items, err)
+	}
+	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, "<html>\n<body>\n<h1>404 Not Found</h1>\n</body>\n</html>\n")
+	}))
+	defer web.Close()
+	ps, psOut, psErr := tandemIn(t, dir, nil, "ps", "--shim", strings.TrimPrefix(web.URL, "http://"))
+	if err := ps.Run(); exitCodeOf(err) != 125 || strings.Contains(psErr.String(), "<html") || strings.Count(strings.TrimSpace(psErr.String()), "\n") != 0 ||
+		!strings.Contains(psErr.String(), "not a dstack agent") {
+		t.Fatalf("ps against a web server: %v %q %q", err, psOut, psErr)
 	}
 }

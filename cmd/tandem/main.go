@@ -10,7 +10,7 @@ import (
 )
 
 func main() {
-	if err := cli.App().Run(os.Args); err != nil {
+	if err := cli.Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "tandem:", err)
 		os.Exit(1)
 	}

@@ -64,6 +64,17 @@ func dialTo(c *cli.Context, target string) (func(context.Context, string, string
 	return t.Dial, func() { t.Close() }, nil
 }
 
+// Run runs the tandem command with argv (os.Args): the command line as
+// typed is kept, so that `run IMAGE CMD` can tell an image from a command
+// after `--`.
+func Run(argv []string) error {
+	app := App()
+	app.Metadata = map[string]any{argvKey: argv}
+	return app.Run(argv)
+}
+
+const argvKey = "argv"
+
 // App returns the tandem command.
 func App() *cli.App {
 	app := &cli.App{

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/urfave/cli/v2"
@@ -23,7 +24,7 @@ func runCmd() *cli.Command {
 	return &cli.Command{
 		Name:      "run",
 		Usage:     "run a command as a job on the shim's machine",
-		ArgsUsage: "-- COMMAND [ARGS...]",
+		ArgsUsage: "[IMAGE] COMMAND [ARGS...]  (as docker run; or --image IMAGE, or -- COMMAND for the default image)",
 		Description: `Exit status: the job's (128+N when a signal N killed it, 137 with "out of memory"
 when the container's memory limit did), 125 when tandem could not run it (shim
 unreachable, image pull failed, bad flags), 126/127 when the command cannot run
@@ -74,9 +75,9 @@ the workers' with a [node N] prefix on stderr.
 }
 
 func runAction(c *cli.Context) error {
-	cmd := c.Args().Slice()
+	image, cmd := runImage(c)
 	if len(cmd) == 0 {
-		return exitError{ctl.ExitFailure, "no command: tandem run [flags] -- COMMAND"}
+		return exitError{ctl.ExitFailure, "no command: tandem run [flags] IMAGE COMMAND [ARGS...] (or --image IMAGE COMMAND, or -- COMMAND)"}
 	}
 	jsonOut := c.String("output") == "json"
 	nodes, err := runNodes(c)
@@ -87,6 +88,7 @@ func runAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	o.Image = image
 	var cluster []ctl.Node
 	for i := range nodes {
 		dial, closeDial, err := dialTo(c, nodes[i].ssh)
@@ -130,6 +132,24 @@ func runAction(c *cli.Context) error {
 	res, err := run.Execute(ctx)
 	stopSignals()
 	return reportRun(c, o, res, err, jsonOut)
+}
+
+// runImage splits the arguments as docker run does, IMAGE then COMMAND,
+// unless --image names the image or every argument follows `--` (tandem's
+// older `run [flags] -- COMMAND`, on the default image).
+func runImage(c *cli.Context) (string, []string) {
+	args := c.Args().Slice()
+	if c.IsSet("image") || len(args) == 0 {
+		return c.String("image"), args
+	}
+	argv, _ := c.App.Metadata[argvKey].([]string)
+	if argv == nil {
+		argv = os.Args
+	}
+	if i := slices.Index(argv, "--"); i >= 0 && len(argv)-i-1 == len(args) {
+		return c.String("image"), args
+	}
+	return args[0], args[1:]
 }
 
 // runOptions is a one-node run of cmd on shim as the flags describe it.

@@ -5,6 +5,7 @@ package transport
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -150,7 +151,7 @@ func (c *Client) Do(ctx context.Context, r Request) (*http.Response, context.Can
 		defer cancel()
 		defer resp.Body.Close()
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		return nil, nil, &api.StatusError{Method: r.Method, Path: r.Path, Code: resp.StatusCode, Message: strings.TrimRight(string(msg), "\n")}
+		return nil, nil, &api.StatusError{Method: r.Method, Path: r.Path, Code: resp.StatusCode, Message: errorMessage(resp, msg)}
 	}
 	return resp, cancel, nil
 }
@@ -168,7 +169,7 @@ func (c *Client) JSON(ctx context.Context, r Request, out any) error {
 		return nil
 	}
 	if !IsJSON(resp) {
-		return fmt.Errorf("%s %s: expected a JSON answer, got %q", r.Method, r.Path, resp.Header.Get("Content-Type"))
+		return fmt.Errorf("%s %s: expected a JSON answer, got %q: is %s a dstack agent?", r.Method, r.Path, resp.Header.Get("Content-Type"), c.BaseURL)
 	}
 	body := &capped{r: resp.Body, left: MaxAnswer}
 	if err := json.NewDecoder(body).Decode(out); err != nil {
@@ -198,6 +199,22 @@ func (c *capped) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.left -= int64(n)
 	return n, err
+}
+
+// errorMessage is what an error answer says, in one line: an agent's
+// answers are JSON or plain text; anything else (a web server's HTML page)
+// is named by its type, not dumped.
+func errorMessage(resp *http.Response, body []byte) string {
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	switch {
+	case mt == "application/json", mt == "text/plain", mt == "" && len(body) == 0:
+		msg := strings.TrimSpace(string(body))
+		if i := strings.IndexByte(msg, '\n'); i >= 0 && mt != "application/json" {
+			msg = msg[:i] + " ..."
+		}
+		return msg
+	}
+	return fmt.Sprintf("a %s answer of %d bytes, not a dstack agent's", cmp.Or(mt, "untyped"), len(body))
 }
 
 // IsJSON reports whether the answer declares a JSON body.
