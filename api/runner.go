@@ -14,6 +14,18 @@ type SubmitBody struct {
 	RepoCredentials *RepoCredentials  `json:"repo_credentials"`
 	// LogQuotaHour is bytes per hour of job output; null or 0 means unlimited.
 	LogQuotaHour int64 `json:"log_quota_hour"`
+	// Tandem holds a Tandem client's additions; the dstack server never
+	// sends it, and dstack's runner ignores it.
+	Tandem *SubmitExtras `json:"tandem,omitempty"`
+}
+
+// SubmitExtras are what a Tandem client adds to a job's submit.
+type SubmitExtras struct {
+	// NoPull says no /api/pull reader will wait for the job's output (a
+	// detached tandem run: the shim keeps the output and the final state),
+	// so the runner leaves as soon as the job ended and its followers had
+	// the end, giving its ports back, instead of waiting minutes for a pull.
+	NoPull bool `json:"no_pull,omitempty"`
 }
 
 // Run identifies the run a job belongs to.

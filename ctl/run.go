@@ -469,6 +469,12 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 	}
 	body.JobSpec.WorkingDir = &wd
 	body.JobSpec.RepoDir = &wd
+	if o.Detach {
+		// Nobody pulls a detached job's output from its runner (attach and
+		// logs read what the shim keeps once it is gone): it leaves at the
+		// job's end and gives its ports back for the next run.
+		body.Tandem = &api.SubmitExtras{NoPull: true}
+	}
 	return body
 }
 

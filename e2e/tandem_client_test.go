@@ -99,11 +99,30 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 		t.Fatalf("attach: exit %d\n%s\n%s", exitCodeOf(err), attOut, attErr)
 	}
 
-	// A second host-network task cannot have the runner's ports while the
-	// first one's runner lingers: the error says what to do.
+	// A detached job's runner leaves at the job's end and gives the host's
+	// ports back: two default (host-network) run -d in a row work, and the
+	// ended one's output stays readable from the shim.
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--name", "quick-1", h.image, "/bin/sh", "-c", "echo quick-one-output")
+	if err := run.Run(); err != nil {
+		t.Fatalf("run -d quick-1: %v %s %s", err, out, errb)
+	}
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--name", "holder", h.image, "sleep", "300")
+	if err := run.Run(); err != nil {
+		t.Fatalf("a second host-network run -d right after the first: %v %s %s", err, out, errb)
+	}
+	logs, logsOut, logsErr := tandemIn(t, dir, nil, "logs", "--shim", shim, "quick-1")
+	if err := logs.Run(); err != nil || !strings.Contains(logsOut.String(), "quick-one-output") {
+		t.Fatalf("logs of the ended quick-1: %v %q %q", err, logsOut, logsErr)
+	}
+	// While a host-network job runs, another cannot have the runner's
+	// ports: the error says what to do.
 	run, _, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", h.image, "--", "true")
 	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "--network bridge") {
 		t.Fatalf("second host-network task: %v %s", err, errb)
+	}
+	rm0, _, rm0Err := tandemIn(t, dir, nil, "rm", "-f", "--shim", shim, "holder")
+	if err := rm0.Run(); err != nil {
+		t.Fatalf("rm -f holder: %v %s", err, rm0Err)
 	}
 	// rm: a running task needs --force; a unique id prefix works. In bridge
 	// mode the runner's ports are the published ones, found through the shim.

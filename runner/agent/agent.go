@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -202,7 +203,7 @@ func (a *agent) startSSH() error {
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)
 	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(a.cfg.SSHAddress, strconv.Itoa(a.cfg.SSHPort)))
+	ln, err := listen(net.JoinHostPort(a.cfg.SSHAddress, strconv.Itoa(a.cfg.SSHPort)))
 	if err != nil {
 		return fmt.Errorf("ssh listen :%d: %w", a.cfg.SSHPort, err)
 	}
@@ -220,7 +221,7 @@ func (a *agent) startSSH() error {
 func (a *agent) startAPI() error {
 	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), Executor: a.x, Metrics: metrics.Collector{}, Log: a.log})
 	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
-	ln, err := net.Listen("tcp", addr)
+	ln, err := listen(addr)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
@@ -261,6 +262,13 @@ func (a *agent) lifecycle(ctx context.Context) error {
 		log.Info("signal: stopping the job")
 		x.Stop()
 	}
+	if x.NoPull() {
+		// Nobody will pull (a detached tandem run): the followers get the
+		// end, a polling attach gets a moment to read the final state, and
+		// the ports go back at once. The shim keeps the output.
+		a.noPullExit(ctx)
+		return nil
+	}
 	// Wait for the logs to be read. A signal now means the container is
 	// being stopped: whoever wanted the logs has had its chance.
 	deadline := time.After(cfg.LogsWait)
@@ -289,6 +297,41 @@ func (a *agent) lifecycle(ctx context.Context) error {
 	log.Info("dstack-runner done")
 	return nil
 }
+
+// noPullExit waits, after the job's end, for its WebSocket followers (5 s
+// at most) and a pull in flight (1 s), when no reader is expected.
+func (a *agent) noPullExit(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { a.x.Streamers().Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case <-a.x.PullConsumed():
+	case <-time.After(time.Second):
+	case <-ctx.Done():
+	}
+	a.log.Info("dstack-runner done: no reader expected; the shim keeps the output")
+}
+
+// listen listens on addr, waiting up to bindWait while the port is taken:
+// the runner of a task that just ended may still be leaving it.
+func listen(addr string) (net.Listener, error) {
+	deadline := time.Now().Add(bindWait)
+	for {
+		ln, err := net.Listen("tcp", addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return ln, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// bindWait is how long a taken port is waited for at start.
+const bindWait = 3 * time.Second
 
 func homeOf(accounts account.Accounts, uid int) string {
 	if h := accounts.HomeOf(uid); h != "" {

@@ -201,6 +201,14 @@ func (x *Executor) Close() error {
 	return x.journal.Close()
 }
 
+// NoPull reports whether the submitted job said no /api/pull reader will
+// come (api.SubmitExtras).
+func (x *Executor) NoPull() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.body != nil && x.body.Tandem != nil && x.body.Tandem.NoPull
+}
+
 // TempDir is where uploads and logs are kept.
 func (x *Executor) TempDir() string { return x.cfg.TempDir }
 
