@@ -14,6 +14,10 @@ type HealthcheckResponse struct {
 	// TandemVersion is Tandem's own release (not in dstack's agents; the
 	// server ignores it). Version stays exactly the dstack release.
 	TandemVersion string `json:"tandem_version,omitempty"`
+	// TaskID is the shim task a Tandem runner serves (its shim passes it):
+	// a client that reaches a port a previous task's runner is still
+	// leaving can tell it is not its own.
+	TaskID string `json:"tandem_task_id,omitempty"`
 }
 
 // ShutdownRequest is the body of POST /api/shutdown.

@@ -213,7 +213,7 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 			return taskEnded(info, c.o.Network)
 		}
 		n.info = info
-		n.runner, err = readyRunner(ctx, n.Shim, info, c.o.RunnerPort, n.Dial)
+		n.runner, err = readyRunner(ctx, n.shim, n.Shim, info, c.o.Network, c.o.RunnerPort, n.Dial)
 		return err
 	})
 }

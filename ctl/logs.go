@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -198,7 +199,27 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 	if hcErr != nil {
 		return res, withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, hcErr))
 	}
-	err = watchJob(ctx, r, since, out, status, nil, &res, nil) // no stops: onStop is never called
+	var connected atomic.Bool
+	err = watchJobStream(ctx, r, since, out, nil, nil, &res, nil, &connected) // no stops: onStop is never called
+	if ctx.Err() == nil && !connected.Load() {
+		// The runner left as we attached (a detached run's runner leaves
+		// at the job's end) before showing anything: the shim keeps the
+		// output and the end.
+		if ended, ok := waitJobEnd(ctx, o, info.ID); ok {
+			return attachEnded(ctx, ended, o, out, res)
+		}
+		if status != nil {
+			fmt.Fprintf(status, "log stream: the runner of %s did not stream its output\n", DisplayName(info))
+		}
+	} else if err != nil && ctx.Err() == nil {
+		// The output was shown, then the runner left before telling the
+		// job's end: the shim knows it.
+		if ended, ok := waitJobEnd(ctx, o, info.ID); ok {
+			j := ended.Tandem.Job
+			res.State, res.ExitStatus, res.Reason, res.Message = j.State, j.ExitStatus, j.TerminationReason, j.TerminationMessage
+			return res, nil
+		}
+	}
 	if ctx.Err() != nil {
 		res.Detached, res.Interrupted = true, true
 		return res, nil
@@ -207,6 +228,28 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 		return res, fmt.Errorf("%s: %w", DisplayName(info), err)
 	}
 	return res, nil
+}
+
+// waitJobEnd waits (10 s at most) for the shim to know a task's job ended.
+func waitJobEnd(ctx context.Context, o TaskOptions, id string) (api.TaskInfoResponse, bool) {
+	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
+	if err != nil {
+		return api.TaskInfoResponse{}, false
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := shim.GetTask(ctx, id)
+		if err == nil && JobEnded(info) {
+			return info, true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return info, false
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func runnerAnswers(ctx context.Context, r *runnerclient.Client) bool {

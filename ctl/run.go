@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -215,7 +216,7 @@ func (r *Run) WaitTask(ctx context.Context) error {
 // StartJob waits for the task's runner, submits the job, uploads the code
 // and starts the job; from here on Stop stops the job.
 func (r *Run) StartJob(ctx context.Context) error {
-	runner, err := readyRunner(ctx, r.o.Shim, r.info, r.o.RunnerPort, r.o.Dial)
+	runner, err := readyRunner(ctx, r.shim, r.o.Shim, r.info, r.o.Network, r.o.RunnerPort, r.o.Dial)
 	if err != nil {
 		return err
 	}
@@ -356,12 +357,24 @@ func printableLines(msg string) string {
 }
 
 // readyRunner is a client of the task's runner once it answers.
-func readyRunner(ctx context.Context, shimAddr string, info api.TaskInfoResponse, port int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, error) {
+// While it does not, the task is looked at once a second: a task that
+// ended (its runner could not start) is that error.
+func readyRunner(ctx context.Context, shim *shimclient.Client, shimAddr string, info api.TaskInfoResponse, network string, port int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, error) {
 	r, addr, err := runnerFor(shimAddr, info, port, dial)
 	if err != nil {
 		return nil, err
 	}
-	if err := waitRunner(ctx, r); err != nil {
+	ended := func(ctx context.Context) error {
+		if now, err := shim.GetTask(ctx, info.ID); err == nil && now.Status == api.TaskTerminated {
+			return taskEnded(now, network)
+		}
+		return nil
+	}
+	if err := waitRunner(ctx, r, info.ID, ended); err != nil {
+		var te *TaskEndedError
+		if errors.As(err, &te) {
+			return nil, err
+		}
 		return nil, withHint(HintRunnerPort, fmt.Errorf("runner at %s did not answer: %w", addr, err))
 	}
 	return r, nil
@@ -426,15 +439,27 @@ func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOpti
 	}
 }
 
-func waitRunner(ctx context.Context, r *runnerclient.Client) error {
+func waitRunner(ctx context.Context, r *runnerclient.Client, taskID string, ended func(context.Context) error) error {
 	deadline := time.Now().Add(60 * time.Second)
+	lastLook := time.Now()
 	for {
-		_, err := r.Healthcheck(ctx)
+		hc, err := r.Healthcheck(ctx)
+		if err == nil && hc.TaskID != "" && hc.TaskID != taskID {
+			// The port's previous runner (a task that just ended) is
+			// still leaving it: ours comes next.
+			err = fmt.Errorf("the runner there serves task %s, not %s", api.Printable(hc.TaskID), taskID)
+		}
 		if err == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
 			return err
+		}
+		if ended != nil && time.Since(lastLook) >= time.Second {
+			lastLook = time.Now()
+			if eerr := ended(ctx); eerr != nil {
+				return eerr
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -592,12 +617,18 @@ func follow(ctx context.Context, r *runnerclient.Client, stops <-chan struct{}, 
 // output was shown (or 10 s passed). Each stop request calls onStop; true
 // ends the watch there.
 func watchJob(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
+	return watchJobStream(ctx, r, since, out, status, stops, res, onStop, nil)
+}
+
+// watchJobStream is watchJob that also reports (connected, when not nil)
+// whether the log stream opened.
+func watchJobStream(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, connected *atomic.Bool) error {
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
 	defer cancelWS()
 	go func() {
 		defer close(wsDone)
-		streamLogs(wsCtx, r, since, out, status)
+		streamLogs(wsCtx, r, since, out, status, connected)
 	}()
 	var ts int64
 	for {
@@ -629,13 +660,16 @@ func watchJob(ctx context.Context, r *runnerclient.Client, since time.Time, out,
 
 // streamLogs copies the job's raw output from since on to out until it
 // ends or ctx does.
-func streamLogs(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer) {
+func streamLogs(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, connected *atomic.Bool) {
 	ls, err := r.Logs(ctx, since)
 	if err != nil {
 		if status != nil && ctx.Err() == nil {
 			fmt.Fprintf(status, "log stream: %v\n", err)
 		}
 		return
+	}
+	if connected != nil {
+		connected.Store(true)
 	}
 	defer ls.Close()
 	for {

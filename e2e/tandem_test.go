@@ -259,9 +259,16 @@ func TestTandemPsLogsStop(t *testing.T) {
 	}
 	// logs prints what there is and exits, as docker logs does; --tail keeps
 	// the last lines.
-	plain, plainOut, plainErr := tandem(t, "logs", "--shim", shim, task)
-	if err := plain.Run(); err != nil || !strings.Contains(plainOut.String(), "first-line") || !strings.Contains(plainOut.String(), "second-line") {
-		t.Fatalf("logs: %v %q %q", err, plainOut, plainErr)
+	// The kept output is at most a quarter second behind the job.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		plain, plainOut, plainErr := tandem(t, "logs", "--shim", shim, task)
+		err := plain.Run()
+		if err == nil && strings.Contains(plainOut.String(), "first-line") && strings.Contains(plainOut.String(), "second-line") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("logs: %v %q %q", err, plainOut, plainErr)
+		}
 	}
 	tail, tailOut, tailErr := tandem(t, "logs", "--tail", "1", "--shim", shim, task)
 	if err := tail.Run(); err != nil || strings.Contains(tailOut.String(), "first-line") || !strings.Contains(tailOut.String(), "second-line") {

@@ -70,7 +70,21 @@ func dialTo(c *cli.Context, target string) (func(context.Context, string, string
 func Run(argv []string) error {
 	app := App()
 	app.Metadata = map[string]any{argvKey: argv}
-	return app.Run(argv)
+	err := app.Run(argv)
+	// A flag's own check (-o) fails before the command's error handler
+	// runs: its exit code is applied here.
+	var ee exitError
+	if errors.As(err, &ee) {
+		w := app.ErrWriter
+		if w == nil {
+			w = os.Stderr
+		}
+		if ee.msg != "" {
+			fmt.Fprintln(w, "tandem:", ee.msg)
+		}
+		os.Exit(ee.code)
+	}
+	return err
 }
 
 const argvKey = "argv"

@@ -62,6 +62,8 @@ type Config struct {
 	// host-network runner, whose port is on the host's loopback); nil
 	// serves every client.
 	APIUIDs []uint32
+	// TaskID is the shim task this runner serves, said in its healthcheck.
+	TaskID string
 
 	Executor executor.Config
 	SSH      sshd.Config
@@ -219,7 +221,7 @@ func (a *agent) startSSH() error {
 
 // startAPI serves the runner's HTTP API.
 func (a *agent) startAPI() error {
-	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), Executor: a.x, Metrics: metrics.Collector{}, Log: a.log})
+	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), TaskID: a.cfg.TaskID, Executor: a.x, Metrics: metrics.Collector{}, Log: a.log})
 	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
 	ln, err := listen(addr)
 	if err != nil {
@@ -299,7 +301,7 @@ func (a *agent) lifecycle(ctx context.Context) error {
 }
 
 // noPullExit waits, after the job's end, for its WebSocket followers (5 s
-// at most) and a pull in flight (1 s), when no reader is expected.
+// at most) and a pull in flight (0.5 s), when no reader is expected.
 func (a *agent) noPullExit(ctx context.Context) {
 	done := make(chan struct{})
 	go func() { a.x.Streamers().Wait(); close(done) }()
@@ -311,7 +313,7 @@ func (a *agent) noPullExit(ctx context.Context) {
 	}
 	select {
 	case <-a.x.PullConsumed():
-	case <-time.After(time.Second):
+	case <-time.After(500 * time.Millisecond):
 	case <-ctx.Done():
 	}
 	a.log.Info("dstack-runner done: no reader expected; the shim keeps the output")

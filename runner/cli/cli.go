@@ -88,6 +88,7 @@ func app(run func(context.Context, agent.Config) error) *cli.App {
 				&cli.Int64Flag{Name: "max-upload-total-bytes", Value: d.Executor.MaxUploadTotal, EnvVars: []string{"TANDEM_RUNNER_MAX_UPLOAD_TOTAL_BYTES"}, Usage: "all uploads of a job together"},
 				&cli.Int64Flag{Name: "job-log-max-bytes", Value: d.Executor.LogRetention.Max, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_MAX_BYTES"}, Usage: "disk kept per job log file (raw output, stripped lines): the head and the latest output; -1 keeps all"},
 				&cli.Int64Flag{Name: "job-log-head-bytes", Value: d.Executor.LogRetention.Head, EnvVars: []string{"TANDEM_RUNNER_JOB_LOG_HEAD_BYTES"}, Usage: "of --job-log-max-bytes, the start of the output always kept"},
+				&cli.StringFlag{Name: "task-id", EnvVars: []string{"TANDEM_TASK_ID"}, Hidden: true, Usage: "the shim task this runner serves (said in its healthcheck)"},
 				&cli.StringFlag{Name: "api-allow-uids", EnvVars: []string{"TANDEM_RUNNER_API_UIDS"}, Usage: "serve the HTTP API only to local clients whose socket is owned by one of these uids (comma-separated; the shim passes its root-equivalent accounts to host-network runners); empty: every client"},
 				&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_RUNNER_LOG_MIN_FREE_BYTES"}, Usage: "free space under --temp-dir below which output is no longer kept (the job goes on); 0: a tenth of the filesystem, at most 256 MiB; -1: none"},
 			},
@@ -124,6 +125,8 @@ func app(run func(context.Context, agent.Config) error) *cli.App {
 				// The job inherits the runner's environment: the list is the
 				// runner's, not the job's.
 				_ = os.Unsetenv("TANDEM_RUNNER_API_UIDS")
+				cfg.TaskID = c.String("task-id")
+				_ = os.Unsetenv("TANDEM_TASK_ID")
 				return run(ctx, cfg)
 			},
 		}},

@@ -30,7 +30,13 @@ type History struct {
 	handed  bool          // a reader holds changed: the next write must close it
 	written int64         // bytes in the file (size minus the tail)
 	trim    trim          // what of the file stays on disk
+	timer   *time.Timer   // flushes a tail that waited flushAfter; nil: none armed
 }
+
+// flushAfter bounds how long output waits in the tail: what the file (the
+// shim's kept log, `tandem logs` of a running job) shows is at most this
+// far behind the job.
+const flushAfter = 250 * time.Millisecond
 
 // OpenHistory creates (appends to) the raw log at path, keeping all of it.
 func OpenHistory(path string, now func() time.Time) (*History, error) {
@@ -132,6 +138,8 @@ func (h *History) Write(p []byte) (int, error) {
 		h.tail = append(h.tail, p...)
 		if len(h.tail) >= historyTail {
 			err = h.flushLocked()
+		} else if h.timer == nil {
+			h.timer = time.AfterFunc(flushAfter, h.timedFlush)
 		}
 	}
 	h.size += int64(len(p))
@@ -145,6 +153,16 @@ func (h *History) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// timedFlush writes a tail that waited flushAfter.
+func (h *History) timedFlush() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.timer = nil
+	if !h.closed {
+		_ = h.flushLocked() // an error shows again on the next write
+	}
+}
+
 // Close marks the end of output; readers finish once they caught up.
 func (h *History) Close() error {
 	h.mu.Lock()
@@ -153,6 +171,10 @@ func (h *History) Close() error {
 		return nil
 	}
 	h.closed = true
+	if h.timer != nil {
+		h.timer.Stop()
+		h.timer = nil
+	}
 	close(h.changed)
 	var ferr error
 	if err := h.flushLocked(); err != nil {

@@ -30,6 +30,7 @@ type Metrics interface {
 type Deps struct {
 	Version       string
 	TandemVersion string // Tandem's own release, beside the dstack version
+	TaskID        string // the shim task served ("" when not told)
 	Executor      *executor.Executor
 	Metrics       Metrics
 	Log           *slog.Logger
@@ -74,7 +75,7 @@ func toHTTP(err error) error {
 }
 
 func (s *srv) healthcheck(c echo.Context) error {
-	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceRunner, Version: s.d.Version, TandemVersion: s.d.TandemVersion})
+	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceRunner, Version: s.d.Version, TandemVersion: s.d.TandemVersion, TaskID: s.d.TaskID})
 }
 
 func (s *srv) metrics(c echo.Context) error {

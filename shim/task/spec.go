@@ -49,7 +49,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		User:        cfg.ContainerUser,
 		Entrypoint:  []string{RunnerBinaryInContainer},
 		Cmd:         cmd,
-		Env:         e.containerEnv(cfg.NetworkMode),
+		Env:         e.containerEnv(cfg.ID, cfg.NetworkMode),
 		Labels:      map[string]string{LabelIsTask: "true", LabelTaskID: cfg.ID, LabelShimHome: e.cfg.Home},
 		NetworkMode: cmp.Or(network, cfg.NetworkMode),
 		Privileged:  cfg.Privileged || e.cfg.Privileged,
@@ -103,6 +103,10 @@ func withoutDisplay(spec ContainerSpec) ContainerSpec {
 // runnerPorts are the container ports a bridge task's runner serves.
 func (e *Engine) runnerPorts() []int { return []int{e.cfg.RunnerHTTPPort, e.cfg.RunnerSSHPort} }
 
+// RunnerTaskIDEnv tells our runner which task it serves (its healthcheck
+// says so).
+const RunnerTaskIDEnv = "TANDEM_TASK_ID"
+
 // RunnerAPIUIDsEnv tells our runner which local uids its API serves.
 const RunnerAPIUIDsEnv = "TANDEM_RUNNER_API_UIDS"
 
@@ -110,8 +114,8 @@ const RunnerAPIUIDsEnv = "TANDEM_RUNNER_API_UIDS"
 // host-network one the uids its runner's API may serve: its port is on the
 // host's loopback, where the shim cannot gate it (a bridge task's ports
 // are the shim's forwards).
-func (e *Engine) containerEnv(networkMode string) []string {
-	env := slices.Clone(e.cfg.Env)
+func (e *Engine) containerEnv(taskID, networkMode string) []string {
+	env := append(slices.Clone(e.cfg.Env), RunnerTaskIDEnv+"="+taskID)
 	if networkMode == "host" && e.cfg.RunnerAPIUIDs != nil {
 		uids := e.cfg.RunnerAPIUIDs()
 		parts := make([]string, len(uids))
