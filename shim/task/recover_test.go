@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -412,4 +413,80 @@ func (f *flakyContainers) Containers(ctx context.Context) ([]ContainerState, err
 		return nil, errors.New("Cannot connect to the Docker daemon")
 	}
 	return f.stepRuntime.Containers(ctx)
+}
+
+// recForwarder records what the engine forwards.
+type recForwarder struct {
+	mu     sync.Mutex
+	opens  [][]api.PortMapping // the want of each Open
+	closed []string
+	next   int
+}
+
+func (f *recForwarder) Open(taskID, ip string, ports []int, want []api.PortMapping) ([]api.PortMapping, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.opens = append(f.opens, want)
+	var out []api.PortMapping
+	for _, p := range ports {
+		host := 0
+		for _, w := range want {
+			if w.Container == p {
+				host = w.Host
+			}
+		}
+		if host == 0 {
+			f.next++
+			host = 40000 + f.next
+		}
+		out = append(out, api.PortMapping{Host: host, Container: p})
+	}
+	return out, nil
+}
+
+func (f *recForwarder) Close(taskID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = append(f.closed, taskID)
+}
+
+// TestBridgePortsForwardedAndReopened: a bridge task's runner ports are the
+// forwarder's (the task reports its mappings), a restarted shim opens them
+// again on the ports the server was told, and the task's end closes them.
+func TestBridgePortsForwardedAndReopened(t *testing.T) {
+	rt := newStepRuntime()
+	e1, _ := newEngine(t, rt)
+	f := &recForwarder{}
+	e1.cfg.Forwarder = f
+	if _, err := e1.Submit(api.TaskConfig{ID: "br", Name: "br", ImageName: "img", NetworkMode: "bridge"}); err != nil {
+		t.Fatal(err)
+	}
+	info := waitStatus(t, e1, "br", api.TaskRunning)
+	want := []api.PortMapping{{Host: 40001, Container: 10999}, {Host: 40002, Container: 10022}}
+	if !slices.Equal(info.Ports, want) || info.Tandem.RunnerHTTPPort != 40001 || info.Tandem.RunnerSSHPort != 40002 {
+		t.Fatalf("ports %+v details %+v", info.Ports, info.Tandem)
+	}
+	e1.Sync()
+
+	e2 := New(e1.cfg, rt, gpu.NewLocks(nil), nil, logging.Discard())
+	t.Cleanup(e2.Sync)
+	if err := e2.Restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e2.Get("br"); !slices.Equal(got.Ports, want) {
+		t.Fatalf("restored ports %+v", got.Ports)
+	}
+	f.mu.Lock()
+	if len(f.opens) != 2 || !slices.Equal(f.opens[1], want) {
+		t.Fatalf("the restart did not re-open the told ports: %+v", f.opens)
+	}
+	f.mu.Unlock()
+	if _, err := e2.Terminate(context.Background(), "br", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser}); err != nil {
+		t.Fatal(err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !slices.Contains(f.closed, "br") {
+		t.Fatalf("the ended task's forwards stay open: %v", f.closed)
+	}
 }

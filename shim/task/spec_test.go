@@ -88,8 +88,27 @@ func TestContainerSpec(t *testing.T) {
 						t.Fatalf("binds %s missing %s", got, want)
 					}
 				}
-				if !slices.Equal(s.Env, []string{"http_proxy=x", "PJRT_DEVICE=TPU"}) || s.Labels[LabelTaskID] != "id1" || s.Labels[LabelIsTask] != "true" {
+				if !slices.Equal(s.Env, []string{"http_proxy=x", "PJRT_DEVICE=TPU", "TANDEM_TASK_ID=id1"}) || s.Labels[LabelTaskID] != "id1" || s.Labels[LabelIsTask] != "true" {
 					t.Fatalf("env %v labels %v", s.Env, s.Labels)
+				}
+			}},
+		{name: "a host-network runner is told the uids its API serves",
+			engine: func(c *Config) { c.RunnerAPIUIDs = func() []uint32 { return []uint32{0, 1000} } },
+			cfg:    api.TaskConfig{ID: "id2", NetworkMode: "host"},
+			check: func(t *testing.T, s ContainerSpec) {
+				if !slices.Equal(s.Env, []string{"TANDEM_TASK_ID=id2", "TANDEM_RUNNER_API_UIDS=0,1000"}) {
+					t.Fatalf("env %v", s.Env)
+				}
+			}},
+		{name: "a bridge runner is not (the shim's forwards gate its ports), and Docker publishes nothing",
+			engine: func(c *Config) {
+				c.RunnerAPIUIDs = func() []uint32 { return []uint32{0} }
+				c.Forwarder = nopForwarder{}
+			},
+			cfg: api.TaskConfig{ID: "id3", NetworkMode: "bridge"},
+			check: func(t *testing.T, s ContainerSpec) {
+				if !slices.Equal(s.Env, []string{"TANDEM_TASK_ID=id3"}) || !s.Forwarded {
+					t.Fatalf("env %v forwarded %v", s.Env, s.Forwarded)
 				}
 			}},
 	}
@@ -110,3 +129,11 @@ func TestContainerSpec(t *testing.T) {
 		})
 	}
 }
+
+// nopForwarder forwards nothing.
+type nopForwarder struct{}
+
+func (nopForwarder) Open(string, string, []int, []api.PortMapping) ([]api.PortMapping, error) {
+	return nil, nil
+}
+func (nopForwarder) Close(string) {}
