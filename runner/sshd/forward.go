@@ -155,8 +155,12 @@ func (f *forwards) keep(ctx gssh.Context, key string, closeIt func()) {
 	if f.closes == nil {
 		f.closes = map[string]func(){}
 	}
+	prev := f.closes[key]
 	f.closes[key] = closeIt
 	f.mu.Unlock()
+	if prev != nil {
+		prev() // never lose a listener: one key, one listener
+	}
 	go func() {
 		<-ctx.Done()
 		f.end(key)
@@ -205,7 +209,9 @@ func (f *forwards) listenTCP(ctx gssh.Context, _ *gssh.Server, req *gossh.Reques
 		return false, nil
 	}
 	port := uint32(ln.Addr().(*net.TCPAddr).Port)
-	key := connKey(ctx, "tcp", net.JoinHostPort(r.BindAddr, strconv.Itoa(int(r.BindPort))))
+	// Keyed by the port it really has: two -R 0 on one connection are two
+	// listeners (OpenSSH cancels with the allocated port).
+	key := connKey(ctx, "tcp", net.JoinHostPort(r.BindAddr, strconv.Itoa(int(port))))
 	f.keep(ctx, key, func() { ln.Close() })
 	go f.serveForward(ln, conn, "forwarded-tcpip", func(c net.Conn) []byte {
 		oaddr, oport := "", 0
