@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 
 	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
@@ -128,10 +129,15 @@ func (e *Engine) JobLog(id string) (io.ReadCloser, error) {
 	}
 	f, fi, err := openJobFile(dir, "job.log")
 	switch {
-	case errors.Is(err, os.ErrNotExist), errors.Is(err, errNotRegular):
+	case errors.Is(err, os.ErrNotExist):
 		return nil, fmt.Errorf("%w: task %s has no job log", ErrNotFound, id)
+	case errors.Is(err, errNotRegular), errors.Is(err, syscall.ELOOP):
+		// The job made it a link, a FIFO or a directory: its own doing,
+		// told without the host path.
+		return nil, fmt.Errorf("%w: task %s's job log is not a regular file (the job replaced it)", ErrInvalid, id)
 	case err != nil:
-		return nil, fmt.Errorf("job log of %s: %w", id, err)
+		e.log.Error("open job log", "task_id", id, "err", err)
+		return nil, fmt.Errorf("task %s: the job log cannot be read", id)
 	}
 	return &dataReader{f: f, size: fi.Size()}, nil
 }
