@@ -117,6 +117,9 @@ type TaskConfig struct {
 	HostSSHUser      string               `json:"host_ssh_user"`
 	HostSSHKeys      []string             `json:"host_ssh_keys"`
 	ContainerSSHKeys []string             `json:"container_ssh_keys"`
+	// PidsLimit is a Tandem client's own bound on the task's processes
+	// and threads (the dstack server never sends it; 0: the shim's).
+	PidsLimit int64 `json:"tandem_pids_limit,omitempty"`
 }
 
 // VolumeInfo describes a network volume to attach-mount on the host.

@@ -36,6 +36,7 @@ type RunOptions struct {
 	CPU                                float64
 	Memory                             int64
 	ShmSize                            int64
+	PidsLimit                          int64 // 0: the shim's
 	Env                                map[string]string
 	WorkDir                            string
 	CodeDir                            string
@@ -333,7 +334,7 @@ func helloShim(ctx context.Context, shim *shimclient.Client, addr string) (api.H
 // taskConfig is the shim task of a run's job.
 func taskConfig(o RunOptions, id, name string) api.TaskConfig {
 	return api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
-		ShmSize: o.ShmSize, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
+		ShmSize: o.ShmSize, PidsLimit: o.PidsLimit, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
 }
 
 // taskEnded says why a task ended before its job started: the shim's

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/shim/task"
 )
 
 // tandemIn runs tandem with HOME and tandem's ssh config in dir (so tests
@@ -430,6 +431,18 @@ func TestTandemDockerHabits(t *testing.T) {
 	}
 	if items, err := h.client.ListTasks(context.Background()); err != nil || len(items) != 0 {
 		t.Fatalf("tasks left (the attached run removes its own; the refused one makes none): %+v %v", items, err)
+	}
+	// --pids-limit reaches the task's container.
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--no-ssh-config", "--pids-limit", "100", "--name", "pl", "--shim", shim, h.image, "sleep", "60")
+	if err := run.Run(); err != nil {
+		t.Fatalf("run --pids-limit: %v %s %s", err, out, errb)
+	}
+	plID := strings.Fields(out.String())[1]
+	if got, err := testenv.Docker(context.Background(), "inspect", "-f", "{{.HostConfig.PidsLimit}}", task.ContainerName("pl", plID)); err != nil || strings.TrimSpace(got) != "100" {
+		t.Fatalf("the task's pids limit: %q %v", got, err)
+	}
+	if rm, _, rmErr := tandemIn(t, dir, nil, "rm", "-f", "--shim", shim, "pl"); rm.Run() != nil {
+		t.Fatalf("rm: %s", rmErr)
 	}
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html")

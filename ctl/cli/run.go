@@ -57,6 +57,7 @@ the workers' with a [node N] prefix on stderr.
 			&cli.Float64Flag{Name: "cpu", Usage: "CPU limit in cores (0: none)"},
 			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 8GiB"},
 			&cli.StringFlag{Name: "shm-size", Usage: "/dev/shm size, e.g. 1GiB"},
+			&cli.Int64Flag{Name: "pids-limit", Usage: "the job's processes and threads at most (default: the shim's)"},
 			// Two flags rather than an alias: urfave refuses both forms of
 			// one flag in a command line, and people mix them.
 			&cli.StringSliceFlag{Name: "env", Usage: "KEY=VALUE (repeatable; -e too)"},
@@ -176,6 +177,9 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	}
 	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
 		return o, bad("--shm-size: " + err.Error())
+	}
+	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
+		return o, bad("--pids-limit: want a positive count")
 	}
 	if err := parseEnv(append(c.StringSlice("env"), c.StringSlice("e")...), o.Env); err != nil {
 		return o, bad(err.Error())

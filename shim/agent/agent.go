@@ -57,6 +57,9 @@ type Config struct {
 	// APIAllowUsers admits more local accounts than the root-equivalent
 	// ones (principal.Policy.Allow: uids, user names, @groups).
 	APIAllowUsers []string
+	// PidsLimit bounds each task's processes and threads (--pids-limit):
+	// 0 picks a default from the kernel's pid_max, -1 none.
+	PidsLimit int64
 	// MetricsAddress, when set, serves GET /metrics alone on its own
 	// listener, to any scraper (a Prometheus in a container, on another
 	// machine, or as its own account), without opening the task API.
@@ -234,6 +237,8 @@ func (a *agent) startEngine(context.Context) error {
 		a.log.Warn("Docker publishes bridge tasks' runner ports: every local account can reach them (--docker-publish-ports)")
 	}
 	a.tcfg.RunnerAPIUIDs = a.principals().AllowedUIDs
+	a.tcfg.PidsLimit = pidsLimit(a.cfg.PidsLimit)
+	a.log.Info("each task's processes and threads are bounded", "pids_limit", a.tcfg.PidsLimit)
 	a.engine = task.New(a.tcfg, a.rt, a.locks, &authkeys.Editor{}, a.log)
 	a.OnStop(func() {
 		a.engine.Shutdown()
@@ -382,6 +387,24 @@ func (a *agent) startMetrics() error {
 	a.OnStop(func() { _ = hs.Close() })
 	a.log.Info("metrics serving", "addr", ln.Addr().String())
 	return nil
+}
+
+// pidsLimit is the flag's value: 0 picks DefaultPidsLimit for this
+// kernel's pid_max, -1 none.
+func pidsLimit(flag int64) int64 {
+	switch {
+	case flag < 0:
+		return 0
+	case flag > 0:
+		return flag
+	}
+	pidMax := int64(32768)
+	if b, err := os.ReadFile("/proc/sys/kernel/pid_max"); err == nil {
+		if v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64); err == nil && v > 0 {
+			pidMax = v
+		}
+	}
+	return task.DefaultPidsLimit(pidMax)
 }
 
 // access is who may call the API and the forwarded task ports.

@@ -62,3 +62,15 @@ func TestBuildGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestBuildPidsLimit: a task's pids limit reaches Docker; none leaves it
+// unset (Docker's default: unlimited).
+func TestBuildPidsLimit(t *testing.T) {
+	_, hc := Build(task.ContainerSpec{Image: "i", PidsLimit: 4096})
+	if hc.Resources.PidsLimit == nil || *hc.Resources.PidsLimit != 4096 {
+		t.Fatalf("pids limit %v", hc.Resources.PidsLimit)
+	}
+	if _, hc := Build(task.ContainerSpec{Image: "i"}); hc.Resources.PidsLimit != nil {
+		t.Fatalf("unset pids limit became %d", *hc.Resources.PidsLimit)
+	}
+}

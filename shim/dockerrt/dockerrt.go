@@ -154,6 +154,10 @@ func Build(s task.ContainerSpec) (*container.Config, *container.HostConfig) {
 	for _, b := range s.Binds {
 		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeBind, Source: b.Source, Target: b.Target, ReadOnly: b.ReadOnly})
 	}
+	if s.PidsLimit > 0 {
+		limit := s.PidsLimit
+		hc.Resources.PidsLimit = &limit
+	}
 	if s.ShmSize > 0 {
 		hc.ShmSize = s.ShmSize
 		hc.Tmpfs = map[string]string{"/dev/shm": "rw,nosuid,nodev,exec,size=" + strconv.FormatInt(s.ShmSize, 10)}

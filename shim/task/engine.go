@@ -20,6 +20,17 @@ import (
 	"github.com/tandem-run/tandem/shim/pull"
 )
 
+// MaxPidsLimit is the largest pids limit a task may ask for.
+const MaxPidsLimit = 1 << 22
+
+// DefaultPidsLimit is a task's pids limit on a host whose kernel allows
+// pidMax pids: an eighth of them, between 2,048 and 32,768 (a GPU job with
+// its data loaders and their threads stays in the hundreds to low
+// thousands; eight runaway tasks cannot take the host's pool).
+func DefaultPidsLimit(pidMax int64) int64 {
+	return min(max(pidMax/8, 2048), 32768)
+}
+
 // Error classes; the HTTP layer maps them to statuses.
 var (
 	ErrNotFound = errors.New("task not found")
@@ -89,6 +100,10 @@ type Config struct {
 	// serve (the API's root-equivalent accounts); nil: the runner serves
 	// every local client, as dstack's does.
 	RunnerAPIUIDs func() []uint32
+	// PidsLimit bounds each task's processes and threads (0: no bound), so
+	// that a fork bomb in one task leaves the host's pids to the shim,
+	// sshd and the other tasks; a Tandem client's task may ask for its own.
+	PidsLimit int64
 	// Observer receives metrics events (nil: none).
 	Observer Observer
 	// Volumes mounts network volumes; nil refuses tasks that ask for them.

@@ -87,6 +87,7 @@ type ContainerSpec struct {
 	Forwarded        bool
 	Binds            []Bind
 	ShmSize          int64 // >0: /dev/shm is an exec tmpfs of this size
+	PidsLimit        int64 // >0: the container's processes and threads at most
 	NanoCPUs         int64
 	Memory           int64
 	Devices          []Device

@@ -57,6 +57,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		Forwarded:   e.cfg.Forwarder != nil,
 		Binds:       binds,
 		ShmSize:     cfg.ShmSize,
+		PidsLimit:   cmp.Or(cfg.PidsLimit, e.cfg.PidsLimit),
 		NanoCPUs:    int64(cfg.CPU * 1e9),
 		Memory:      cfg.Memory,
 		Init:        true,

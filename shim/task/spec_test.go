@@ -137,3 +137,11 @@ func (nopForwarder) Open(string, string, []int, []api.PortMapping) ([]api.PortMa
 	return nil, nil
 }
 func (nopForwarder) Close(string) {}
+
+func TestDefaultPidsLimit(t *testing.T) {
+	for pidMax, want := range map[int64]int64{32768: 4096, 4194304: 32768, 8192: 2048, 131072: 16384} {
+		if got := DefaultPidsLimit(pidMax); got != want {
+			t.Errorf("DefaultPidsLimit(%d) = %d, want %d", pidMax, got, want)
+		}
+	}
+}

@@ -56,6 +56,8 @@ func validate(c api.TaskConfig) error {
 		return fmt.Errorf("%w: gpu must be -1, 0 or a positive count, got %d", ErrInvalid, c.GPU)
 	case c.CPU < 0 || c.Memory < 0 || c.ShmSize < 0:
 		return fmt.Errorf("%w: cpu, memory and shm_size must not be negative", ErrInvalid)
+	case c.PidsLimit < 0 || c.PidsLimit > MaxPidsLimit:
+		return fmt.Errorf("%w: tandem_pids_limit must be between 1 and %d (0: the shim's)", ErrInvalid, MaxPidsLimit)
 	}
 	switch c.NetworkMode {
 	case "", "host", "bridge":
