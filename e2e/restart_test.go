@@ -24,6 +24,7 @@ type shimProc struct {
 	home   string
 	port   string
 	runner string
+	env    []string // added to the shim's environment (a private DOCKER_HOST)
 	cmd    *exec.Cmd
 	client *shimclient.Client
 }
@@ -49,6 +50,9 @@ func (p *shimProc) start(args ...string) time.Duration {
 	begin := time.Now()
 	argv := append([]string{"--shim-home", p.home, "--shim-http-port", p.port, "--runner-binary-path", p.runner, "--shim-log-level", "debug"}, args...)
 	p.cmd = exec.Command(testenv.Binaries(p.t).Shim, argv...)
+	if p.env != nil {
+		p.cmd.Env = append(os.Environ(), p.env...)
+	}
 	logf, _ := os.OpenFile(filepath.Join(p.home, "stderr"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	testenv.Isolate(p.cmd)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ type Dockerd struct {
 	Dir  string
 	Host string // unix://… for DOCKER_HOST
 	Pid  int
+	argv []string
 }
 
 // StartDockerd starts a dockerd of the test's own through wrap (e.g. a
@@ -36,8 +38,32 @@ func StartDockerd(t testing.TB, wrap []string, wait time.Duration, extra ...stri
 	d := &Dockerd{Dir: dir, Host: "unix://" + filepath.Join(dir, "d.sock")}
 	argv := append(append([]string{}, wrap...), "dockerd", "--host", d.Host, "--data-root", filepath.Join(dir, "root"), "--exec-root", filepath.Join(dir, "exec"),
 		"--pidfile", filepath.Join(dir, "d.pid"), "--iptables=false", "--ip-masq=false")
-	cmd := exec.Command(argv[0], append(argv[1:], extra...)...)
-	logf, _ := os.Create(filepath.Join(dir, "dockerd.log"))
+	d.argv = append(argv, extra...)
+	d.start(t, wait)
+	return d
+}
+
+// Restart stops the daemon with SIGTERM as an operator's restart does (its
+// containers stop: no live-restore) and starts it again on the same dirs.
+func (d *Dockerd) Restart(t testing.TB, wait time.Duration) {
+	t.Helper()
+	_ = syscall.Kill(d.Pid, syscall.SIGTERM)
+	deadline := time.Now().Add(60 * time.Second)
+	for syscall.Kill(d.Pid, 0) == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("dockerd did not stop")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	d.start(t, wait)
+}
+
+// start runs d's dockerd and waits up to wait for it to answer.
+func (d *Dockerd) start(t testing.TB, wait time.Duration) {
+	t.Helper()
+	dir := d.Dir
+	cmd := exec.Command(d.argv[0], d.argv[1:]...)
+	logf, _ := os.OpenFile(filepath.Join(dir, "dockerd.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	t.Cleanup(func() { logf.Close() })
 	StartDaemon(t, cmd)
@@ -47,7 +73,7 @@ func StartDockerd(t testing.TB, wrap []string, wait time.Duration, extra ...stri
 		c := exec.CommandContext(context.Background(), "docker", "info")
 		c.Env = append(os.Environ(), "DOCKER_HOST="+d.Host)
 		if c.Run() == nil {
-			return d
+			return
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(filepath.Join(dir, "dockerd.log"))
