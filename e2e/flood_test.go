@@ -117,11 +117,23 @@ func containerFlood(t testing.TB, h *shimHarness, port string, n int) {
 // slow bodies, and gives them time to fill every slot they can.
 func hostFlood(t testing.TB, addr string, n int) {
 	t.Helper()
+	hostFloodAs(t, addr, n, -1)
+}
+
+// hostFloodAs is hostFlood from processes of uid (-1: this one's).
+func hostFloodAs(t testing.TB, addr string, n, uid int) {
+	t.Helper()
 	bin := floodBinary(t)
+	if uid >= 0 {
+		_ = os.Chmod(filepath.Dir(bin), 0o755)
+	}
 	for _, mode := range []string{"idle", "slowbody"} {
 		cmd := exec.Command(bin, "-addr", addr, "-n", strconv.Itoa(n), "-mode", mode)
 		cmd.Stdout = io.Discard
 		testenv.Isolate(cmd)
+		if uid >= 0 {
+			cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -201,8 +213,32 @@ func TestShimAPIUnderConnectionFloods(t *testing.T) {
 			t.Errorf("shim holds %d descriptors under the flood", fds)
 		}
 	})
-	// Afterwards the shim serves as before.
+	// An ordinary account is refused at accept, before its connections
+	// hold a slot: however it floods, an admitted caller is served within a
+	// second, every time (issue 39).
+	t.Run("ordinary account, 750 idle keep-alive and 750 slow bodies", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root to run the flood as nobody")
+		}
+		hostFloodAs(t, addr, 750, 65534)
+		lat := healthUnderFlood(t, addr, 10)
+		fds := openFDs(pid)
+		t.Logf("FIGURE ordinary-account flood (750 idle + 750 slow bodies, re-opening): healthcheck p50 %s max %s; shim fds %d (idle %d)",
+			lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond), fds, before)
+		if lat[len(lat)-1] > time.Second {
+			t.Errorf("a healthcheck took %s under an ordinary account's flood", lat[len(lat)-1])
+		}
+		if fds > before+fdBound {
+			t.Errorf("shim holds %d descriptors under the flood", fds)
+		}
+	})
+	// Afterwards the shim serves as before, and its descriptors come back.
 	if _, err := h.client.Healthcheck(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); openFDs(pid) > before+20; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the shim holds %d descriptors after the floods (idle %d)", openFDs(pid), before)
+		}
 	}
 }
