@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -76,7 +77,7 @@ func (p *Policy) path(s string) string {
 	if p.Root == "" || p.Root == "/" {
 		return s
 	}
-	return filepath.Join(p.Root, s)
+	return filepath.Join(p.Root, filepath.Clean("/"+s)) // never above Root
 }
 
 // Decide answers for uid, from the cache while it is fresh.
@@ -215,14 +216,19 @@ func forEachLine(path string, fn func([]string) bool) {
 	}
 }
 
-// readBounded reads a host policy file, at most 4 MiB of it: these are
-// root's files, but a bound costs nothing.
+// readBounded reads a host policy file, at most 4 MiB of it, and only a
+// regular file, without blocking (an include naming a FIFO or /proc/kmsg
+// must not hang the API): these are root's files, but a bound costs
+// nothing.
 func readBounded(path string) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
 	buf := make([]byte, 0, 4096)
 	for len(buf) < 4<<20 {
 		if len(buf) == cap(buf) {

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -186,4 +187,32 @@ func FuzzSudoers(f *testing.F) {
 		r, _ := p.sudoRules()
 		_, _ = r.grants(account{uid: 5, name: "x", groups: map[string]bool{"g": true}, gids: map[uint32]bool{5: true}})
 	})
+}
+
+// TestIncludesNeverBlockOrEscape: an include naming a FIFO is skipped
+// without blocking, and an include climbing out of Root stays inside it.
+func TestIncludesNeverBlockOrEscape(t *testing.T) {
+	root := writeTree(t, map[string]string{
+		"/etc/passwd":  "x:x:5:5::/:/bin/sh\n",
+		"/etc/group":   "x:x:5:\n",
+		"/etc/sudoers": "@includedir /etc/sudoers.d\n@include /../../../../etc/sudoers.local\n",
+		// Inside Root, where the climbing include lands.
+		"/etc/sudoers.local": "x ALL=(ALL) ALL\n",
+	})
+	if err := os.MkdirAll(filepath.Join(root, "etc", "sudoers.d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(root, "etc", "sudoers.d", "pipe"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan Decision, 1)
+	go func() { done <- (&Policy{Root: root, DockerSocket: "-"}).Decide(5) }()
+	select {
+	case d := <-done:
+		if !d.Allowed {
+			t.Fatalf("the include inside Root was not read: %+v", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a FIFO in sudoers.d blocked the decision")
+	}
 }
