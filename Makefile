@@ -19,7 +19,7 @@ GOTAGS         := urfave_cli_no_docs
 # go-nvml's header marks many calls deprecated; we do not use those.
 export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 
-.PHONY: all build release test vm-test unit e2e lint deps demo fuzz bench gpu-smoke clean
+.PHONY: all build release test vm-test unit e2e lint deps demo fuzz bench gpu-smoke fresh-check clean
 
 all: build
 
@@ -88,6 +88,12 @@ bench: deps build
 gpu-smoke: build
 	go test -count 1 -v -run RealNVML ./shim/gpu
 	./scripts/gpu-smoke.sh $(DOCKER_BUNDLE)
+
+## fresh-check: the README's set-up promise, proven: make demo on a fresh
+## clone in clean Debian 12, Ubuntu 22.04 and 24.04 containers (needs
+## network access to their archives and the module proxy)
+fresh-check:
+	./scripts/fresh-check.sh
 
 ## fuzz: every fuzz target for FUZZTIME (60s) each; `make test` runs each for 3s
 fuzz:
