@@ -17,6 +17,11 @@ const (
 	RunnerDirInContainer = "/tmp/runner"
 	// RunnerBinaryInContainer is where the host's runner binary is bound.
 	RunnerBinaryInContainer = "/usr/local/bin/dstack-runner"
+	// RunnerFinalFile is where, in its temp dir (the shim's
+	// runners/<container>/ on the host), the runner leaves the job's final
+	// state: the shim reads it, so the job's status outlives the runner
+	// and its container.
+	RunnerFinalFile = "job_final.json"
 	// RunnerHostKeysFile is where, in its temp dir, the runner leaves its
 	// SSH host public keys (authorized_keys lines), for the shim to report
 	// and a client to pin.

@@ -150,15 +150,6 @@ func (g *Gate) Close() error {
 // Addr is the listener's address.
 func (g *Gate) Addr() net.Addr { return g.ln.Addr() }
 
-// Stats returns the counters.
-func (g *Gate) Stats() GateStats {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	s := g.stats
-	s.Open = int64(g.used)
-	return s
-}
-
 func (g *Gate) acceptLoop() {
 	var backoff time.Duration
 	for {

@@ -268,3 +268,12 @@ func readStatus(c net.Conn) (string, error) {
 	resp.Body.Close()
 	return resp.Status, nil
 }
+
+// Stats returns the counters.
+func (g *Gate) Stats() GateStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s := g.stats
+	s.Open = int64(g.used)
+	return s
+}

@@ -13,7 +13,6 @@ import (
 	"mime"
 	"net"
 	"net/http"
-	"strings"
 
 	"github.com/labstack/echo/v4"
 )
@@ -211,12 +210,3 @@ func NewEcho(log *slog.Logger) *echo.Echo {
 	})
 	return e
 }
-
-// IsClientError reports whether err is an API error with a 4xx status.
-func IsClientError(err error) bool {
-	var apiErr *Error
-	return errors.As(err, &apiErr) && apiErr.Status >= 400 && apiErr.Status < 500
-}
-
-// TrimMessage normalizes an error body received from a peer agent.
-func TrimMessage(b []byte) string { return strings.TrimRight(string(b), "\n") }

@@ -113,3 +113,9 @@ func FuzzDecodeJSON(f *testing.F) {
 		}
 	})
 }
+
+// IsClientError reports whether err is an API error with a 4xx status.
+func IsClientError(err error) bool {
+	var apiErr *Error
+	return errors.As(err, &apiErr) && apiErr.Status >= 400 && apiErr.Status < 500
+}

@@ -128,7 +128,6 @@ type Executor struct {
 	streamers sync.WaitGroup
 }
 
-// New prepares the temp dir and event stores.
 // Defaults are the executor's defaults: New fills the zero fields of its
 // Config from them (WithDefaults), and the runner's flags show and use the
 // same values.

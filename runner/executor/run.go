@@ -95,9 +95,8 @@ func (x *Executor) finish() {
 }
 
 // FinalFile is where the runner leaves the job's final state in its temp
-// dir (the shim's runners/<container>/ on the host): the shim reads it, so
-// the job's status outlives the runner and its container.
-const FinalFile = "job_final.json"
+// dir (api.RunnerFinalFile).
+const FinalFile = api.RunnerFinalFile
 
 // writeFinal leaves the job's final state for the shim (atomically).
 func (x *Executor) writeFinal() {

@@ -53,13 +53,6 @@ func (c *Clock) Stamp(record func(ts int64)) {
 	record(c.nextLocked())
 }
 
-// Last returns the latest issued timestamp (or the start time).
-func (c *Clock) Last() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.last
-}
-
 // Lock runs f while no timestamp can be issued, so a snapshot of stores and
 // the clock's Last are consistent.
 func (c *Clock) Lock(f func(last int64)) {

@@ -82,16 +82,6 @@ func (j *Journal) LastStateEvent() (api.JobStateEvent, bool) {
 	return api.JobStateEvent{}, false
 }
 
-// LastState is the latest recorded job state ("" before any).
-func (j *Journal) LastState() api.JobState {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if n := len(j.states); n > 0 {
-		return j.states[n-1].State
-	}
-	return ""
-}
-
 // AppendJobLog stores one stripped chunk of the job's output.
 func (j *Journal) AppendJobLog(b []byte) { j.append(j.jobLogs, b) }
 

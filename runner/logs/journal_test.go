@@ -159,3 +159,13 @@ func TestStripperMultibyteLines(t *testing.T) {
 		t.Fatalf("got %q", out.String()[:80])
 	}
 }
+
+// LastState is the latest recorded job state ("" before any).
+func (j *Journal) LastState() api.JobState {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if n := len(j.states); n > 0 {
+		return j.states[n-1].State
+	}
+	return ""
+}

@@ -295,3 +295,10 @@ func readAll(t *testing.T, h *History) string {
 		b.Write(chunk)
 	}
 }
+
+// OnDisk is the bytes of event data the file holds.
+func (s *Store) OnDisk() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.trim.onDisk(s.size)
+}

@@ -95,13 +95,6 @@ func (s *Store) trimLocked() error {
 	return nil
 }
 
-// OnDisk is the bytes of event data the file holds.
-func (s *Store) OnDisk() int64 {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.trim.onDisk(s.size)
-}
-
 // After returns events with timestamp > after and ≤ upTo, at most maxBytes of
 // data (always at least one event if any match). more reports whether
 // matching events were left out.

@@ -1,4 +1,6 @@
-// Package ptyio reads pseudo-terminals the way the runner's one P needs.
+// Package ptyio reads a job's pseudo-terminal for the runner: only once the
+// terminal holds input (not each byte as it comes), and in plain reads
+// once the job ended, so the last output is drained.
 package ptyio
 
 import (

@@ -1,6 +1,8 @@
-// Package ptyproc is the runner's process layer: what the job executor and
-// the SSH server both do with the processes they start. So far: how a
-// finished process's status is reported.
+// Package ptyproc is the runner's process layer: the job, SSH sessions and
+// sftp start their processes through Start (a terminal or pipes, the
+// user's credentials, signals to the group or session, a hang-up) and read
+// their end from Wait, as a shell reports it (128+N for signal N; 126/127
+// when they cannot start). This file: the exit status.
 package ptyproc
 
 import (

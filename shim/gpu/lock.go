@@ -1,5 +1,5 @@
-// Package gpu owns the host's GPUs as the shim sees them: what was found and
-// which task holds which one.
+// Which task holds which GPU (the package doc is in gpu.go).
+
 package gpu
 
 import (

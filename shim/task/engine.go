@@ -226,7 +226,7 @@ type task struct {
 	job       *api.JobStateEvent        // the job's final state, once its runner left it
 	keysAdded bool                      // host keys are in authorized_keys
 	volumes   []string                  // volumes that may be mounted for it
-	released  bool                      // GPUs and keys given back
+	released  bool                      // every resource it held given back (resource.go)
 	watched   bool                      // a goroutine waits for its container
 	// probing: restored from a record before running; Docker has not yet
 	// said whether its container started (recovery case 2).
@@ -242,7 +242,7 @@ type task struct {
 	// Docker's default (networkResource); not persisted.
 	network string
 
-	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then mu)
+	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu, then mu)
 
 	doneOnce sync.Once // markDone closes done once, whichever path ends the task
 }

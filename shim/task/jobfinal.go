@@ -19,8 +19,8 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-// jobFinalFile is the runner's FinalFile (runner/executor).
-const jobFinalFile = "job_final.json"
+// jobFinalFile is the runner's final state file (api.RunnerFinalFile).
+const jobFinalFile = api.RunnerFinalFile
 
 // maxJobFinal bounds the file: a state, a reason, a message.
 const maxJobFinal = 64 << 10

@@ -157,7 +157,8 @@ func (e *Engine) waitExit(ctx context.Context, id string, log *slog.Logger) (int
 }
 
 // start runs the stages up to a running container. A nil result means the
-// container runs; cleanups collects what must be undone when the task ends.
+// container runs; what the task holds is given back by release when it
+// ends.
 func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure {
 	fail := func(reason api.TerminationReason, format string, args ...any) *failure {
 		return &failure{reason, fmt.Sprintf(format, args...)}

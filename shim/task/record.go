@@ -36,7 +36,7 @@ type record struct {
 	GPUIDs        []string                  `json:"gpu_ids"`
 	KeysAdded     bool                      `json:"keys_added"`
 	Volumes       []string                  `json:"volumes,omitempty"` // may be mounted for it
-	Released      bool                      `json:"released"`          // GPUs, keys cleaned up
+	Released      bool                      `json:"released"`          // every resource given back (resource.go)
 	StopRequest   *api.TaskTerminateRequest `json:"stop_request,omitempty"`
 	SubmittedAt   time.Time                 `json:"submitted_at,omitzero"`
 	Job           *api.JobStateEvent        `json:"job,omitempty"` // the job's final state
