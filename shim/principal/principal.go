@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,6 +53,11 @@ type Policy struct {
 	cache map[uint32]cached
 }
 
+type cached struct {
+	d  Decision
+	at time.Time
+}
+
 // Decision is the answer for one uid.
 type Decision struct {
 	Allowed bool
@@ -61,9 +67,22 @@ type Decision struct {
 	Why string
 }
 
-type cached struct {
-	d  Decision
-	at time.Time
+// snapshot is what the host's files said when they were read: the
+// accounts, the groups, the sudoers rules and the Docker socket's group.
+// One read serves every account AllowedUIDs decides at a task's start.
+type snapshot struct {
+	names     map[uint32]string // passwd: uid -> name
+	primary   map[uint32]uint32 // passwd: uid -> primary gid
+	groups    []group
+	rules     sudoRules
+	dockerGID uint32
+	hasDocker bool
+}
+
+type group struct {
+	name    string
+	gid     uint32
+	members []string
 }
 
 func (p *Policy) now() time.Time {
@@ -80,7 +99,72 @@ func (p *Policy) path(s string) string {
 	return filepath.Join(p.Root, filepath.Clean("/"+s)) // never above Root
 }
 
-// Decide answers for uid, from the cache while it is fresh.
+// load reads the host's files once.
+func (p *Policy) load() *snapshot {
+	s := &snapshot{names: map[uint32]string{}, primary: map[uint32]uint32{}}
+	forEachLine(p.path("/etc/passwd"), func(f []string) bool {
+		if len(f) < 4 {
+			return true
+		}
+		u, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil {
+			return true
+		}
+		if _, dup := s.names[uint32(u)]; !dup { // the first entry counts, as getpwuid's
+			s.names[uint32(u)] = f[0]
+			if g, err := strconv.ParseUint(f[3], 10, 32); err == nil {
+				s.primary[uint32(u)] = uint32(g)
+			}
+		}
+		return true
+	})
+	forEachLine(p.path("/etc/group"), func(f []string) bool {
+		if len(f) < 4 {
+			return true
+		}
+		gid, err := strconv.ParseUint(f[2], 10, 32)
+		if err != nil {
+			return true
+		}
+		g := group{name: f[0], gid: uint32(gid)}
+		for _, m := range strings.Split(f[3], ",") {
+			if m = strings.TrimSpace(m); m != "" {
+				g.members = append(g.members, m)
+			}
+		}
+		s.groups = append(s.groups, g)
+		return true
+	})
+	var err error
+	if s.rules, err = p.sudoRules(); err != nil && p.Log != nil {
+		p.Log.Warn("read sudoers", "err", err)
+	}
+	s.dockerGID, s.hasDocker = p.dockerGroup()
+	return s
+}
+
+// account is what a snapshot says about a uid.
+type account struct {
+	uid    uint32
+	name   string // "" when passwd has no entry
+	groups map[string]bool
+	gids   map[uint32]bool
+}
+
+func (s *snapshot) account(uid uint32) account {
+	acc := account{uid: uid, name: s.names[uid], groups: map[string]bool{}, gids: map[uint32]bool{}}
+	primary, hasPrimary := s.primary[uid]
+	for _, g := range s.groups {
+		if hasPrimary && g.gid == primary || acc.name != "" && slices.Contains(g.members, acc.name) {
+			acc.groups[g.name] = true
+			acc.gids[g.gid] = true
+		}
+	}
+	return acc
+}
+
+// Decide answers for uid: from the host's files as they are at its first
+// question, then from the cache for TTL.
 func (p *Policy) Decide(uid uint32) Decision {
 	ttl := p.TTL
 	if ttl <= 0 {
@@ -93,7 +177,7 @@ func (p *Policy) Decide(uid uint32) Decision {
 		return c.d
 	}
 	p.mu.Unlock()
-	d := p.decide(uid)
+	d := p.decide(p.load(), uid)
 	p.mu.Lock()
 	if p.cache == nil || len(p.cache) > 4096 {
 		p.cache = map[uint32]cached{}
@@ -103,16 +187,8 @@ func (p *Policy) Decide(uid uint32) Decision {
 	return d
 }
 
-// account is what the host's files say about a uid.
-type account struct {
-	uid    uint32
-	name   string // "" when passwd has no entry
-	groups map[string]bool
-	gids   map[uint32]bool
-}
-
-func (p *Policy) decide(uid uint32) Decision {
-	acc := p.lookup(uid)
+func (p *Policy) decide(s *snapshot, uid uint32) Decision {
+	acc := s.account(uid)
 	who := "uid " + strconv.FormatUint(uint64(uid), 10)
 	if acc.name != "" {
 		who += " (" + acc.name + ")"
@@ -136,67 +212,18 @@ func (p *Policy) decide(uid uint32) Decision {
 			return d
 		}
 	}
-	if g, ok := p.dockerGroup(); ok && acc.gids[g] {
+	if s.hasDocker && acc.gids[s.dockerGID] {
 		d.Allowed, d.Why = true, "member of the Docker socket's group"
 		return d
 	}
 	if acc.name != "" {
-		rules, err := p.sudoRules()
-		if err != nil && p.Log != nil {
-			p.Log.Warn("read sudoers", "err", err)
-		}
-		if rule, ok := rules.grants(acc); ok {
+		if rule, ok := s.rules.grants(acc); ok {
 			d.Allowed, d.Why = true, "sudoers grants ALL: "+rule
 			return d
 		}
 	}
 	d.Why = "not root-equivalent on this host (not root, no sudoers rule granting ALL, not in the Docker socket's group, not allowed with --api-allow-user)"
 	return d
-}
-
-// lookup reads passwd and group for uid: its name, primary group and every
-// group that lists it.
-func (p *Policy) lookup(uid uint32) account {
-	acc := account{uid: uid, groups: map[string]bool{}, gids: map[uint32]bool{}}
-	var primary int64 = -1
-	forEachLine(p.path("/etc/passwd"), func(f []string) bool {
-		if len(f) < 4 {
-			return true
-		}
-		u, err := strconv.ParseUint(f[2], 10, 32)
-		if err != nil || uint32(u) != uid {
-			return true
-		}
-		acc.name = f[0]
-		if g, err := strconv.ParseInt(f[3], 10, 64); err == nil {
-			primary = g
-		}
-		return false
-	})
-	forEachLine(p.path("/etc/group"), func(f []string) bool {
-		if len(f) < 4 {
-			return true
-		}
-		gid, err := strconv.ParseUint(f[2], 10, 32)
-		if err != nil {
-			return true
-		}
-		member := int64(gid) == primary
-		if !member && acc.name != "" {
-			for _, m := range strings.Split(f[3], ",") {
-				if strings.TrimSpace(m) == acc.name {
-					member = true
-					break
-				}
-			}
-		}
-		if member {
-			acc.groups[f[0]] = true
-			acc.gids[uint32(gid)] = true
-		}
-		return true
-	})
-	return acc
 }
 
 // forEachLine calls fn with the colon-separated fields of each line of a
@@ -280,31 +307,24 @@ func (d Decision) Error() string {
 // serve. Accounts added later are not in it (the task keeps the list it
 // started with).
 func (p *Policy) AllowedUIDs() []uint32 {
+	s := p.load()
 	seen := map[uint32]bool{0: true}
 	out := []uint32{0}
-	add := func(uid uint32) {
-		if !seen[uid] {
+	for _, a := range p.Allow {
+		if v, err := strconv.ParseUint(strings.TrimSpace(a), 10, 32); err == nil && !seen[uint32(v)] {
+			seen[uint32(v)] = true
+			out = append(out, uint32(v))
+		}
+	}
+	uids := make([]uint32, 0, len(s.names))
+	for uid := range s.names {
+		uids = append(uids, uid)
+	}
+	slices.Sort(uids)
+	for _, uid := range uids {
+		if !seen[uid] && p.decide(s, uid).Allowed {
 			seen[uid] = true
 			out = append(out, uid)
-		}
-	}
-	for _, a := range p.Allow {
-		if v, err := strconv.ParseUint(strings.TrimSpace(a), 10, 32); err == nil {
-			add(uint32(v))
-		}
-	}
-	var uids []uint32
-	forEachLine(p.path("/etc/passwd"), func(f []string) bool {
-		if len(f) >= 3 {
-			if v, err := strconv.ParseUint(f[2], 10, 32); err == nil {
-				uids = append(uids, uint32(v))
-			}
-		}
-		return true
-	})
-	for _, uid := range uids {
-		if !seen[uid] && p.Decide(uid).Allowed {
-			add(uid)
 		}
 	}
 	return out
