@@ -48,18 +48,23 @@ type Principals interface {
 
 // decide is the verdict on one connection: from the host (not a
 // container) and owned by an admitted uid. A refusal carries the whole
-// message the client reads.
-func (a Access) decide(v origin.Verdict) (admit bool, msg string) {
+// message the client reads, about what (the shim API, a task port).
+func (a Access) decide(v origin.Verdict, what string) (admit bool, msg string) {
 	if !v.FromHost && !a.AllowContainers {
-		return false, "the shim API serves only the host itself, not " + v.Peer + ": " + v.Reason
+		return false, what + " serves only the host itself, not " + v.Peer + ": " + v.Reason
 	}
 	if a.Principals != nil && v.HasUID {
 		if d := a.Principals.Decide(v.UID); !d.Allowed {
-			return false, "the shim API serves only root-equivalent accounts (root, sudoers granting ALL, the Docker socket's group, --api-allow-user): " + d.Error() + "; caller " + v.Peer
+			return false, what + " serves only root-equivalent accounts (root, sudoers granting ALL, the Docker socket's group, --api-allow-user): " + d.Error() + "; caller " + v.Peer
 		}
 	}
 	return true, ""
 }
+
+const (
+	theAPI   = "the shim API"
+	taskPort = "this task port"
+)
 
 func loopbackHost(h string) bool {
 	// The dstack server tunnels to local Unix sockets and talks HTTP over
@@ -115,7 +120,7 @@ func (a Access) Middleware() echo.MiddlewareFunc {
 				if v.Peer != "" {
 					peer = v.Peer
 				}
-				if ok, msg := a.decide(v); !ok {
+				if ok, msg := a.decide(v, theAPI); !ok {
 					return refuse(http.StatusForbidden, msg)
 				}
 			}
@@ -149,7 +154,7 @@ func (a Access) Admit() httpapi.Admit {
 		vs := a.Check(pairs)
 		out := make([]httpapi.Admission, len(conns))
 		for i, v := range vs {
-			ok, msg := a.decide(v)
+			ok, msg := a.decide(v, theAPI)
 			out[i] = httpapi.Admission{Trusted: ok && v.FromHost, Peer: v.Peer, Reason: v.Reason,
 				Refuse: !ok, Message: msg, Key: v.Client}
 			if !ok && v.FromHost {
@@ -162,18 +167,13 @@ func (a Access) Admit() httpapi.Admit {
 
 // AdmitConn decides one connection by the same rule as the API (a
 // root-equivalent account on the host, not a container): the shim's
-// forwarded task ports use it. The Host header and token do not apply:
-// what passes is the runner's own protocol.
+// forwarded task ports use it, and log its refusals. The Host header and
+// token do not apply: what passes is the runner's own protocol.
 func (a Access) AdmitConn(c net.Conn) (bool, string) {
 	if a.Check == nil {
 		return true, ""
 	}
-	v := a.Check([]origin.Pair{{Local: c.LocalAddr(), Remote: c.RemoteAddr()}})[0]
-	ok, msg := a.decide(v)
-	if !ok && a.Log != nil {
-		a.Log.Warn("task port refused", "peer", v.Peer, "uid", v.UID, "why", msg)
-	}
-	return ok, strings.Replace(msg, "the shim API", "this task port", 1)
+	return a.decide(a.Check([]origin.Pair{{Local: c.LocalAddr(), Remote: c.RemoteAddr()}})[0], taskPort)
 }
 
 // verdict is the origin the gate decided for the request's connection (a
