@@ -144,7 +144,6 @@ type agent struct {
 	sd                   *shutdown
 	force                bool // the API asked for a forced shutdown
 	policy               *principal.Policy
-	metricsH             http.Handler
 
 	lifecycle.Stack // what started, stopped in reverse by Run
 }
@@ -301,6 +300,7 @@ func (a *agent) startAPI(ctx context.Context) error {
 	}
 	installCtx, cancelInstalls := context.WithCancel(context.Background())
 	a.sd = newShutdown()
+	metricsH := a.mx.Handler(metrics.Sources{Tasks: a.engine, GPUs: a.locks})
 	e := server.New(server.Deps{
 		Version:           version.String(),
 		TandemVersion:     version.Tandem(),
@@ -313,7 +313,7 @@ func (a *agent) startAPI(ctx context.Context) error {
 		Stopper:           a.sd,
 		Readiness:         recovered{done: a.ready},
 		Log:               a.log,
-		Metrics:           a.metricsHandler(),
+		Metrics:           metricsH,
 		MetricsMiddleware: a.mx.Middleware(),
 	})
 	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
@@ -354,7 +354,7 @@ func (a *agent) startAPI(ctx context.Context) error {
 	})
 	a.log.Info("shim API serving", "addr", gate.Addr().String())
 	if a.cfg.MetricsAddress != "" {
-		if err := a.startMetrics(); err != nil {
+		if err := a.startMetrics(metricsH); err != nil {
 			return err
 		}
 	}
@@ -364,23 +364,17 @@ func (a *agent) startAPI(ctx context.Context) error {
 	return nil
 }
 
-func (a *agent) metricsHandler() http.Handler {
-	if a.metricsH == nil {
-		a.metricsH = a.mx.Handler(metrics.Sources{Tasks: a.engine, GPUs: a.locks})
-	}
-	return a.metricsH
-}
-
-// startMetrics serves /metrics alone on --metrics-address: read-only
-// counters for a scraper anywhere. Each connection is bounded in time and
-// there are at most 32 at once; nothing else of the API answers there.
-func (a *agent) startMetrics() error {
+// startMetrics serves h (the API's /metrics) alone on --metrics-address:
+// read-only counters for a scraper anywhere. Each connection is bounded in
+// time and there are at most 32 at once; nothing else of the API answers
+// there.
+func (a *agent) startMetrics(h http.Handler) error {
 	ln, err := net.Listen("tcp", a.cfg.MetricsAddress)
 	if err != nil {
 		return fmt.Errorf("listen %s (--metrics-address): %w", a.cfg.MetricsAddress, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", a.metricsHandler())
+	mux.Handle("GET /metrics", h)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
 		IdleTimeout: 60 * time.Second, MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
 	go func() { _ = hs.Serve(netutil.LimitListener(ln, 32)) }()

@@ -189,17 +189,20 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 			if probed && !e.settleProbed(t, c, log) {
 				continue
 			}
+			// A bridge task whose container Docker publishes nothing for
+			// has the shim's forwards, which died with the shim; else the
+			// ports are Docker's (none in host mode).
+			forwarded := t.cfg.NetworkMode != "host" && e.cfg.Forwarder != nil && len(c.Ports) == 0
 			t.mu.Lock()
 			t.contID = c.ID
 			recorded := t.ports
-			if c.Ports != nil && (len(c.Ports) > 0 || e.cfg.Forwarder == nil || t.cfg.NetworkMode == "host") {
-				t.ports = c.Ports // Docker publishes them (host mode: none)
+			if c.Ports != nil && !forwarded {
+				t.ports = c.Ports
 			}
 			gpus := t.gpuIDs
 			t.mu.Unlock()
-			if t.cfg.NetworkMode != "host" && e.cfg.Forwarder != nil && len(c.Ports) == 0 && c.Running {
-				// The shim's own forwards died with it: open them again on
-				// the ports the server was told.
+			if forwarded && c.Running {
+				// Open them again on the ports the server was told.
 				ports, err := e.forward(ctx, t, c.ID, recorded)
 				if err != nil {
 					log.Error("re-open the task's forwarded ports", "err", err, "ports", recorded)
