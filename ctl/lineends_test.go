@@ -28,3 +28,22 @@ func TestLineEnds(t *testing.T) {
 		}
 	}
 }
+
+// TestTailWriter: the last n lines, whatever the writes' boundaries; an
+// unended last line counts as one.
+func TestTailWriter(t *testing.T) {
+	for _, chunks := range [][]string{{"a\nb\nc\nd"}, {"a\n", "b", "\nc\n", "d"}, {"a\nb\nc\n", "d"}} {
+		tw := &tailWriter{n: 2}
+		for _, c := range chunks {
+			_, _ = tw.Write([]byte(c))
+		}
+		if got := string(tw.bytes()); got != "c\nd" {
+			t.Errorf("%q: %q", chunks, got)
+		}
+	}
+	tw := &tailWriter{n: 2}
+	_, _ = tw.Write([]byte("a\nb\nc\n"))
+	if got := string(tw.bytes()); got != "b\nc\n" {
+		t.Errorf("ended lines: %q", got)
+	}
+}

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -111,25 +112,41 @@ func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.W
 	return followLogs(ctx, ref, o, since, w)
 }
 
-// tailWriter keeps the last n lines written to it.
+// tailWriter keeps the last n lines written to it, and at most
+// maxTailBytes of them (the oldest go first): the kept log is the job's
+// output, bounded by the runner but not by the job itself.
 type tailWriter struct {
 	n     int
-	lines [][]byte
-	part  []byte
+	lines [][]byte // whole lines, oldest first
+	size  int      // bytes in lines and part
+	part  []byte   // the line not yet ended
 }
 
+const maxTailBytes = 64 << 20
+
 func (t *tailWriter) Write(p []byte) (int, error) {
-	for _, b := range p {
-		t.part = append(t.part, b)
-		if b == '\n' {
-			t.lines = append(t.lines, t.part)
-			t.part = nil
-			if len(t.lines) > t.n {
-				t.lines = t.lines[1:]
-			}
+	written := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			t.part = append(t.part, p...)
+			t.size += len(p)
+			break
 		}
+		t.part = append(t.part, p[:i+1]...)
+		t.size += i + 1
+		t.lines, t.part = append(t.lines, t.part), nil
+		p = p[i+1:]
 	}
-	return len(p), nil
+	for len(t.lines) > 0 && (len(t.lines) > t.n || t.size > maxTailBytes) {
+		t.size -= len(t.lines[0])
+		t.lines = t.lines[1:]
+	}
+	if over := len(t.part) - maxTailBytes; over > 0 { // one endless line: its end
+		t.part = append([]byte(nil), t.part[over:]...)
+		t.size -= over
+	}
+	return written, nil
 }
 
 func (t *tailWriter) bytes() []byte {
@@ -140,11 +157,7 @@ func (t *tailWriter) bytes() []byte {
 			lines = lines[1:]
 		}
 	}
-	var out []byte
-	for _, l := range lines {
-		out = append(out, l...)
-	}
-	return out
+	return bytes.Join(lines, nil)
 }
 
 // followLogs streams a running task's raw output (from since on) to w
