@@ -91,6 +91,11 @@ type Config struct {
 	// output, stripped lines); zero: logs.DefaultLogMax and
 	// DefaultLogHead; Max < 0: unbounded.
 	LogRetention logs.Retention
+	// ReaderGrace: while the reader of /api/pull (the server) pulled
+	// within it, the job's output is held for it rather than have the log's
+	// bound drop what it has not had (logs.DefaultReaderGrace; < 0: never
+	// held).
+	ReaderGrace time.Duration
 	// LogMinFree is the free space under TempDir below which the job's
 	// output is no longer kept (the job goes on); 0: logs.DefaultMinFree
 	// of the filesystem; < 0: none.
@@ -139,6 +144,7 @@ func Defaults() Config {
 		KillGrace:      5 * time.Second,
 		DrainGrace:     2 * time.Second,
 		PullCap:        1 << 20,
+		ReaderGrace:    logs.DefaultReaderGrace,
 		MaxUpload:      DefaultMaxUpload,
 		MaxUploadTotal: DefaultMaxUploadTotal,
 		LogRetention:   logs.Retention{Head: logs.DefaultLogHead, Max: logs.DefaultLogMax},
@@ -155,6 +161,7 @@ func (c Config) WithDefaults() Config {
 	c.KillGrace = cmp.Or(c.KillGrace, d.KillGrace)
 	c.DrainGrace = cmp.Or(c.DrainGrace, d.DrainGrace)
 	c.PullCap = cmp.Or(c.PullCap, d.PullCap)
+	c.ReaderGrace = cmp.Or(c.ReaderGrace, d.ReaderGrace)
 	c.MaxUpload = cmp.Or(c.MaxUpload, d.MaxUpload)
 	c.MaxUploadTotal = cmp.Or(c.MaxUploadTotal, d.MaxUploadTotal)
 	switch {
@@ -186,7 +193,7 @@ func New(cfg Config) (*Executor, error) {
 			cfg.LogMinFree = logs.DefaultMinFree(size)
 		}
 	}
-	j, err := logs.OpenJournal(cfg.TempDir, cfg.Now, cfg.Log, cfg.LogRetention)
+	j, err := logs.OpenJournal(cfg.TempDir, logs.JournalConfig{Now: cfg.Now, Log: cfg.Log, Retention: cfg.LogRetention, ReaderGrace: cfg.ReaderGrace})
 	if err != nil {
 		return nil, err
 	}
@@ -401,6 +408,9 @@ func (x *Executor) Peek(after int64) (api.PullResponse, error) { return x.pull(a
 
 func (x *Executor) pull(after int64, consume bool) (api.PullResponse, error) {
 	resp := api.PullResponse{JobStates: []api.JobStateEvent{}, JobLogs: []api.LogEvent{}, RunnerLogs: []api.LogEvent{}}
+	if consume {
+		x.journal.Acked(after)
+	}
 	w, err := x.journal.Since(after, x.cfg.PullCap)
 	if err != nil {
 		return resp, err

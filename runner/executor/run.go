@@ -376,6 +376,10 @@ func (x *Executor) drain(proc *ptyproc.Proc, readDone <-chan struct{}) {
 	case <-time.After(x.cfg.DrainGrace / 2):
 	}
 	proc.SignalSession(syscall.SIGKILL)
+	// Nothing writes any more: what the terminal still holds is read
+	// without waiting for the log's reader (the log's bound keeps what that
+	// reader has not had; the file grows by this remainder).
+	x.journal.ReleaseOutput()
 	select {
 	case <-readDone:
 	case <-time.After(time.Second):

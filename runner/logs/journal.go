@@ -21,15 +21,30 @@ type Journal struct {
 	jobLogs, runnerLogs *Store
 	log                 *slog.Logger
 
+	pace                *pacer
+
 	mu     sync.Mutex // guards states; appended under the clock's stamp
 	states []api.JobStateEvent
 }
 
-// OpenJournal creates the journal's stores in dir; now is the clock's
-// source (time.Now when nil), log receives refused state transitions; r
-// bounds the job log's store on disk (the runner's own log is small).
-func OpenJournal(dir string, now func() time.Time, log *slog.Logger, r Retention) (*Journal, error) {
-	jl, err := OpenStoreRetained(filepath.Join(dir, "job_logs.events"), r)
+// JournalConfig is how a journal keeps its events.
+type JournalConfig struct {
+	Now func() time.Time // the clock's source (time.Now when nil)
+	// Log receives refused state transitions and the job output's holds
+	// (nil: discarded).
+	Log *slog.Logger
+	// Retention bounds the job log's store on disk (the runner's own log
+	// is small).
+	Retention Retention
+	// ReaderGrace: while the reader of /api/pull pulled within it, the
+	// job's output waits for it rather than have the bound drop what it
+	// has not had; ≤ 0 never waits.
+	ReaderGrace time.Duration
+}
+
+// OpenJournal creates the journal's stores in dir.
+func OpenJournal(dir string, c JournalConfig) (*Journal, error) {
+	jl, err := OpenStoreRetained(filepath.Join(dir, "job_logs.events"), c.Retention)
 	if err != nil {
 		return nil, err
 	}
@@ -38,11 +53,29 @@ func OpenJournal(dir string, now func() time.Time, log *slog.Logger, r Retention
 		jl.Close()
 		return nil, err
 	}
+	log := c.Log
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Journal{clock: NewClock(now), jobLogs: jl, runnerLogs: rl, log: log}, nil
+	j := &Journal{clock: NewClock(c.Now), jobLogs: jl, runnerLogs: rl, log: log, pace: newPacer(c.ReaderGrace)}
+	j.pace.onHold = func(behind int64) {
+		log.Info("job output is held until the log's reader catches up (as a terminal holds a writer): pulling on would drop what it has not had",
+			"over_bytes", behind, "reader_grace", c.ReaderGrace)
+	}
+	j.pace.onGone = func(behind int64) {
+		log.Warn("the log's reader has not pulled within its grace: job output flows again and the log's bound drops its middle",
+			"over_bytes", behind, "reader_grace", c.ReaderGrace)
+	}
+	return j, nil
 }
+
+// Acked records that the reader of /api/pull has had every event up to
+// after (it asked for what follows): output held for it may flow.
+func (j *Journal) Acked(after int64) { j.pace.ack(after) }
+
+// ReleaseOutput stops holding the job's output for a reader, for good
+// (the job's terminal is being closed).
+func (j *Journal) ReleaseOutput() { j.pace.release() }
 
 // Close releases the stores' files.
 func (j *Journal) Close() error { return errors.Join(j.jobLogs.Close(), j.runnerLogs.Close()) }
@@ -82,8 +115,13 @@ func (j *Journal) LastStateEvent() (api.JobStateEvent, bool) {
 	return api.JobStateEvent{}, false
 }
 
-// AppendJobLog stores one stripped chunk of the job's output.
-func (j *Journal) AppendJobLog(b []byte) { j.append(j.jobLogs, b) }
+// AppendJobLog stores one stripped chunk of the job's output, first waiting
+// while storing it would drop output an active reader has not had.
+func (j *Journal) AppendJobLog(b []byte) {
+	keep := j.pace.wait(func(acked int64) int64 { return j.jobLogs.Behind(acked, len(b)) })
+	j.jobLogs.KeepAfter(keep)
+	j.append(j.jobLogs, b)
+}
 
 // AppendRunnerLog stores one line of the runner's own log.
 func (j *Journal) AppendRunnerLog(b []byte) { j.append(j.runnerLogs, b) }

@@ -12,7 +12,7 @@ import (
 
 func openJournal(t *testing.T, now func() time.Time) *Journal {
 	t.Helper()
-	j, err := OpenJournal(t.TempDir(), now, nil, Retention{})
+	j, err := OpenJournal(t.TempDir(), JournalConfig{Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -184,11 +184,29 @@ func TestStoreKeepsFirstAndNewestEvents(t *testing.T) {
 		t.Fatalf("index holds %d events", s.Len())
 	}
 	var prev int64
+	markers := 0
 	for i, e := range evs {
-		if e.Timestamp <= prev || string(e.Data) != line(int(e.Timestamp)) {
-			t.Fatalf("event %d: ts %d after %d, %q", i, e.Timestamp, prev, e.Data)
+		if e.Timestamp <= prev {
+			t.Fatalf("event %d: ts %d after %d", i, e.Timestamp, prev)
+		}
+		if bytes.HasPrefix(e.Data, []byte("[tandem: ")) {
+			// The marker stands where the middle went, says how much, and
+			// carries the last dropped event's stamp.
+			markers++
+			var dropped int64
+			if _, err := fmt.Sscanf(string(e.Data), "[tandem: %d bytes of output were dropped here", &dropped); err != nil || dropped < 25<<20 {
+				t.Fatalf("marker %q (%v)", e.Data, err)
+			}
+			if next := evs[i+1].Timestamp; next != e.Timestamp+1 {
+				t.Fatalf("marker stamped %d, next kept event %d", e.Timestamp, next)
+			}
+		} else if string(e.Data) != line(int(e.Timestamp)) {
+			t.Fatalf("event %d: %q", i, e.Data)
 		}
 		prev = e.Timestamp
+	}
+	if markers != 1 {
+		t.Fatalf("%d markers, want one where the middle was dropped", markers)
 	}
 	if evs[0].Timestamp != 1 || evs[len(evs)-1].Timestamp != prev {
 		t.Fatal("first or newest event missing")

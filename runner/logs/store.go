@@ -14,20 +14,31 @@ type Event struct {
 	Data      []byte
 }
 
+// entry is one event's place in the file. The one entry with n < 0 is the
+// marker standing where the middle of the log was dropped (off: the hole's
+// start); its text is made when read.
 type entry struct {
 	ts  int64
 	off int64
 	n   int32
 }
 
+const markerEntry = -1
+
 // Store is an append-only list of timestamped byte events kept in a file;
 // only a 20-byte index entry per event stays in memory.
 type Store struct {
-	mu    sync.RWMutex // guards f, index, size, trim
+	mu    sync.RWMutex // guards the fields below
 	f     *os.File
 	index []entry
 	size  int64
 	trim  trim
+	// holeAt is where the dropped middle starts (-1: nothing dropped);
+	// dropped counts its bytes.
+	holeAt, dropped int64
+	// keepAfter: the bound drops no event after it (a reader has not had
+	// them yet; the file grows past its bound meanwhile).
+	keepAfter int64
 }
 
 // OpenStore creates (truncates) the store's file at path, keeping every
@@ -42,7 +53,15 @@ func OpenStoreRetained(path string, r Retention) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open log store: %w", err)
 	}
-	return &Store{f: f, trim: newTrim(r)}, nil
+	return &Store{f: f, trim: newTrim(r), holeAt: -1, keepAfter: keepAll}, nil
+}
+
+// KeepAfter makes the bound keep every event after ts from now on
+// (keepAll: none held back).
+func (s *Store) KeepAfter(ts int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keepAfter = ts
 }
 
 // Append stores data under ts; ts must not go backwards.
@@ -80,6 +99,9 @@ func (s *Store) trimLocked() error {
 	if hi >= len(s.index) {
 		hi = len(s.index) - 1 // the newest event always stays
 	}
+	if s.keepAfter != keepAll {
+		hi = min(hi, sort.Search(len(s.index), func(i int) bool { return s.index[i].ts > s.keepAfter }))
+	}
 	if hi <= lo {
 		return nil
 	}
@@ -91,8 +113,56 @@ func (s *Store) trimLocked() error {
 	if s.trim.capped {
 		return nil
 	}
+	// The dropped events leave the index; the marker stands in their place
+	// (one marker: each hole starts where the last one ended), stamped as
+	// the last of them so a reader past it does not see it again.
+	s.dropped += to - from
+	last := s.index[hi-1].ts
+	if s.holeAt < 0 {
+		s.holeAt = from
+		s.index[lo] = entry{ts: last, off: from, n: markerEntry}
+		lo++
+	} else {
+		s.index[lo-1].ts = last
+	}
 	s.index = append(s.index[:lo], s.index[hi:]...)
 	return nil
+}
+
+// marker is the text that stands where the middle of the log was dropped.
+func (s *Store) marker() []byte {
+	return fmt.Appendf(nil, "[tandem: %d bytes of output were dropped here to bound the job's log on disk: it keeps the first %d and the latest %d bytes]\n",
+		s.dropped, s.trim.r.Head, s.trim.r.Max-s.trim.r.Head)
+}
+
+// size of an entry's data.
+func (s *Store) sizeOf(e entry) int {
+	if e.n == markerEntry {
+		return len(s.marker())
+	}
+	return int(e.n)
+}
+
+// Behind says how far appending n bytes would go past what the log keeps
+// beside the events a reader has not had (those after acked): > 0, the
+// bound would drop some of them. Never > 0 for an unbounded log, or one
+// that cannot drop its middle (past its bound it keeps nothing more).
+func (s *Store) Behind(acked int64, n int) int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.trim.r.Max <= 0 || s.trim.capped {
+		return 0
+	}
+	i := sort.Search(len(s.index), func(i int) bool { return s.index[i].ts > acked })
+	unread := int64(0)
+	if i < len(s.index) {
+		off := s.index[i].off
+		unread = s.size - off
+		if s.holeAt >= 0 && off <= s.holeAt {
+			unread -= s.trim.dropEnd - s.holeAt
+		}
+	}
+	return unread + int64(n) - (s.trim.r.Max - s.trim.r.Head)
 }
 
 // After returns events with timestamp > after and ≤ upTo, at most maxBytes of
@@ -105,15 +175,21 @@ func (s *Store) After(after, upTo int64, maxBytes int) (evs []Event, more bool, 
 	total := 0
 	for ; i < len(s.index) && s.index[i].ts <= upTo; i++ {
 		e := s.index[i]
-		if total > 0 && total+int(e.n) > maxBytes {
+		n := s.sizeOf(e)
+		if total > 0 && total+n > maxBytes {
 			return evs, true, nil
 		}
-		buf := make([]byte, e.n)
-		if _, err := s.f.ReadAt(buf, e.off); err != nil {
-			return nil, false, fmt.Errorf("log store: %w", err)
+		var buf []byte
+		if e.n == markerEntry {
+			buf = s.marker()
+		} else {
+			buf = make([]byte, e.n)
+			if _, err := s.f.ReadAt(buf, e.off); err != nil {
+				return nil, false, fmt.Errorf("log store: %w", err)
+			}
 		}
 		evs = append(evs, Event{Timestamp: e.ts, Data: buf})
-		total += int(e.n)
+		total += n
 	}
 	return evs, false, nil
 }
@@ -125,7 +201,7 @@ func (s *Store) Sizes(after, upTo int64) (ts []int64, n []int) {
 	i := sort.Search(len(s.index), func(i int) bool { return s.index[i].ts > after })
 	for ; i < len(s.index) && s.index[i].ts <= upTo; i++ {
 		ts = append(ts, s.index[i].ts)
-		n = append(n, int(s.index[i].n))
+		n = append(n, s.sizeOf(s.index[i]))
 	}
 	return ts, n
 }

@@ -1,0 +1,192 @@
+package logs
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// pacedJournal is a journal whose job log keeps 1 MiB of head and 4 MiB
+// in all, waiting grace for a reader.
+func pacedJournal(t *testing.T, grace time.Duration, log *bytes.Buffer) (*Journal, string) {
+	t.Helper()
+	dir := t.TempDir()
+	c := JournalConfig{Retention: Retention{Head: 1 << 20, Max: 4 << 20}, ReaderGrace: grace}
+	if log != nil {
+		c.Log = slog.New(slog.NewTextHandler(&syncWriter{w: log}, nil))
+	}
+	j, err := OpenJournal(dir, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { j.Close() })
+	return j, filepath.Join(dir, "job_logs.events")
+}
+
+// writeLines appends lines 0..n-1 of the job's output, then closes done.
+func writeLines(j *Journal, n int) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range n {
+			j.AppendJobLog([]byte(line(i)))
+		}
+	}()
+	return done
+}
+
+// pullAll pulls like dstack's server, each pull acknowledging the last,
+// until stop is closed and a pull comes back empty; it returns the job
+// log's lines.
+func pullAll(t *testing.T, j *Journal, every time.Duration, stop <-chan struct{}) [][]byte {
+	t.Helper()
+	var got [][]byte
+	var ts int64
+	for {
+		j.Acked(ts)
+		w, err := j.Since(ts, 64<<10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range w.JobLogs {
+			got = append(got, e.Data)
+		}
+		ts = w.LastUpdated
+		select {
+		case <-stop:
+			if len(w.JobLogs) == 0 {
+				return got
+			}
+		default:
+		}
+		time.Sleep(every)
+	}
+}
+
+// TestOutputWaitsForAPullingReader: 40 MiB of output through a log that
+// keeps 4 MiB, read by a reader that keeps pulling (a page every 2 ms):
+// every line arrives, in order, with no marker, because the writer is
+// held while the reader is behind; the file stays within its bound.
+func TestOutputWaitsForAPullingReader(t *testing.T) {
+	var log bytes.Buffer
+	j, path := pacedJournal(t, time.Minute, &log)
+	const n = 40 << 20 / 100
+	j.Acked(0) // the reader is there before the job prints
+	done := writeLines(j, n)
+	got := pullAll(t, j, 5*time.Millisecond, done)
+	if !strings.Contains(log.String(), "job output is held") {
+		t.Errorf("the hold was not logged: %s", log.String())
+	}
+	if len(got) != n {
+		for i, l := range got {
+			if bytes.HasPrefix(l, []byte("[tandem:")) {
+				t.Fatalf("line %d is a marker: %q", i, l)
+			}
+		}
+		t.Fatalf("%d lines delivered, want %d", len(got), n)
+	}
+	for i, l := range got {
+		if string(l) != line(i) {
+			t.Fatalf("line %d: %q", i, l)
+		}
+	}
+	if disk := blocksOnDisk(t, path); disk > 4<<20+2*punchStep {
+		t.Fatalf("%d bytes on disk, bound 4 MiB", disk)
+	}
+}
+
+// TestOutputFlowsWhenTheReaderIsGone: a reader that pulled once and went
+// silent holds the job for its grace only; then output flows, the middle
+// is dropped and a marker stands in its place, and a reader back later
+// gets the head, the marker and the newest lines.
+func TestOutputFlowsWhenTheReaderIsGone(t *testing.T) {
+	grace := 300 * time.Millisecond
+	var log bytes.Buffer
+	j, path := pacedJournal(t, grace, &log)
+	const n = 40 << 20 / 100
+	j.Acked(0)
+	start := time.Now()
+	select {
+	case <-writeLines(j, n):
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job is still held 30 s after its reader went silent")
+	}
+	if held := time.Since(start); held < grace {
+		t.Fatalf("the job ran through in %v: it was not held for a reader within its grace (%v)", held, grace)
+	}
+	for _, want := range []string{"job output is held", "has not pulled within its grace"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("log lacks %q: %s", want, log.String())
+		}
+	}
+	if disk := blocksOnDisk(t, path); disk > 4<<20+2*punchStep {
+		t.Fatalf("%d bytes on disk, bound 4 MiB", disk)
+	}
+	w, err := j.Since(0, 64<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	markers, last := 0, ""
+	for _, e := range w.JobLogs {
+		if bytes.HasPrefix(e.Data, []byte("[tandem: ")) {
+			markers++
+		}
+		last = string(e.Data)
+	}
+	if markers != 1 || string(w.JobLogs[0].Data) != line(0) || last != line(n-1) {
+		t.Fatalf("%d markers, first %q, last %q", markers, w.JobLogs[0].Data, last)
+	}
+}
+
+// TestOutputNeverWaitsWithoutAReader: before any pull, and with pacing off,
+// the writer is never held.
+func TestOutputNeverWaitsWithoutAReader(t *testing.T) {
+	for _, grace := range []time.Duration{time.Hour, 0} {
+		t.Run(fmt.Sprint(grace), func(t *testing.T) {
+			j, _ := pacedJournal(t, grace, nil)
+			if grace == 0 {
+				j.Acked(0)
+			}
+			select {
+			case <-writeLines(j, 20<<20/100):
+			case <-time.After(30 * time.Second):
+				t.Fatal("the writer was held with no reader to wait for")
+			}
+		})
+	}
+}
+
+// TestReleasedOutputKeepsWhatTheReaderHasNotHad: once released (the
+// job's terminal is closing), output is no longer held, and the bound
+// still drops nothing an active reader has not had: the file grows past
+// it instead, and the reader gets every line.
+func TestReleasedOutputKeepsWhatTheReaderHasNotHad(t *testing.T) {
+	j, _ := pacedJournal(t, time.Minute, nil)
+	j.Acked(0)
+	j.ReleaseOutput()
+	const n = 12 << 20 / 100
+	<-writeLines(j, n)
+	closed := make(chan struct{})
+	close(closed)
+	got := pullAll(t, j, 0, closed)
+	if len(got) != n {
+		t.Fatalf("%d lines delivered, want %d", len(got), n)
+	}
+}
