@@ -21,7 +21,7 @@ type Journal struct {
 	jobLogs, runnerLogs *Store
 	log                 *slog.Logger
 
-	pace                *pacer
+	pace *pacer
 
 	mu     sync.Mutex // guards states; appended under the clock's stamp
 	states []api.JobStateEvent
