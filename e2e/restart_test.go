@@ -24,6 +24,7 @@ type shimProc struct {
 	home   string
 	port   string
 	runner string
+	spill  string   // its --state-spill-dir (a test's, not the host's /run)
 	env    []string // added to the shim's environment (a private DOCKER_HOST)
 	cmd    *exec.Cmd
 	client *shimclient.Client
@@ -31,7 +32,7 @@ type shimProc struct {
 
 func newShimProc(t testing.TB, runner string) *shimProc {
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
-	p := &shimProc{t: t, home: t.TempDir(), port: port, runner: runner}
+	p := &shimProc{t: t, home: t.TempDir(), spill: t.TempDir(), port: port, runner: runner}
 	p.client, _ = shimclient.New("127.0.0.1:" + port)
 	t.Cleanup(func() {
 		p.kill9()
@@ -48,7 +49,7 @@ func newShimProc(t testing.TB, runner string) *shimProc {
 func (p *shimProc) start(args ...string) time.Duration {
 	p.t.Helper()
 	begin := time.Now()
-	argv := append([]string{"--shim-home", p.home, "--shim-http-port", p.port, "--runner-binary-path", p.runner, "--shim-log-level", "debug"}, args...)
+	argv := append([]string{"--shim-home", p.home, "--state-spill-dir", p.spill, "--shim-http-port", p.port, "--runner-binary-path", p.runner, "--shim-log-level", "debug"}, args...)
 	p.cmd = exec.Command(testenv.Binaries(p.t).Shim, argv...)
 	if p.env != nil {
 		p.cmd.Env = append(os.Environ(), p.env...)
@@ -359,4 +360,97 @@ func BenchmarkShimRestartWith20Tasks(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms-to-serving")
+}
+
+// keepFull writes into dir until stopped, as a job writing without end
+// does: whatever space is freed (the shim's reserve given back) is taken
+// again at once.
+func keepFull(t *testing.T, dir string) (stop func()) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "job-fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64<<10)
+		n := len(buf)
+		for {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			if _, err := f.Write(buf[:n]); err == nil {
+				continue
+			}
+			// Down to the last block: smaller writes, then a pause.
+			if n > 1 {
+				n /= 2
+				continue
+			}
+			time.Sleep(time.Millisecond)
+			n = len(buf)
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+		f.Close()
+		_ = os.Remove(f.Name())
+	}
+}
+
+// TestTerminateReasonSurvivesAFullHome (issue 39, item 4): a running task
+// is terminated by the server while a job keeps the shim home full, so its
+// record cannot be written; the shim is killed before space returns and
+// started again after: the task reads terminated_by_server with the
+// server's message (not container_exited_with_error from the stale record),
+// and its record on disk says so too.
+func TestTerminateReasonSurvivesAFullHome(t *testing.T) {
+	p := newShimProc(t, runnerScript(t, "exec sleep 300"))
+	p.home = smallShimHome(t)
+	p.start()
+	ctx := context.Background()
+	cfg := api.TaskConfig{ID: randomID("full"), Name: "rs-" + strings.ToLower(randomID("full")), ImageName: testenv.Busybox(t)}
+	if err := p.client.SubmitTask(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	p.waitStatus(cfg.ID, running)
+
+	stop := keepFull(t, p.home)
+	for freeBytes(t, p.home) > 0 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Another submit meanwhile spends the shim's reserve (its first record
+	// is written in the space the reserve gives back, or it gets a 507).
+	other := api.TaskConfig{ID: randomID("other"), Name: "rs-" + strings.ToLower(randomID("other")), ImageName: testenv.Busybox(t)}
+	_ = p.client.SubmitTask(ctx, other)
+	time.Sleep(200 * time.Millisecond)
+	if _, err := p.client.TerminateTask(ctx, cfg.ID, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByServer, TerminationMessage: "stopped by the server", Timeout: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p.waitStatus(cfg.ID, terminated)
+	time.Sleep(500 * time.Millisecond) // the shim's writes fail meanwhile
+	p.kill9()
+	stop()
+
+	p.start()
+	got := p.waitStatus(cfg.ID, terminated)
+	if got.TerminationReason != api.ReasonTerminatedByServer || got.TerminationMessage != "stopped by the server" {
+		t.Fatalf("after the restart: %s %q, want terminated_by_server", got.TerminationReason, got.TerminationMessage)
+	}
+	// Written back to the home once it had room.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(filepath.Join(p.home, "tasks", cfg.ID+".json"))
+		if strings.Contains(string(b), `"termination_reason":"terminated_by_server"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the record on disk: %s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

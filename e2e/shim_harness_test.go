@@ -62,7 +62,7 @@ func startShimTB(t testing.TB, runner string, env []string, args ...string) *shi
 	img := testenv.Busybox(t)
 	home := t.TempDir()
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
-	argv := append([]string{"--shim-home", home, "--shim-http-port", port, "--runner-binary-path", runner, "--shim-log-level", "debug"}, args...)
+	argv := append([]string{"--shim-home", home, "--state-spill-dir", t.TempDir(), "--shim-http-port", port, "--runner-binary-path", runner, "--shim-log-level", "debug"}, args...)
 	cmd := exec.Command(bins.Shim, argv...)
 	cmd.Env = append(os.Environ(), env...)
 	logf, err := os.Create(filepath.Join(t.TempDir(), "stderr"))

@@ -108,6 +108,7 @@ func config(c *cli.Context) (agent.Config, error) {
 			PullStallTimeout:  c.Duration("pull-stall-timeout"),
 			PullTimeout:       c.Duration("pull-timeout"),
 			VolumesRoot:       c.String("volumes-root"),
+			SpillDir:          c.String("state-spill-dir"),
 		},
 		DCGMExporterPort:     c.Int("dcgm-exporter-http-port"),
 		GPUMetricsInterval:   time.Duration(c.Int("dcgm-exporter-interval")) * time.Millisecond,
@@ -161,6 +162,7 @@ func runnerLogArgs(c *cli.Context) []string {
 func Flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "shim-home", EnvVars: []string{"DSTACK_SHIM_HOME"}, Usage: "home/state directory (default $HOME/.dstack)"},
+		&cli.StringFlag{Name: "state-spill-dir", EnvVars: []string{"TANDEM_SHIM_STATE_SPILL_DIR"}, Usage: "where task records wait when the shim home's filesystem refuses them (full), until written home; kept across a shim restart. On another filesystem (default /run/tandem-shim/<hash of the home>, a tmpfs)"},
 		&cli.StringFlag{Name: "shim-binary-path", EnvVars: []string{"DSTACK_SHIM_BINARY_PATH"}, Usage: "file replaced on shim self-update"},
 		&cli.DurationFlag{Name: "reconcile-interval", Value: 5 * time.Second, Hidden: true, Usage: "how often containers are reconciled with tasks"},
 		&cli.BoolFlag{Name: "keep-startup-memory", EnvVars: []string{"TANDEM_SHIM_KEEP_STARTUP_MEMORY"}, Usage: "kill switch: keep the executable's start-up pages mapped (by default they are given back once recovered; idle RSS ~10 MB instead of ~20)"},

@@ -107,8 +107,12 @@ type Config struct {
 	// Observer receives metrics events (nil: none).
 	Observer Observer
 	// Volumes mounts network volumes; nil refuses tasks that ask for them.
-	Volumes           Volumes
-	Home              string // shim home; runner dirs live in <home>/runners
+	Volumes Volumes
+	Home    string // shim home; runner dirs live in <home>/runners
+	// SpillDir keeps the task records the home's filesystem refuses until
+	// they can be written home, across a restart (records); on another
+	// filesystem. "": DefaultSpillDir(Home).
+	SpillDir          string
 	RunnerBinary      string // host path bind-mounted into every container
 	RunnerHTTPPort    int
 	RunnerSSHPort     int
@@ -261,7 +265,7 @@ func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logg
 	e.writers.idle.L = &e.writers.mu
 	e.resources = newResources(e)
 	if cfg.Home != "" {
-		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks"),
+		e.recs = &records{dir: filepath.Join(cfg.Home, "tasks"), spill: cmp.Or(cfg.SpillDir, DefaultSpillDir(cfg.Home)), now: time.Now,
 			reserve: &reserve{path: filepath.Join(cfg.Home, ".state-reserve"), size: defaultReserve, log: log}}
 	}
 	return e

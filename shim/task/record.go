@@ -43,25 +43,55 @@ type record struct {
 	// NoContainer: the task ended before create; trusted only together
 	// with a terminated status (see restore).
 	NoContainer bool `json:"no_container,omitempty"`
+	// SavedAt orders a record and its spilled copy (the newer wins).
+	SavedAt time.Time `json:"saved_at,omitzero"`
 }
 
 const recordVersion = 1
 
 // records stores one JSON file per task; the file name is the escaped task
 // id, so even an unreadable record still names its task.
+//
+// A record the home's filesystem refuses (full, even after the reserve)
+// is spilled: written to spill, a directory on another filesystem (by
+// default under /run, a tmpfs: memory, which a job filling the disk does
+// not fill). It waits there for the next write that lands, or for the next
+// start, which takes the newer of the two and writes it home. So a state
+// change the shim could not persist survives a restart (not a reboot:
+// /run is emptied, and so is every container).
 type records struct {
 	dir     string
+	spill   string   // "" none
 	reserve *reserve // nil: none
+	now     func() time.Time
 }
 
 func (r records) path(id string) string {
 	return filepath.Join(r.dir, url.PathEscape(id)+".json")
 }
 
+func (r records) spillPath(id string) string {
+	return filepath.Join(r.spill, url.PathEscape(id)+".json")
+}
+
+// DefaultSpillDir is where the records of a shim home wait when that home
+// cannot take them: /run/tandem-shim/<hash of the home's absolute path>,
+// so two shims on one host never share it.
+func DefaultSpillDir(home string) string {
+	if abs, err := filepath.Abs(home); err == nil {
+		home = abs
+	}
+	sum := sha256.Sum256([]byte(home))
+	return filepath.Join("/run/tandem-shim", hex.EncodeToString(sum[:8]))
+}
+
 // save writes rec atomically (atomicfile: temp file, fsync, rename).
 func (r records) save(rec record) error {
 	rec.Version = recordVersion
 	rec.Config.RegistryPassword = ""
+	if r.now != nil {
+		rec.SavedAt = r.now().UTC()
+	}
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return fmt.Errorf("encode task record: %w", err)
@@ -80,13 +110,36 @@ func (r records) save(rec record) error {
 		err = write()
 	}
 	if err != nil {
+		if serr := r.spillWrite(rec.Config.ID, b); serr != nil {
+			err = errors.Join(err, serr)
+		}
 		return fmt.Errorf("task record %s: %w", rec.Config.ID, err)
+	}
+	if r.spill != "" {
+		_ = os.Remove(r.spillPath(rec.Config.ID)) // written home: nothing waits
 	}
 	r.reserve.take()
 	return nil
 }
 
+// spillWrite keeps a record the home refused where a restart finds it.
+func (r records) spillWrite(id string, b []byte) error {
+	if r.spill == "" {
+		return nil
+	}
+	if err := os.MkdirAll(r.spill, 0o700); err != nil {
+		return fmt.Errorf("spill task record: %w", err)
+	}
+	if err := atomicfile.WriteBytes(r.spillPath(id), b, atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
+		return fmt.Errorf("spill task record: %w", err)
+	}
+	return nil
+}
+
 func (r records) remove(id string) error {
+	if r.spill != "" {
+		_ = os.Remove(r.spillPath(id))
+	}
 	if err := os.Remove(r.path(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove task record: %w", err)
 	}
@@ -100,9 +153,47 @@ type loaded struct {
 	err error
 }
 
-// load reads every record; unreadable ones come back with their error.
+// load reads every record; unreadable ones come back with their error. A
+// spilled record newer than the home's (or without one) stands in for it
+// and is written home now; the home's wins otherwise and the spill goes.
 func (r records) load() ([]loaded, error) {
-	entries, err := os.ReadDir(r.dir)
+	out, err := readRecords(r.dir)
+	if err != nil {
+		return nil, err
+	}
+	if r.spill == "" {
+		return out, nil
+	}
+	spilled, err := readRecords(r.spill)
+	if err != nil || len(spilled) == 0 {
+		return out, nil // what the home holds is still right, if older
+	}
+	at := make(map[string]int, len(out))
+	for i, l := range out {
+		at[l.id] = i
+	}
+	for _, s := range spilled {
+		i, ok := at[s.id]
+		switch {
+		case s.err != nil:
+			_ = os.Remove(r.spillPath(s.id))
+			continue
+		case ok && out[i].err == nil && !s.rec.SavedAt.After(out[i].rec.SavedAt):
+			_ = os.Remove(r.spillPath(s.id)) // the home's is as new
+			continue
+		case ok:
+			out[i] = s
+		default:
+			out = append(out, s)
+		}
+		_ = r.save(s.rec) // home now if it has room (and the spill goes); else it waits on
+	}
+	return out, nil
+}
+
+// readRecords reads the records in dir.
+func readRecords(dir string) ([]loaded, error) {
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
@@ -114,7 +205,7 @@ func (r records) load() ([]loaded, error) {
 		name := e.Name()
 		if !strings.HasSuffix(name, ".json") {
 			if strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-") {
-				_ = os.Remove(filepath.Join(r.dir, name)) // a write cut short (atomicfile.TempPattern)
+				_ = os.Remove(filepath.Join(dir, name)) // a write cut short (atomicfile.TempPattern)
 			}
 			continue
 		}
@@ -123,7 +214,7 @@ func (r records) load() ([]loaded, error) {
 			continue
 		}
 		l := loaded{id: id}
-		b, err := os.ReadFile(filepath.Join(r.dir, name))
+		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err == nil {
 			err = json.Unmarshal(b, &l.rec)
 		}

@@ -1,9 +1,11 @@
 package task
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 )
@@ -31,5 +33,51 @@ func TestRecordsLoadAndLeftovers(t *testing.T) {
 	}
 	if fi, _ := os.Stat(r.path("a")); fi.Mode().Perm() != 0o600 {
 		t.Fatalf("record mode %v", fi.Mode())
+	}
+}
+
+// A spilled record stands in for the home's only when newer; an older one
+// (the home write landed, the shim died before the spill went) is dropped;
+// a newer one is written home at load.
+func TestSpilledRecordNewerWins(t *testing.T) {
+	at := time.Date(2026, 11, 25, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return at }
+	r := records{dir: t.TempDir(), spill: t.TempDir(), now: clock}
+	running := record{Config: api.TaskConfig{ID: "a/b"}, Status: api.TaskRunning}
+	if err := r.save(running); err != nil {
+		t.Fatal(err)
+	}
+	// An older spill than the home's: dropped.
+	old := running
+	old.Status, old.SavedAt = api.TaskPending, at.Add(-time.Second)
+	b, _ := json.Marshal(old)
+	if err := r.spillWrite("a/b", b); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := r.load()
+	if err != nil || len(ls) != 1 || ls[0].rec.Status != api.TaskRunning {
+		t.Fatalf("older spill: %+v %v", ls, err)
+	}
+	if _, err := os.Stat(r.spillPath("a/b")); !os.IsNotExist(err) {
+		t.Fatalf("older spill kept: %v", err)
+	}
+	// A newer one: it wins, is written home, and goes.
+	newer := running
+	newer.Status, newer.Reason, newer.SavedAt = api.TaskTerminated, api.ReasonTerminatedByServer, at.Add(time.Second)
+	b, _ = json.Marshal(newer)
+	if err := r.spillWrite("a/b", b); err != nil {
+		t.Fatal(err)
+	}
+	at = at.Add(2 * time.Second)
+	ls, err = r.load()
+	if err != nil || len(ls) != 1 || ls[0].rec.Reason != api.ReasonTerminatedByServer {
+		t.Fatalf("newer spill: %+v %v", ls, err)
+	}
+	home, _ := readRecords(r.dir)
+	if len(home) != 1 || home[0].rec.Reason != api.ReasonTerminatedByServer {
+		t.Fatalf("not written home: %+v", home)
+	}
+	if _, err := os.Stat(r.spillPath("a/b")); !os.IsNotExist(err) {
+		t.Fatalf("spill kept after the write home: %v", err)
 	}
 }

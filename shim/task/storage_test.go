@@ -33,7 +33,7 @@ func storageEngine(t *testing.T, home string, rt Runtime) *Engine {
 	t.Helper()
 	runner := filepath.Join(t.TempDir(), "runner")
 	_ = os.WriteFile(runner, nil, 0o755)
-	e := New(Config{Home: home, RunnerBinary: runner, RunnerHTTPPort: 10999, RunnerSSHPort: 10022,
+	e := New(Config{Home: home, SpillDir: home + ".spill", RunnerBinary: runner, RunnerHTTPPort: 10999, RunnerSSHPort: 10022,
 		RunnerLogLevel: "info", InfinibandPath: "/nonexistent/ib", TerminateWait: 5 * time.Second},
 		rt, gpu.NewLocks(nil), nil, logging.Discard())
 	t.Cleanup(func() { e.Shutdown(); e.Sync() })
@@ -119,16 +119,33 @@ func TestTerminalStateIsRetriedUntilPersisted(t *testing.T) {
 	}
 	time.Sleep(600 * time.Millisecond) // a few failed attempts
 	var rec record
-	if ls, _ := e.recs.load(); len(ls) == 1 {
+	if ls, _ := readRecords(e.recs.dir); len(ls) == 1 {
 		rec = ls[0].rec
 	}
 	if rec.Status == api.TaskTerminated {
 		t.Fatal("the disk is full: the record cannot have been written yet")
 	}
+	// It waits in the spill directory, where a restart finds it (issue
+	// 39, item 4): a second engine on the still full home answers with the
+	// terminate's reason, not the stale record's running.
+	if ls, _ := readRecords(e.recs.spill); len(ls) != 1 || ls[0].rec.Status != api.TaskTerminated {
+		t.Fatalf("spilled: %+v", ls)
+	}
+	e2 := storageEngine(t, home, rt)
+	e2.recs.reserve = nil
+	if err := e2.Restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e2.Get("a"); err != nil || info.Status != api.TaskTerminated || info.TerminationReason != api.ReasonTerminatedByServer {
+		t.Fatalf("after a restart on the full home: %+v %v", info, err)
+	}
 	_ = os.Remove(filler)
 	e.Sync()
-	ls, err := e.recs.load()
+	ls, err := readRecords(e.recs.dir)
 	if err != nil || len(ls) != 1 || ls[0].rec.Status != api.TaskTerminated || ls[0].rec.Reason != api.ReasonTerminatedByServer {
 		t.Fatalf("after space came back: %+v %v", ls, err)
+	}
+	if ls, _ := readRecords(e.recs.spill); len(ls) != 0 {
+		t.Fatalf("the spill outlived the write home: %+v", ls)
 	}
 }
