@@ -100,6 +100,7 @@ func TestShimWithoutCgoExplainsNoNVIDIA(t *testing.T) {
 	}
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	home := t.TempDir()
+	testenv.UnmountUnder(t, home)
 	cmd := exec.Command(bin, "--shim-home", home, "--shim-http-port", port, "--runner-binary-path", testenv.Binaries(t).Runner)
 	testenv.Isolate(cmd)
 	if err := cmd.Start(); err != nil {

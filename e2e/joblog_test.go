@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -34,6 +36,7 @@ func smallShimHome(t *testing.T) string {
 		t.Fatalf("mount: %v %s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	testenv.UnmountUnder(t, mnt)
 	return mnt
 }
 
@@ -223,5 +226,77 @@ func TestSubmitOnFullShimHome(t *testing.T) {
 	p.waitStatus(c.ID, running)
 	if fi, err := os.Stat(reserve); err != nil || fi.Size() == 0 {
 		t.Fatalf("the reserve was not taken again once space came back: %v", err)
+	}
+}
+
+// TestRunnerDirBoundedPerTask (issue 39, item 2): a job writing without
+// end into its runner dir (/tmp/runner, which the shim reads) meets ENOSPC
+// at the dir's own size, a filesystem of its own, while the 128 MiB shim
+// home keeps its room: another tenant's submit runs. After the container
+// is gone the shim still reads the job's final state and its kept log;
+// removing the task takes the filesystem with it.
+func TestRunnerDirBoundedPerTask(t *testing.T) {
+	home := smallShimHome(t)
+	bins := testenv.Binaries(t)
+	_, runnerPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	h := startShim(t, bins.Runner, nil, "--shim-home", home, "--runner-http-port", runnerPort, "--runner-ssh-port", sshPort,
+		"--runner-dir-size", strconv.Itoa(48<<20))
+	info, r, _ := bridgeRunner(t, h, runnerPort)
+	dir := filepath.Join(home, "runners", info.ContainerName)
+	freeBefore := freeBytes(t, home)
+	// Its own space full, its output is not kept either (the runner's
+	// floor, on its filesystem); once the job frees it, it is again.
+	r.start(job("/bin/sh", "-c", `dd if=/dev/zero of=/tmp/runner/fill bs=1M count=1000 2>/tmp/dd.err; s=$?; n=$(grep -c "No space left on device" /tmp/dd.err); sleep 1.5; rm -f /tmp/runner/fill; sleep 1.5; echo "dd status $s enospc $n"; echo FILL-DONE`))
+	minFree, stopSampling := freeBefore, make(chan struct{})
+	sampled := make(chan struct{})
+	go func() { // the home's lowest free space while the job fills its dir
+		defer close(sampled)
+		for {
+			var st unix.Statfs_t
+			if unix.Statfs(home, &st) == nil {
+				minFree = min(minFree, int64(st.Bavail)*int64(st.Bsize))
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	res := r.pullUntilDone(2*time.Minute, nil)
+	close(stopSampling)
+	<-sampled
+	freeAtFull := minFree
+	out := res.logs.String()
+	if st := res.final(); st.State != api.JobDone || !strings.Contains(out, "dd status 1 enospc 1") || !strings.Contains(out, "FILL-DONE") {
+		t.Fatalf("the job did not meet ENOSPC in its own space: %+v %q", st, tailStr(out, 600))
+	}
+	used := freeBefore - freeAtFull
+	t.Logf("FIGURE runner dir of 48 MiB filled: the shim home lost %d bytes (of %d free)", used, freeBefore)
+	if used > 56<<20 {
+		t.Fatalf("the job took %d bytes of the shim home, over its 48 MiB", used)
+	}
+	// Another tenant's submit runs.
+	other := h.submit(api.TaskConfig{Name: "other"})
+	if got := h.wait(other.ID, time.Minute, func(i api.TaskInfoResponse) bool { return i.Status != api.TaskPending && i.Status != api.TaskPreparing && i.Status != api.TaskPulling && i.Status != api.TaskCreating }); got.Status != api.TaskRunning {
+		t.Fatalf("another tenant's task: %+v", got)
+	}
+	// The container gone, the shim reads the job's end and kept log.
+	done := h.wait(info.ID, time.Minute, terminated)
+	if done.Tandem == nil || done.Tandem.Job == nil || done.Tandem.Job.State != api.JobDone {
+		t.Fatalf("the job's final state after its container: %+v", done.Tandem)
+	}
+	var kept bytes.Buffer
+	if err := h.client.JobLog(context.Background(), info.ID, &kept); err != nil || !strings.Contains(kept.String(), "FILL-DONE") {
+		t.Fatalf("kept log: %v %q", err, tailStr(kept.String(), 300))
+	}
+	if err := h.client.RemoveTask(context.Background(), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, dir + ".ext4"} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s outlived its task: %v", p, err)
+		}
 	}
 }

@@ -282,6 +282,7 @@ func TestVersionsConverge(t *testing.T) {
 			dir := t.TempDir()
 			tc.prepare(dir)
 			p := &restartableShim{t: t, bin: filepath.Join(dir, "dstack-shim"), runner: filepath.Join(dir, "dstack-runner"), home: t.TempDir()}
+			testenv.UnmountUnder(t, p.home)
 			p.start()
 			var installs []string
 			restarts := 0

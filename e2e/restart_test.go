@@ -33,6 +33,7 @@ type shimProc struct {
 func newShimProc(t testing.TB, runner string) *shimProc {
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	p := &shimProc{t: t, home: t.TempDir(), spill: t.TempDir(), port: port, runner: runner}
+	testenv.UnmountUnder(t, p.home)
 	p.client, _ = shimclient.New("127.0.0.1:" + port)
 	t.Cleanup(func() {
 		p.kill9()

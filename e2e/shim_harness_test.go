@@ -61,6 +61,7 @@ func startShimTB(t testing.TB, runner string, env []string, args ...string) *shi
 	bins := testenv.Binaries(t)
 	img := testenv.Busybox(t)
 	home := t.TempDir()
+	testenv.UnmountUnder(t, home)
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	argv := append([]string{"--shim-home", home, "--state-spill-dir", t.TempDir(), "--shim-http-port", port, "--runner-binary-path", runner, "--shim-log-level", "debug"}, args...)
 	cmd := exec.Command(bins.Shim, argv...)

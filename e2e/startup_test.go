@@ -61,6 +61,7 @@ func TestShimServesWhileDockerIsFrozen(t *testing.T) {
 	}
 	bins := testenv.Binaries(t)
 	home := t.TempDir()
+	testenv.UnmountUnder(t, home)
 	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	cmd := exec.Command(bins.Shim, "--shim-home", home, "--shim-http-port", port, "--runner-binary-path", bins.Runner)
 	cmd.Env = append(os.Environ(), "DOCKER_HOST="+host)

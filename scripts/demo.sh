@@ -38,6 +38,9 @@ shim_pid=$!
 cleanup() {
 	kill "$shim_pid" 2>/dev/null || true
 	wait "$shim_pid" 2>/dev/null || true
+	# Runner dirs are filesystems of their own, mounted until their task is
+	# removed: detach what an interrupted run left, then remove the home.
+	awk -v p="$home/" 'index($5, p) == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" || true; done
 	rm -rf "$home"
 }
 trap cleanup EXIT INT TERM

@@ -13,11 +13,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Image tags of the locally built test images.
@@ -305,3 +308,31 @@ func ModuleRoot() string { return moduleRoot() }
 
 // Tail is the last n lines of b.
 func Tail(b []byte, n int) string { return tail(b, n) }
+
+// UnmountUnder detaches, when the test ends, every mount below dir: a shim
+// home's runner dirs are filesystems of their own, which the shim keeps
+// mounted across its restarts (the tasks' containers hold them), so the
+// temp dir could not be removed otherwise. Call it right after making the
+// home, before starting the shim: cleanups run last-in first-out, so it
+// runs after the shim and its containers are gone.
+func UnmountUnder(t testing.TB, dir string) {
+	t.Cleanup(func() {
+		b, err := os.ReadFile("/proc/self/mountinfo")
+		if err != nil {
+			return
+		}
+		prefix := filepath.Clean(dir) + "/"
+		var points []string
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Fields(line)
+			if len(f) > 4 && strings.HasPrefix(f[4], prefix) {
+				points = append(points, f[4])
+			}
+		}
+		// Deepest first.
+		sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+		for _, p := range points {
+			_ = unix.Unmount(p, unix.MNT_DETACH)
+		}
+	})
+}

@@ -100,6 +100,13 @@ type Config struct {
 	// output is no longer kept (the job goes on); 0: logs.DefaultMinFree
 	// of the filesystem; < 0: none.
 	LogMinFree int64
+	// HostFS is a path on the host's filesystem under the runner dir (an
+	// empty read-only directory the shim binds in), watched with its own
+	// floor (a tenth of it, at most 256 MiB; LogMinFree when set) when
+	// TempDir is a filesystem of its own; "" none.
+	HostFS string
+	// HostMinFree is HostFS's floor, set by New.
+	HostMinFree int64
 }
 
 // Connections is the SSH server's activity, as the executor needs it.
@@ -191,6 +198,14 @@ func New(cfg Config) (*Executor, error) {
 	if cfg.LogMinFree == 0 {
 		if size, err := logs.FSSize(cfg.TempDir); err == nil {
 			cfg.LogMinFree = logs.DefaultMinFree(size)
+		}
+	}
+	if cfg.HostFS != "" {
+		cfg.HostMinFree = cfg.LogMinFree
+		if size, err := logs.FSSize(cfg.HostFS); err != nil {
+			cfg.HostFS = "" // not there: a runner started without the shim's probe
+		} else if cfg.HostMinFree == 0 {
+			cfg.HostMinFree = logs.DefaultMinFree(size)
 		}
 	}
 	j, err := logs.OpenJournal(cfg.TempDir, logs.JournalConfig{Now: cfg.Now, Log: cfg.Log, Retention: cfg.LogRetention, ReaderGrace: cfg.ReaderGrace})

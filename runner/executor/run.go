@@ -292,7 +292,7 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	x.mu.Unlock()
 	// The pipe stores raw output for the WebSocket stream and stripped lines
 	// for /api/pull, under the quota, while the disk has room.
-	guard := &logs.Guard{Path: x.cfg.TempDir, MinFree: x.cfg.LogMinFree, Now: x.cfg.Now, Log: x.runnerLog}
+	guard := &logs.Guard{Path: x.cfg.TempDir, MinFree: x.cfg.LogMinFree, HostPath: x.cfg.HostFS, HostMinFree: x.cfg.HostMinFree, Now: x.cfg.Now, Log: x.runnerLog}
 	pipe := x.journal.Pipe(hist, quota, guard)
 	readDone := make(chan struct{})
 	var cut outputCut

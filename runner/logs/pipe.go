@@ -105,14 +105,16 @@ func (p *Pipe) Write(b []byte) (int, error) {
 	ok, changed := p.guard.Allow(len(b))
 	if !ok {
 		if changed {
-			p.log.Warn("job output is no longer kept: the disk under the logs is nearly full", "free_bytes", p.guard.Free(), "floor_bytes", p.guard.MinFree)
-			p.note(fmt.Sprintf("[tandem: the disk under this job's log has %d bytes free, under the floor of %d: output is not kept until space is freed; the job goes on]", p.guard.Free(), p.guard.MinFree))
+			free, floor := p.guard.Free()
+			p.log.Warn("job output is no longer kept: the disk under the logs is nearly full", "free_bytes", free, "floor_bytes", floor)
+			p.note(fmt.Sprintf("[tandem: the disk under this job's log has %d bytes free, under the floor of %d: output is not kept until space is freed; the job goes on]", free, floor))
 		}
 		p.notKept += int64(len(b))
 		return len(b), nil
 	}
 	if changed {
-		p.log.Info("job output is kept again", "free_bytes", p.guard.Free(), "not_kept_bytes", p.notKept)
+		free, _ := p.guard.Free()
+		p.log.Info("job output is kept again", "free_bytes", free, "not_kept_bytes", p.notKept)
 		p.note(fmt.Sprintf("[tandem: output is kept again; %d bytes of it were not]", p.notKept))
 		p.notKept = 0
 	}

@@ -96,6 +96,12 @@ func (t *trim) full(size int64) bool {
 type Guard struct {
 	Path    string // a path on the filesystem to watch
 	MinFree int64  // ≤ 0: none
+	// HostPath, when set, is a path on a second filesystem to watch with
+	// its own floor, HostMinFree: the host's, under a runner dir that is a
+	// filesystem of its own (a sparse image there fails its writes when
+	// the host's disk is full, however much room it says it has).
+	HostPath    string
+	HostMinFree int64
 	// Statfs returns the bytes free to unprivileged writers at path
 	// (injected in tests; StatfsFree by default).
 	Statfs func(path string) (int64, error)
@@ -104,10 +110,11 @@ type Guard struct {
 	// journal's logger).
 	Log *slog.Logger
 
-	mu      sync.Mutex
-	since   int64 // bytes allowed since the last look
-	lastAt  time.Time
-	free    int64
+	mu        sync.Mutex
+	since     int64 // bytes allowed since the last look
+	lastAt    time.Time
+	free    int64 // of the filesystem nearest its floor
+	floor   int64 // that filesystem's
 	stopped bool
 }
 
@@ -143,7 +150,7 @@ func FSSize(path string) (int64, error) {
 // Allow accounts n bytes about to be written and says whether they may
 // be; changed reports a switch between stopped and writing.
 func (g *Guard) Allow(n int) (ok, changed bool) {
-	if g == nil || g.MinFree <= 0 {
+	if g == nil || (g.MinFree <= 0 && (g.HostPath == "" || g.HostMinFree <= 0)) {
 		return true, false
 	}
 	now := time.Now
@@ -158,15 +165,33 @@ func (g *Guard) Allow(n int) (ok, changed bool) {
 		if statfs == nil {
 			statfs = StatfsFree
 		}
-		if free, err := statfs(g.Path); err == nil {
-			g.free = free
+		// Each filesystem against its floor: the one nearest it decides.
+		low, resume := false, true
+		first := true
+		for _, w := range [...]struct {
+			path  string
+			floor int64
+		}{{g.Path, g.MinFree}, {g.HostPath, g.HostMinFree}} {
+			if w.path == "" || w.floor <= 0 {
+				continue
+			}
+			free, err := statfs(w.path)
+			if err != nil {
+				continue
+			}
+			if first || free-w.floor < g.free-g.floor {
+				g.free, g.floor = free, w.floor
+			}
+			first = false
+			low = low || free-int64(n) < w.floor
+			resume = resume && free >= 2*w.floor
 		}
 		g.since, g.lastAt = 0, t
 		was := g.stopped
 		switch {
-		case !g.stopped && g.free-int64(n) < g.MinFree:
+		case !g.stopped && low:
 			g.stopped = true
-		case g.stopped && g.free >= 2*g.MinFree:
+		case g.stopped && resume:
 			g.stopped = false
 		}
 		changed = was != g.stopped
@@ -178,9 +203,10 @@ func (g *Guard) Allow(n int) (ok, changed bool) {
 	return true, changed
 }
 
-// Free is the last free-space reading.
-func (g *Guard) Free() int64 {
+// Free is the last free-space reading of the filesystem nearest its
+// floor, and that floor.
+func (g *Guard) Free() (free, floor int64) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.free
+	return g.free, g.floor
 }

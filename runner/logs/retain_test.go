@@ -248,6 +248,14 @@ func TestQuotaCountsRawBytes(t *testing.T) {
 // and says so in both logs, once; above twice the floor it resumes and
 // says how much was not kept. The job's writes never fail.
 func TestGuardStopsAndResumesLogging(t *testing.T) {
+	// Either the filesystem under the logs runs low, or (the runner dir
+	// being a filesystem of its own with room to spare) the host's.
+	for _, host := range []bool{false, true} {
+		t.Run(fmt.Sprint("host=", host), func(t *testing.T) { guardStopsAndResumes(t, host) })
+	}
+}
+
+func guardStopsAndResumes(t *testing.T, host bool) {
 	j := openJournal(t, nil)
 	hist, err := OpenHistory(t.TempDir()+"/job.log", nil)
 	if err != nil {
@@ -259,6 +267,17 @@ func TestGuardStopsAndResumesLogging(t *testing.T) {
 	clock := time.Unix(1000, 0)
 	g := &Guard{Path: "/", MinFree: 10 << 20, Now: func() time.Time { return clock },
 		Statfs: func(string) (int64, error) { mu.Lock(); defer mu.Unlock(); return free, nil }}
+	if host {
+		g.Path, g.HostPath, g.HostMinFree = "/own", "/host", 10<<20
+		g.Statfs = func(p string) (int64, error) {
+			if p == "/own" {
+				return 1 << 30, nil
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			return free, nil
+		}
+	}
 	p := j.Pipe(hist, nil, g)
 	write := func(s string) {
 		if n, err := p.Write([]byte(s)); err != nil || n != len(s) {

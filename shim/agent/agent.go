@@ -36,6 +36,7 @@ import (
 	"github.com/tandem-run/tandem/shim/origin"
 	"github.com/tandem-run/tandem/shim/portfwd"
 	"github.com/tandem-run/tandem/shim/principal"
+	"github.com/tandem-run/tandem/shim/runnerdir"
 	"github.com/tandem-run/tandem/shim/server"
 	"github.com/tandem-run/tandem/shim/task"
 	"github.com/tandem-run/tandem/shim/volume"
@@ -57,6 +58,9 @@ type Config struct {
 	// APIAllowUsers admits more local accounts than the root-equivalent
 	// ones (principal.Policy.Allow: uids, user names, @groups).
 	APIAllowUsers []string
+	// RunnerDirSize bounds each task's runner directory in a filesystem of
+	// its own (--runner-dir-size; ≤ 0: plain, unbounded directories).
+	RunnerDirSize int64
 	// PidsLimit bounds each task's processes and threads (--pids-limit):
 	// 0 picks a default from the kernel's pid_max, -1 none.
 	PidsLimit int64
@@ -237,6 +241,7 @@ func (a *agent) startEngine(context.Context) error {
 	}
 	a.tcfg.RunnerAPIUIDs = a.principals().AllowedUIDs
 	a.tcfg.PidsLimit = pidsLimit(a.cfg.PidsLimit)
+	a.tcfg.RunnerDirs = a.runnerDirs()
 	a.log.Info("each task's processes and threads are bounded", "pids_limit", a.tcfg.PidsLimit)
 	a.engine = task.New(a.tcfg, a.rt, a.locks, &authkeys.Editor{}, a.log)
 	a.OnStop(func() {
@@ -399,6 +404,32 @@ func pidsLimit(flag int64) int64 {
 		}
 	}
 	return task.DefaultPidsLimit(pidMax)
+}
+
+// runnerDirs bounds each task's runner dir in a filesystem of its own,
+// where the Docker daemon sees the shim's mounts.
+func (a *agent) runnerDirs() *runnerdir.Dirs {
+	size := a.cfg.RunnerDirSize
+	if size > 0 {
+		sock, unixSock := "", true
+		if h := os.Getenv("DOCKER_HOST"); h != "" {
+			sock, unixSock = strings.CutPrefix(h, "unix://")
+		}
+		err := errors.New("the Docker daemon is not on a local unix socket")
+		if unixSock {
+			err = runnerdir.SharesMounts(sock)
+		}
+		if err != nil {
+			a.log.Warn("runner dirs are plain directories: the Docker daemon would not see their mounts", "err", err)
+			size = 0
+		}
+	}
+	if size > 0 {
+		a.log.Info("each task's runner dir is a filesystem of its own", "size_bytes", size)
+	} else if a.cfg.RunnerDirSize <= 0 {
+		a.log.Warn("runner dirs are plain directories: a job can fill the shim home's disk through its own (--runner-dir-size)")
+	}
+	return &runnerdir.Dirs{Size: size, Log: a.log}
 }
 
 // access is who may call the API and the forwarded task ports.

@@ -20,6 +20,7 @@ import (
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/agent"
 	"github.com/tandem-run/tandem/shim/netiso"
+	"github.com/tandem-run/tandem/shim/runnerdir"
 	"github.com/tandem-run/tandem/shim/task"
 )
 
@@ -122,6 +123,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		DockerPublishesPorts: c.Bool("docker-publish-ports"),
 		MetricsAddress:       c.String("metrics-address"),
 		PidsLimit:            c.Int64("pids-limit"),
+		RunnerDirSize:        c.Int64("runner-dir-size"),
 		IsolatedNetwork:      c.String("task-network"),
 	}, nil
 }
@@ -173,6 +175,7 @@ func Flags() []cli.Flag {
 		&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_SHIM_LOG_MIN_FREE_BYTES"}, Usage: "passed to each runner: free space in the shim home below which job output is no longer kept (runner default: a tenth of the filesystem, at most 256 MiB; -1: none)"},
 		&cli.StringFlag{Name: "task-network", Value: netiso.DefaultName, EnvVars: []string{"TANDEM_SHIM_TASK_NETWORK"}, Usage: "bridge network (created with inter-container traffic off) that bridge-mode tasks join, so tasks cannot reach each other; \"\" for Docker's default bridge"},
 		&cli.StringSliceFlag{Name: "api-allow-user", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_USERS"}, Usage: "local accounts admitted to the API and the task ports besides root-equivalent ones (root, sudoers granting ALL, the Docker socket's group): a uid, a user name or @group; repeat or comma-separate"},
+		&cli.Int64Flag{Name: "runner-dir-size", Value: runnerdir.DefaultSize, EnvVars: []string{"TANDEM_SHIM_RUNNER_DIR_SIZE"}, Usage: "bytes each task's runner dir may hold (a sparse ext4 image of its own, loop-mounted; the job gets ENOSPC there, the shim home keeps its room); 0: plain, unbounded directories"},
 		&cli.Int64Flag{Name: "pids-limit", EnvVars: []string{"TANDEM_SHIM_PIDS_LIMIT"}, Usage: "each task's processes and threads at most (0: an eighth of the kernel's pid_max, between 2048 and 32768; -1: no limit); a tandem run may ask for its own"},
 		&cli.StringFlag{Name: "metrics-address", EnvVars: []string{"TANDEM_SHIM_METRICS_ADDRESS"}, Usage: "also serve GET /metrics alone on this address (host:port; off by default), for a scraper the API refuses (in a container, on another machine, its own account); nothing else answers there"},
 		&cli.BoolFlag{Name: "docker-publish-ports", EnvVars: []string{"TANDEM_SHIM_DOCKER_PUBLISH_PORTS"}, Usage: "kill switch: let Docker publish bridge tasks' runner ports (every local account reaches them) instead of the shim's forwards, which admit only the API's callers"},

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -109,6 +110,10 @@ type Config struct {
 	// Volumes mounts network volumes; nil refuses tasks that ask for them.
 	Volumes Volumes
 	Home    string // shim home; runner dirs live in <home>/runners
+	// RunnerDirs makes, re-attaches and removes the runner directories
+	// (nil: plain directories; shim/runnerdir bounds each in a filesystem
+	// of its own).
+	RunnerDirs RunnerDirs
 	// SpillDir keeps the task records the home's filesystem refuses until
 	// they can be written home, across a restart (records); on another
 	// filesystem. "": DefaultSpillDir(Home).
@@ -256,10 +261,28 @@ type task struct {
 // Safe to call twice.
 func (t *task) markDone() { t.doneOnce.Do(func() { close(t.done) }) }
 
+// RunnerDirs makes, re-attaches (after a reboot) and removes the runner
+// directories.
+type RunnerDirs interface {
+	Make(ctx context.Context, dir string) error
+	Attach(dir string) error
+	Remove(dir string) error
+}
+
+// plainDirs are runner directories without a bound.
+type plainDirs struct{}
+
+func (plainDirs) Make(_ context.Context, dir string) error { return os.MkdirAll(dir, 0o755) }
+func (plainDirs) Attach(string) error                      { return nil }
+func (plainDirs) Remove(dir string) error                  { return os.RemoveAll(dir) }
+
 // New returns an engine. gpus may hold no GPUs; keys may be nil when no
 // task asks for host keys.
 func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logger) *Engine {
 	cfg = cfg.WithDefaults()
+	if cfg.RunnerDirs == nil {
+		cfg.RunnerDirs = plainDirs{}
+	}
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
 	e.life, e.shutdown = context.WithCancel(context.Background())
 	e.writers.idle.L = &e.writers.mu

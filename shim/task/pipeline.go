@@ -183,7 +183,10 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	}
 	dir, err := e.runnerDir(t)
 	if err == nil {
-		err = os.MkdirAll(dir, 0o755)
+		err = e.cfg.RunnerDirs.Make(ctx, dir)
+	}
+	if err == nil {
+		err = os.MkdirAll(e.hostFSProbe(), 0o555)
 	}
 	if err != nil {
 		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)

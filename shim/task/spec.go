@@ -34,6 +34,14 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		{Source: dir, Target: RunnerDirInContainer},
 		{Source: e.cfg.RunnerBinary, Target: RunnerBinaryInContainer, ReadOnly: true},
 	}
+	env := e.containerEnv(cfg.ID, cfg.NetworkMode)
+	if e.cfg.Home != "" {
+		// The runner watches the host's free space through it (its own dir
+		// is a filesystem of its own, whose free space says nothing of the
+		// host's).
+		binds = append(binds, Bind{Source: e.hostFSProbe(), Target: HostFSInContainer, ReadOnly: true})
+		env = append(env, RunnerHostFSEnv+"="+HostFSInContainer)
+	}
 	for _, v := range cfg.VolumeMounts {
 		binds = append(binds, Bind{Source: filepath.Join(e.cfg.VolumesRoot, v.Name), Target: v.Path})
 	}
@@ -49,7 +57,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		User:        cfg.ContainerUser,
 		Entrypoint:  []string{RunnerBinaryInContainer},
 		Cmd:         cmd,
-		Env:         e.containerEnv(cfg.ID, cfg.NetworkMode),
+		Env:         env,
 		Labels:      map[string]string{LabelIsTask: "true", LabelTaskID: cfg.ID, LabelShimHome: e.cfg.Home},
 		NetworkMode: cmp.Or(network, cfg.NetworkMode),
 		Privileged:  cfg.Privileged || e.cfg.Privileged,
@@ -107,6 +115,18 @@ func (e *Engine) runnerPorts() []int { return []int{e.cfg.RunnerHTTPPort, e.cfg.
 // RunnerTaskIDEnv tells our runner which task it serves (its healthcheck
 // says so).
 const RunnerTaskIDEnv = "TANDEM_TASK_ID"
+
+// RunnerHostFSEnv tells our runner where, in its container, a path on the
+// host's filesystem is (HostFSInContainer).
+const (
+	RunnerHostFSEnv   = "TANDEM_RUNNER_HOST_FS"
+	HostFSInContainer = "/tmp/.tandem-hostfs"
+)
+
+// hostFSProbe is the empty directory on the shim home's filesystem bound
+// read-only into every container: all a job learns through it is that
+// filesystem's size and free space.
+func (e *Engine) hostFSProbe() string { return filepath.Join(e.cfg.Home, "runners", ".hostfs") }
 
 // RunnerAPIUIDsEnv tells our runner which local uids its API serves.
 const RunnerAPIUIDsEnv = "TANDEM_RUNNER_API_UIDS"

@@ -83,12 +83,12 @@ func TestContainerSpec(t *testing.T) {
 					targets = append(targets, b.Source+"->"+b.Target)
 				}
 				got := strings.Join(targets, " ")
-				for _, want := range []string{"/mnt/disks/dstack-volumes/data->/data", "/srv/cache->/cache", "->/tmp/runner"} {
+				for _, want := range []string{"/mnt/disks/dstack-volumes/data->/data", "/srv/cache->/cache", "->/tmp/runner", "/runners/.hostfs->/tmp/.tandem-hostfs"} {
 					if !strings.Contains(got, want) {
 						t.Fatalf("binds %s missing %s", got, want)
 					}
 				}
-				if !slices.Equal(s.Env, []string{"http_proxy=x", "PJRT_DEVICE=TPU", "TANDEM_TASK_ID=id1"}) || s.Labels[LabelTaskID] != "id1" || s.Labels[LabelIsTask] != "true" {
+				if !slices.Equal(s.Env, []string{"http_proxy=x", "PJRT_DEVICE=TPU", "TANDEM_TASK_ID=id1", "TANDEM_RUNNER_HOST_FS=/tmp/.tandem-hostfs"}) || s.Labels[LabelTaskID] != "id1" || s.Labels[LabelIsTask] != "true" {
 					t.Fatalf("env %v labels %v", s.Env, s.Labels)
 				}
 			}},
@@ -96,7 +96,7 @@ func TestContainerSpec(t *testing.T) {
 			engine: func(c *Config) { c.RunnerAPIUIDs = func() []uint32 { return []uint32{0, 1000} } },
 			cfg:    api.TaskConfig{ID: "id2", NetworkMode: "host"},
 			check: func(t *testing.T, s ContainerSpec) {
-				if !slices.Equal(s.Env, []string{"TANDEM_TASK_ID=id2", "TANDEM_RUNNER_API_UIDS=0,1000"}) {
+				if !slices.Equal(s.Env, []string{"TANDEM_TASK_ID=id2", "TANDEM_RUNNER_API_UIDS=0,1000", "TANDEM_RUNNER_HOST_FS=/tmp/.tandem-hostfs"}) {
 					t.Fatalf("env %v", s.Env)
 				}
 			}},
@@ -107,7 +107,7 @@ func TestContainerSpec(t *testing.T) {
 			},
 			cfg: api.TaskConfig{ID: "id3", NetworkMode: "bridge"},
 			check: func(t *testing.T, s ContainerSpec) {
-				if !slices.Equal(s.Env, []string{"TANDEM_TASK_ID=id3"}) || !s.Forwarded {
+				if !slices.Equal(s.Env, []string{"TANDEM_TASK_ID=id3", "TANDEM_RUNNER_HOST_FS=/tmp/.tandem-hostfs"}) || !s.Forwarded {
 					t.Fatalf("env %v forwarded %v", s.Env, s.Forwarded)
 				}
 			}},

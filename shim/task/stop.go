@@ -5,7 +5,6 @@ package task
 import (
 	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -103,7 +102,7 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 			}
 		}
 		if dir, err := e.runnerDir(t); err == nil {
-			if err := os.RemoveAll(dir); err != nil {
+			if err := e.cfg.RunnerDirs.Remove(dir); err != nil {
 				return fmt.Errorf("remove runner dir: %w", err)
 			}
 		}

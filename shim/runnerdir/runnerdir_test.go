@@ -1,0 +1,181 @@
+package runnerdir
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("loop devices need root (CI runs as root)")
+		}
+		t.Skip("loop devices need root")
+	}
+}
+
+// dirs returns bounded Dirs of size and a runner dir path; whatever stays
+// mounted is detached when the test ends.
+func dirs(t *testing.T, size int64) (*Dirs, string) {
+	t.Helper()
+	needRoot(t)
+	dir := filepath.Join(t.TempDir(), "runners", "task-1")
+	t.Cleanup(func() {
+		for range 4 {
+			_ = unix.Unmount(dir, unix.MNT_DETACH)
+		}
+	})
+	return &Dirs{Size: size}, dir
+}
+
+// fill writes into dir until the filesystem refuses; it returns the bytes
+// written and the error.
+func fill(t *testing.T, dir string) (int64, error) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "fill"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	var n int64
+	for n < 1<<30 {
+		w, err := f.Write(buf)
+		n += int64(w)
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// A job writing without end meets ENOSPC at the directory's size, on a
+// filesystem of its own; the parent's filesystem keeps its room; remove
+// takes the mount, the directory and the image.
+func TestMakeBoundsTheDirectory(t *testing.T) {
+	d, dir := dirs(t, 16<<20)
+	var before unix.Statfs_t
+	_ = unix.Statfs(filepath.Dir(filepath.Dir(dir)), &before)
+	if err := d.Make(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Bounded(dir) {
+		t.Fatal("not a filesystem of its own")
+	}
+	n, err := fill(t, dir)
+	if !errors.Is(err, syscall.ENOSPC) || n > 16<<20 {
+		t.Fatalf("wrote %d bytes, then %v; want ENOSPC within 16 MiB", n, err)
+	}
+	var mnt unix.Statfs_t
+	_ = unix.Statfs(dir, &mnt)
+	if mnt.Flags&unix.ST_NOSUID == 0 || mnt.Flags&unix.ST_NODEV == 0 {
+		t.Fatalf("mount flags %#x: want nosuid,nodev", mnt.Flags)
+	}
+	if err := d.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, imagePath(dir)} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Fatalf("%s left: %v", p, err)
+		}
+	}
+}
+
+// After a reboot (the mount gone, the image kept) Attach brings the job's
+// files back. While a container still holds the image's loop device (a
+// second mount of it), Attach mounts that same device, never a second
+// loop device over the image.
+func TestAttachRemountsTheSameImage(t *testing.T) {
+	d, dir := dirs(t, 16<<20)
+	ctx := context.Background()
+	if err := d.Make(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "job_final.json"), []byte(`{"state":"done"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A container's bind of it, then the host's mount goes.
+	holder := t.TempDir()
+	if err := unix.Mount(dir, holder, "", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(holder, unix.MNT_DETACH) })
+	devBefore, ok := d.backing(imagePath(dir))
+	if !ok {
+		t.Fatal("no loop device backs the image")
+	}
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Attach(dir); err != nil {
+		t.Fatal(err)
+	}
+	if dev, _ := d.backing(imagePath(dir)); dev != devBefore {
+		t.Fatalf("re-attached on %s, the image is on %s", dev, devBefore)
+	}
+	if err := d.Attach(dir); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "job_final.json")); err != nil || !bytes.Contains(b, []byte("done")) {
+		t.Fatalf("job's file after re-attach: %q %v", b, err)
+	}
+	// The reboot case: no holder, no loop device; a new one, same files.
+	_ = unix.Unmount(holder, unix.MNT_DETACH)
+	if err := unix.Unmount(dir, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Make(ctx, dir); err != nil { // never formats the image again
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "job_final.json")); err != nil || !bytes.Contains(b, []byte("done")) {
+		t.Fatalf("job's file after a remount: %q %v", b, err)
+	}
+	if err := d.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A plain directory that already holds files is kept as it is (never
+// hidden under a mount); a host that cannot make filesystems gets plain
+// directories and one warning.
+func TestPlainFallbacks(t *testing.T) {
+	d, dir := dirs(t, 16<<20)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(dir, "job.log"), []byte("old"), 0o644)
+	if err := d.Make(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if d.Bounded(dir) {
+		t.Fatal("a directory with files was mounted over")
+	}
+
+	var log bytes.Buffer
+	d = &Dirs{Size: 16 << 20, Mkfs: "/nonexistent/mkfs.ext4", Log: slog.New(slog.NewTextHandler(&log, nil))}
+	for _, name := range []string{"a", "b"} {
+		p := filepath.Join(t.TempDir(), name)
+		if err := d.Make(context.Background(), p); err != nil {
+			t.Fatal(err)
+		}
+		if fi, err := os.Stat(p); err != nil || !fi.IsDir() || d.Bounded(p) {
+			t.Fatalf("fallback dir %s: %v", p, err)
+		}
+		if _, err := os.Stat(imagePath(p)); !os.IsNotExist(err) {
+			t.Fatalf("image left after a failed make: %v", err)
+		}
+	}
+	if n := strings.Count(log.String(), "not bounded"); n != 1 {
+		t.Fatalf("%d warnings, want one: %s", n, log.String())
+	}
+}
