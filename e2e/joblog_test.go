@@ -279,7 +279,9 @@ func TestRunnerDirBoundedPerTask(t *testing.T) {
 	}
 	// Another tenant's submit runs.
 	other := h.submit(api.TaskConfig{Name: "other"})
-	if got := h.wait(other.ID, time.Minute, func(i api.TaskInfoResponse) bool { return i.Status != api.TaskPending && i.Status != api.TaskPreparing && i.Status != api.TaskPulling && i.Status != api.TaskCreating }); got.Status != api.TaskRunning {
+	if got := h.wait(other.ID, time.Minute, func(i api.TaskInfoResponse) bool {
+		return i.Status != api.TaskPending && i.Status != api.TaskPreparing && i.Status != api.TaskPulling && i.Status != api.TaskCreating
+	}); got.Status != api.TaskRunning {
 		t.Fatalf("another tenant's task: %+v", got)
 	}
 	// The container gone, the shim reads the job's end and kept log.

@@ -110,9 +110,9 @@ type Guard struct {
 	// journal's logger).
 	Log *slog.Logger
 
-	mu        sync.Mutex
-	since     int64 // bytes allowed since the last look
-	lastAt    time.Time
+	mu      sync.Mutex
+	since   int64 // bytes allowed since the last look
+	lastAt  time.Time
 	free    int64 // of the filesystem nearest its floor
 	floor   int64 // that filesystem's
 	stopped bool
