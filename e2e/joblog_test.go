@@ -96,9 +96,10 @@ func TestJobLogsBoundedOnDisk(t *testing.T) {
 	// Control: 2 MiB of numbered lines arrive whole.
 	info, r, _ := bridgeRunner(t, h, runnerPort)
 	r.start(job("/bin/sh", "-c", `i=0; while [ $i -lt 20000 ]; do echo "line $i of the ordinary output pad pad pad pad pad pad pad pad pad"; i=$((i+1)); done; echo END`))
-	pulled := r.pullUntilDone(2*time.Minute, nil).logs.String()
+	ctl := r.pullUntilDone(2*time.Minute, nil)
+	pulled := ctl.logs.String()
 	if n := strings.Count(pulled, " of the ordinary output "); n != 20000 || !strings.Contains(pulled, "line 19999 of") || !strings.Contains(pulled, "END") {
-		t.Fatalf("control: pulled %d of 20000 lines", n)
+		t.Fatalf("control: pulled %d of 20000 lines; states %+v; runner log %q", n, ctl.states, tailStr(ctl.runner.String(), 800))
 	}
 	if ws := readAllWS(t, r, time.Time{}); strings.Count(ws, " of the ordinary output ") != 20000 || strings.Contains(ws, "[tandem:") {
 		t.Fatalf("control: the stream lost lines or was trimmed (%d bytes)", len(ws))

@@ -195,13 +195,13 @@ func New(cfg Config) (*Executor, error) {
 	if err := os.MkdirAll(cfg.TempDir, 0o755); err != nil {
 		return nil, fmt.Errorf("temp dir: %w", err)
 	}
+	cfg.HostMinFree = cfg.LogMinFree // an operator's floor is for both
 	if cfg.LogMinFree == 0 {
 		if size, err := logs.FSSize(cfg.TempDir); err == nil {
 			cfg.LogMinFree = logs.DefaultMinFree(size)
 		}
 	}
 	if cfg.HostFS != "" {
-		cfg.HostMinFree = cfg.LogMinFree
 		if size, err := logs.FSSize(cfg.HostFS); err != nil {
 			cfg.HostFS = "" // not there: a runner started without the shim's probe
 		} else if cfg.HostMinFree == 0 {

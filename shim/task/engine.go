@@ -348,6 +348,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		e.mu.Unlock()
 		cancel()
 		e.wg.Done()
+		_ = e.recs.remove(cfg.ID) // the copy spilled while it failed: a refused task is not restored
 		e.log.Error("task refused: its record cannot be written", "task_id", cfg.ID, "err", err)
 		return api.TaskInfoResponse{}, fmt.Errorf("%w: %v", ErrStorage, err)
 	}
