@@ -2,8 +2,10 @@ package cloudinit
 
 import (
 	"bytes"
+	_ "embed"
 	"fmt"
 	"net"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -40,7 +42,24 @@ type VM struct {
 	// Docker; without it such an image gets a running shim that reports
 	// the instance unhealthy, and cloud-init reports the error.
 	InstallDocker bool
+	// KeepDockerDataRoot: leave Docker's data root where it is; by default
+	// it moves to an instance-store NVMe when the host has one, at every
+	// boot before Docker starts (scripts/docker-data-root.sh).
+	KeepDockerDataRoot bool
 }
+
+// The data-root mover and its boot unit; Packer bakes the same two files.
+var (
+	//go:embed scripts/docker-data-root.sh
+	dataRootScript string
+	//go:embed scripts/tandem-docker-data-root.service
+	dataRootUnit string
+)
+
+const (
+	dataRootBin  = "/usr/local/lib/tandem/docker-data-root.sh"
+	dataRootFile = "/etc/systemd/system/tandem-docker-data-root.service"
+)
 
 const (
 	shimBin    = "/usr/local/bin/dstack-shim"
@@ -266,6 +285,13 @@ fetch '{{.RunnerURL}}' {{.RunnerBin}} '{{.RunnerSHA256}}'
 {{- end}}
 runs {{.ShimBin}}
 runs {{.RunnerBin}}
+{{- if not .KeepDockerDataRoot}}
+# Docker's data root on the instance-store NVMe, if any, before Docker
+# starts (or moved, Docker stopped meanwhile); at every boot after this.
+systemctl daemon-reload
+systemctl enable {{.DataRootUnit}} >/dev/null 2>&1 || warn "could not enable {{.DataRootUnit}}"
+{{.DataRootBin}} || warn "Docker's data root was not moved to the instance store (see above): Docker stays on the boot disk"
+{{- end}}
 docker_missing=
 if ! command -v dockerd >/dev/null; then
 {{- if .InstallDocker}}
@@ -304,12 +330,14 @@ fi
 
 type installerData struct {
 	VM
-	ShimBin, RunnerBin, Self string
+	ShimBin, RunnerBin, Self  string
+	DataRootBin, DataRootUnit string
 }
 
 func (v VM) installer() (string, error) {
 	var b bytes.Buffer
-	err := installerTmpl.Execute(&b, installerData{VM: v, ShimBin: shimBin, RunnerBin: runnerBin, Self: installBin})
+	err := installerTmpl.Execute(&b, installerData{VM: v, ShimBin: shimBin, RunnerBin: runnerBin, Self: installBin,
+		DataRootBin: dataRootBin, DataRootUnit: filepath.Base(dataRootFile)})
 	return b.String(), err
 }
 
@@ -356,6 +384,11 @@ func (v VM) UserData() (string, error) {
 		},
 		Runcmd: startCmds,
 	}
+	if !v.KeepDockerDataRoot {
+		cc.WriteFiles = append(cc.WriteFiles,
+			writeFile{Path: dataRootBin, Permissions: "0755", Owner: "root:root", Content: dataRootScript},
+			writeFile{Path: dataRootFile, Permissions: "0644", Owner: "root:root", Content: dataRootUnit})
+	}
 	b, err := yaml.Marshal(cc)
 	if err != nil {
 		return "", err
@@ -378,6 +411,10 @@ func (v VM) Script() (string, error) {
 	file(installBin, "0755", inst)
 	file(envFile, "0600", v.envLines())
 	file(unitFile, "0644", unit)
+	if !v.KeepDockerDataRoot {
+		file(dataRootBin, "0755", dataRootScript)
+		file(dataRootFile, "0644", dataRootUnit)
+	}
 	if len(v.AuthorizedKeys) > 0 {
 		b.WriteString("mkdir -p /root/.ssh && chmod 700 /root/.ssh\n")
 		for _, k := range v.AuthorizedKeys {

@@ -26,8 +26,18 @@ func TestUserDataValidCloudConfig(t *testing.T) {
 		t.Fatal("header")
 	}
 	var cc cloudConfig
-	if err := yaml.Unmarshal([]byte(ud), &cc); err != nil || len(cc.WriteFiles) != 3 {
+	if err := yaml.Unmarshal([]byte(ud), &cc); err != nil || len(cc.WriteFiles) != 5 {
 		t.Fatalf("round trip: %v %+v", err, cc)
+	}
+	// Docker's data root mover and its boot unit, as embedded.
+	if cc.WriteFiles[3].Path != dataRootBin || cc.WriteFiles[3].Content != dataRootScript || cc.WriteFiles[4].Path != dataRootFile {
+		t.Fatalf("data root files: %s %s", cc.WriteFiles[3].Path, cc.WriteFiles[4].Path)
+	}
+	shellcheck(t, cc.WriteFiles[3].Content, "bash")
+	keep := sampleVM()
+	keep.KeepDockerDataRoot = true
+	if kept, _ := keep.UserData(); strings.Contains(kept, dataRootBin) {
+		t.Fatal("--keep-docker-data-root still moves it")
 	}
 	inst := cc.WriteFiles[0].Content
 	shellcheck(t, inst, "bash")

@@ -24,12 +24,39 @@ variable "os_version" {
 variable "flavor" {
   type        = string
   default     = "cpu"
-  description = "cpu, or nvidia (driver, container toolkit with CDI, persistenced)"
+  description = "cpu, or nvidia (driver with Fabric Manager, held; container toolkit with CDI; persistenced)"
+  validation {
+    condition     = contains(["cpu", "nvidia"], var.flavor)
+    error_message = "The flavor variable must be cpu or nvidia."
+  }
 }
 
 variable "nvidia_driver_version" {
-  type    = string
-  default = "550"
+  type        = string
+  default     = "570"
+  description = "the driver branch (Ubuntu's nvidia-driver-N-server packages); Fabric Manager comes in the same version"
+}
+
+variable "nvidia_kernel_modules" {
+  type        = string
+  default     = "open"
+  description = "open (required for Blackwell; NVIDIA's choice from Turing on) or proprietary (Volta and older)"
+  validation {
+    condition     = contains(["open", "proprietary"], var.nvidia_kernel_modules)
+    error_message = "The nvidia_kernel_modules variable must be open or proprietary."
+  }
+}
+
+variable "prepull_images" {
+  type        = list(string)
+  default     = []
+  description = "images pulled during the build and kept: present on first boot, the first job does not wait for them"
+}
+
+variable "prepull_insecure_registries" {
+  type        = list(string)
+  default     = []
+  description = "registries (host:port) prepull_images come from over plain HTTP, for the build only"
 }
 
 variable "bin_dir" {
@@ -170,19 +197,23 @@ build {
   }
 
   provisioner "file" {
-    sources     = ["${var.bin_dir}/dstack-shim", "${var.bin_dir}/dstack-runner", "files/dstack-shim.service", "files/shim.env"]
+    sources = ["${var.bin_dir}/dstack-shim", "${var.bin_dir}/dstack-runner", "files/dstack-shim.service", "files/shim.env",
+    "../cloudinit/scripts/docker-data-root.sh", "../cloudinit/scripts/tandem-docker-data-root.service"]
     destination = "/tmp/tandem/"
   }
 
   provisioner "shell" {
-    execute_command  = "sudo -E bash '{{ .Path }}'"
-    environment_vars = ["OS=${var.os}", "FLAVOR=${var.flavor}", "NVIDIA_DRIVER_VERSION=${var.nvidia_driver_version}", "DEBIAN_FRONTEND=noninteractive"]
+    execute_command = "sudo -E bash '{{ .Path }}'"
+    environment_vars = ["OS=${var.os}", "FLAVOR=${var.flavor}", "NVIDIA_DRIVER_VERSION=${var.nvidia_driver_version}",
+      "NVIDIA_KERNEL_MODULES=${var.nvidia_kernel_modules}", "PREPULL_IMAGES=${join(" ", var.prepull_images)}",
+    "PREPULL_INSECURE_REGISTRIES=${join(" ", var.prepull_insecure_registries)}", "DEBIAN_FRONTEND=noninteractive"]
     scripts = [
       "scripts/00-wait-cloud-init.sh",
       "scripts/10-base.sh",
       "scripts/20-docker.sh",
       "scripts/30-nvidia.sh",
       "scripts/40-tandem.sh",
+      "scripts/50-prepull.sh",
       "scripts/90-cleanup.sh",
     ]
   }

@@ -23,6 +23,7 @@ func cloudinitCmd() *cli.Command {
 			&cli.StringFlag{Name: "runner-sha256", Usage: "expected SHA-256 of dstack-runner"},
 			&cli.BoolFlag{Name: "baked", Usage: "the image has the binaries (Packer); URLs only fill gaps"},
 			&cli.BoolFlag{Name: "install-docker", Usage: "install docker.io with apt when the image has no Docker (otherwise the instance reports unhealthy)"},
+			&cli.BoolFlag{Name: "keep-docker-data-root", Usage: "leave Docker's data root where it is (by default it moves to an instance-store NVMe when the host has one, before Docker starts, never formatting a disk that holds data)"},
 			&cli.StringFlag{Name: "shim-home", Value: "/root/.dstack", Usage: "DSTACK_SHIM_HOME"},
 			&cli.StringFlag{Name: "log-level", Value: "5", Usage: "shim and runner log level"},
 			&cli.BoolFlag{Name: "privileged", Usage: "run every container privileged"},
@@ -37,7 +38,7 @@ func cloudinitCmd() *cli.Command {
 				RunnerSHA256: c.String("runner-sha256"), Baked: c.Bool("baked"), ShimHome: c.String("shim-home"), LogLevel: c.String("log-level"),
 				Privileged: c.Bool("privileged"), PJRTDevice: c.String("pjrt-device"), Firewall: c.Bool("firewall"),
 				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: c.StringSlice("authorized-key"), Env: map[string]string{},
-				InstallDocker: c.Bool("install-docker")}
+				InstallDocker: c.Bool("install-docker"), KeepDockerDataRoot: c.Bool("keep-docker-data-root")}
 			if err := parseEnv(c.StringSlice("env"), v.Env); err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}

@@ -1,0 +1,29 @@
+#!/bin/bash
+# Images the image's users run, pulled at build time (PREPULL_IMAGES,
+# space-separated references): present on first boot, so the first job on
+# a fresh host does not wait for a multi-GB pull. Registries named in
+# PREPULL_INSECURE_REGISTRIES (host:port) are reached over plain HTTP for
+# the build only. Idempotent.
+set -euo pipefail
+if [ -z "${PREPULL_IMAGES:-}" ]; then
+  echo "prepull: no images"
+  exit 0
+fi
+daemon=/etc/docker/daemon.json
+insecure=${PREPULL_INSECURE_REGISTRIES:-}
+if [ -n "$insecure" ]; then
+  cp "$daemon" "$daemon.prepull"
+  # shellcheck disable=SC2086 # one argument per registry
+  jq --args '. + {"insecure-registries": $ARGS.positional}' $insecure <"$daemon.prepull" >"$daemon"
+  systemctl restart docker
+fi
+for image in $PREPULL_IMAGES; do
+  echo "prepull: $image"
+  docker pull -q "$image"
+done
+if [ -n "$insecure" ]; then
+  mv "$daemon.prepull" "$daemon"
+  systemctl restart docker
+fi
+# What the image carries, for the build log.
+docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}'
