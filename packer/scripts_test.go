@@ -24,12 +24,13 @@ const standIn = `#!/bin/bash
 echo "$(basename "$0") $*" >>/record/calls
 case "$(basename "$0")" in
 curl) echo "deb https://nvidia.github.io/libnvidia-container/stable/deb/\$(ARCH) /" ;;
-gpg) for a; do [ "$prev" = -o ] && : >"$a"; prev=$a; done ;;
-dpkg-query) printf '%s\n' bash coreutils nvidia-container-toolkit nvidia-container-toolkit-base \
-  nvidia-driver-570-server-open libnvidia-compute-570-server nvidia-utils-570-server nvidia-fabricmanager-570 \
-  libnvidia-nscq-570 linux-modules-nvidia-570-server-open-generic nvidia-kernel-common-570-server libnvidia-cfg1-570-server \
-  nvidia-driver-550-server libnvidia-compute-550-server nvidia-utils-550-server nvidia-fabricmanager-550 libnvidia-nscq-550 \
-  nvidia-firmware-550-server-550.163.01 libnvidia-compute-5700 ;;
+gpg) cat >/dev/null; for a; do [ "$prev" = -o ] && : >"$a"; prev=$a; done ;;
+dpkg-query) if [[ "$*" == *db:Status-Abbrev* ]]; then [ -n "$STUB_COMPUTE" ] && echo "ii  $STUB_COMPUTE"; echo "un  libnvidia-compute-535-server "; exit 0; fi
+  printf '%s\n' bash coreutils nvidia-container-toolkit nvidia-container-toolkit-base \
+  nvidia-driver-580-server-open libnvidia-compute-580-server nvidia-utils-580-server nvidia-fabricmanager-580 \
+  libnvidia-nscq-580 linux-modules-nvidia-580-server-open-generic nvidia-kernel-common-580-server \
+  nvidia-firmware-580-server-580.178.04 nvidia-driver-570-server nvidia-utils-570-server \
+  nvidia-driver-535-server libnvidia-compute-5800 ;;
 docker) [ "$1" = pull ] && cat /etc/docker/daemon.json >>/record/daemon-at-pull ;;
 systemctl) [ "$1" = is-active ] && exit 3 ;;
 esac
@@ -199,23 +200,35 @@ func TestCPUFlavour(t *testing.T) {
 // its CDI unit, the three units enabled, Fabric Manager conditioned on an
 // NVSwitch, and exactly that branch's packages held.
 func TestNVIDIAFlavour(t *testing.T) {
+	const exact = "580.178.04-0ubuntu0.24.04.1"
+	held580 := []string{"libnvidia-compute-580-server", "libnvidia-nscq-580", "linux-modules-nvidia-580-server-open-generic",
+		"nvidia-driver-580-server-open", "nvidia-fabricmanager-580", "nvidia-firmware-580-server-580.178.04",
+		"nvidia-kernel-common-580-server", "nvidia-utils-580-server"}
 	cases := []struct {
 		version, modules, driver string
 		held                     []string
+		note                     string
 	}{
-		{"570", "open", "nvidia-driver-570-server-open", []string{"libnvidia-cfg1-570-server", "libnvidia-compute-570-server", "libnvidia-nscq-570",
-			"linux-modules-nvidia-570-server-open-generic", "nvidia-driver-570-server-open", "nvidia-fabricmanager-570",
-			"nvidia-kernel-common-570-server", "nvidia-utils-570-server"}},
-		{"550", "proprietary", "nvidia-driver-550-server", []string{"libnvidia-compute-550-server", "libnvidia-nscq-550", "nvidia-driver-550-server",
-			"nvidia-fabricmanager-550", "nvidia-firmware-550-server-550.163.01", "nvidia-utils-550-server"}},
+		{"580", "open", "nvidia-driver-580-server-open", held580, ""},
+		// Ubuntu's 570 is a transitional package of 580 (as in 2026):
+		// Fabric Manager follows what is installed, and both are held.
+		{"570", "proprietary", "nvidia-driver-570-server", []string{"libnvidia-compute-580-server", "libnvidia-nscq-580",
+			"linux-modules-nvidia-580-server-open-generic", "nvidia-driver-570-server", "nvidia-driver-580-server-open",
+			"nvidia-fabricmanager-580", "nvidia-firmware-580-server-580.178.04", "nvidia-kernel-common-580-server",
+			"nvidia-utils-570-server", "nvidia-utils-580-server"}, "driver branch 570 is packaged as 580 in this archive"},
 	}
 	for _, c := range cases {
 		t.Run(c.version+"-"+c.modules, func(t *testing.T) {
-			calls, out, files, err := run(t, map[string]string{"OS": "ubuntu", "FLAVOR": "nvidia", "NVIDIA_DRIVER_VERSION": c.version, "NVIDIA_KERNEL_MODULES": c.modules}, base...)
+			calls, out, files, err := run(t, map[string]string{"OS": "ubuntu", "FLAVOR": "nvidia", "NVIDIA_DRIVER_VERSION": c.version, "NVIDIA_KERNEL_MODULES": c.modules,
+				"STUB_COMPUTE": "libnvidia-compute-580-server " + exact}, base...)
 			if err != nil {
 				t.Fatalf("%v\n%s", err, out)
 			}
-			mustCall(t, calls, "apt-get install -y -qq --no-install-recommends "+c.driver+" nvidia-utils-"+c.version+"-server nvidia-fabricmanager-"+c.version+" libnvidia-nscq-"+c.version)
+			mustCall(t, calls, "apt-get install -y -qq --no-install-recommends "+c.driver+" nvidia-utils-"+c.version+"-server")
+			mustCall(t, calls, "apt-get install -y -qq --no-install-recommends nvidia-fabricmanager-580="+exact+" libnvidia-nscq-580="+exact)
+			if !strings.Contains(out, c.note) || !strings.Contains(out, "NVIDIA driver "+exact+" ("+c.modules+" modules), Fabric Manager "+exact) {
+				t.Fatalf("output:\n%s", out)
+			}
 			mustCall(t, calls, "apt-get install -y -qq --no-install-recommends nvidia-container-toolkit")
 			mustCall(t, calls, "nvidia-ctk runtime configure --runtime=docker")
 			mustCall(t, calls, "systemctl enable nvidia-cdi-refresh.service nvidia-persistenced.service nvidia-fabricmanager.service")
@@ -243,6 +256,7 @@ func TestNVIDIAFlavourRefusals(t *testing.T) {
 		want string
 	}{
 		{"debian", map[string]string{"OS": "debian", "FLAVOR": "nvidia", "NVIDIA_DRIVER_VERSION": "570"}, "build the nvidia flavor with os=ubuntu"},
+		{"no driver libraries after the install", map[string]string{"OS": "ubuntu", "FLAVOR": "nvidia", "NVIDIA_DRIVER_VERSION": "580"}, "expected one installed libnvidia-compute-N-server"},
 		{"modules", map[string]string{"OS": "ubuntu", "FLAVOR": "nvidia", "NVIDIA_DRIVER_VERSION": "570", "NVIDIA_KERNEL_MODULES": "closed"}, "must be open or proprietary"},
 		{"version", map[string]string{"OS": "ubuntu", "FLAVOR": "nvidia", "NVIDIA_DRIVER_VERSION": "570; rm -rf /"}, "must be a driver branch number"},
 	}
@@ -252,7 +266,8 @@ func TestNVIDIAFlavourRefusals(t *testing.T) {
 			if err == nil || !strings.Contains(out, c.want) {
 				t.Fatalf("want a refusal with %q: %v\n%s", c.want, err, out)
 			}
-			noCallStarting(t, calls, "apt-get install")
+			noCallStarting(t, calls, "apt-get install -y -qq --no-install-recommends nvidia-fabricmanager")
+			noCallStarting(t, calls, "apt-mark")
 		})
 	}
 }

@@ -33,8 +33,8 @@ variable "flavor" {
 
 variable "nvidia_driver_version" {
   type        = string
-  default     = "570"
-  description = "the driver branch (Ubuntu's nvidia-driver-N-server packages); Fabric Manager comes in the same version"
+  default     = "580"
+  description = "the driver branch (Ubuntu's nvidia-driver-N-server packages; a retired branch installs its successor); Fabric Manager is pinned to the exact version installed"
 }
 
 variable "nvidia_kernel_modules" {

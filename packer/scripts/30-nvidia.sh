@@ -29,8 +29,25 @@ open) driver="nvidia-driver-${v}-server-open" ;;
 proprietary) driver="nvidia-driver-${v}-server" ;;
 *) echo "NVIDIA_KERNEL_MODULES must be open or proprietary, not '$modules'" >&2; exit 1 ;;
 esac
-apt-get install -y -qq --no-install-recommends "$driver" "nvidia-utils-${v}-server" \
-  "nvidia-fabricmanager-${v}" "libnvidia-nscq-${v}"
+apt-get install -y -qq --no-install-recommends "$driver" "nvidia-utils-${v}-server"
+# The branch really installed: Ubuntu turns a retired branch into a
+# transitional package of a newer one (in 2026 nvidia-driver-550-server
+# and -570-server install 580), and Fabric Manager must be the driver's
+# exact version, so it is pinned to what the driver's libraries are.
+mapfile -t compute < <(dpkg-query -W -f '${db:Status-Abbrev} ${Package} ${Version}\n' 'libnvidia-compute-*-server' 2>/dev/null |
+  awk '$1 == "ii" {print $2, $3}')
+if [ "${#compute[@]}" -ne 1 ]; then
+  echo "expected one installed libnvidia-compute-N-server after installing $driver, found ${#compute[@]}: ${compute[*]:-none}" >&2
+  exit 1
+fi
+read -r pkg exact <<<"${compute[0]}"
+branch=${pkg#libnvidia-compute-}
+branch=${branch%-server}
+if [ "$branch" != "$v" ]; then
+  echo "driver branch ${v} is packaged as ${branch} in this archive (transitional): Fabric Manager ${branch}" >&2
+fi
+apt-get install -y -qq --no-install-recommends "nvidia-fabricmanager-${branch}=${exact}" "libnvidia-nscq-${branch}=${exact}"
+echo "NVIDIA driver ${exact} (${modules} modules), Fabric Manager ${exact}"
 
 keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
 if [ ! -f "$keyring" ]; then
@@ -77,14 +94,14 @@ UNIT
 systemctl daemon-reload
 systemctl enable nvidia-cdi-refresh.service nvidia-persistenced.service nvidia-fabricmanager.service
 
-# Hold every installed package of this driver version (the metapackage,
-# its libraries, kernel modules and Fabric Manager): a held package is not
+# Hold every installed package of this driver branch (the metapackage,
+# a transitional one, its libraries, kernel modules and Fabric Manager): a held package is not
 # upgraded, and its dependencies cannot be moved under it.
 mapfile -t held < <(dpkg-query -W -f '${Package}\n' |
   grep -E "^(nvidia|libnvidia|linux-modules-nvidia|linux-objects-nvidia|linux-signatures-nvidia|xserver-xorg-video-nvidia)-" |
-  grep -E -- "-${v}(-|$)" | sort -u)
+  grep -E -- "-(${v}|${branch})(-|$)" | sort -u)
 if [ "${#held[@]}" -eq 0 ]; then
-  echo "no package of driver ${v} is installed to hold" >&2
+  echo "no package of driver ${branch} is installed to hold" >&2
   exit 1
 fi
 apt-mark hold "${held[@]}"
