@@ -31,7 +31,7 @@ dpkg-query) if [[ "$*" == *db:Status-Abbrev* ]]; then [ -n "$STUB_COMPUTE" ] && 
   libnvidia-nscq-580 linux-modules-nvidia-580-server-open-generic nvidia-kernel-common-580-server \
   nvidia-firmware-580-server-580.178.04 nvidia-driver-570-server nvidia-utils-570-server \
   nvidia-driver-535-server libnvidia-compute-5800 ;;
-docker) [ "$1" = pull ] && cat /etc/docker/daemon.json >>/record/daemon-at-pull ;;
+docker) [ "$1" = login ] && cat >/dev/null; [ "$1" = pull ] && cat /etc/docker/daemon.json >>/record/daemon-at-pull ;;
 systemctl) [ "$1" = is-active ] && exit 3 ;;
 esac
 exit 0
@@ -276,10 +276,21 @@ func TestNVIDIAFlavourRefusals(t *testing.T) {
 // daemon.json during the pulls only.
 func TestPrepull(t *testing.T) {
 	calls, out, files, err := run(t, map[string]string{"OS": "debian", "FLAVOR": "cpu",
-		"PREPULL_IMAGES": "10.0.2.2:5000/tandem/busybox:1 nvcr.io/nvidia/pytorch:25.01-py3", "PREPULL_INSECURE_REGISTRIES": "10.0.2.2:5000"},
+		"PREPULL_IMAGES": "10.0.2.2:5000/tandem/busybox:1 nvcr.io/nvidia/pytorch:25.01-py3", "PREPULL_INSECURE_REGISTRIES": "10.0.2.2:5000",
+		"PREPULL_AUTH": `{"nvcr.io": {"username": "$oauthtoken", "password": "nv-secret key"}}`},
 		"20-docker.sh", "50-prepull.sh")
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
+	}
+	// Logged in for the pulls (the password on stdin, never an argument),
+	// out after them.
+	mustCall(t, calls, "docker login --username $oauthtoken --password-stdin nvcr.io")
+	mustCall(t, calls, "docker logout nvcr.io")
+	if strings.Contains(strings.Join(calls, "\n"), "nv-secret") {
+		t.Fatal("the registry password was an argument")
+	}
+	if i, j := slices.Index(calls, "docker pull -q nvcr.io/nvidia/pytorch:25.01-py3"), slices.Index(calls, "docker logout nvcr.io"); i < 0 || j < i {
+		t.Fatalf("logout before the pulls: %q", calls)
 	}
 	var pulls []string
 	for _, c := range calls {

@@ -53,6 +53,16 @@ variable "prepull_images" {
   description = "images pulled during the build and kept: present on first boot, the first job does not wait for them"
 }
 
+variable "prepull_registry_auth" {
+  type = map(object({
+    username = string
+    password = string
+  }))
+  default     = {}
+  sensitive   = true
+  description = "logins for prepull_images' registries, by registry host: used for the pulls, logged out after (no credential stays in the image)"
+}
+
 variable "prepull_insecure_registries" {
   type        = list(string)
   default     = []
@@ -205,7 +215,7 @@ build {
   provisioner "shell" {
     execute_command = "sudo -E bash '{{ .Path }}'"
     environment_vars = ["OS=${var.os}", "FLAVOR=${var.flavor}", "NVIDIA_DRIVER_VERSION=${var.nvidia_driver_version}",
-      "NVIDIA_KERNEL_MODULES=${var.nvidia_kernel_modules}", "PREPULL_IMAGES=${join(" ", var.prepull_images)}",
+      "NVIDIA_KERNEL_MODULES=${var.nvidia_kernel_modules}", "PREPULL_IMAGES=${join(" ", var.prepull_images)}", "PREPULL_AUTH=${jsonencode(var.prepull_registry_auth)}",
     "PREPULL_INSECURE_REGISTRIES=${join(" ", var.prepull_insecure_registries)}", "DEBIAN_FRONTEND=noninteractive"]
     scripts = [
       "scripts/00-wait-cloud-init.sh",

@@ -1,7 +1,9 @@
 #!/bin/bash
 # Images the image's users run, pulled at build time (PREPULL_IMAGES,
 # space-separated references): present on first boot, so the first job on
-# a fresh host does not wait for a multi-GB pull. Registries named in
+# a fresh host does not wait for a multi-GB pull. PREPULL_AUTH (JSON:
+# {"registry": {"username": ..., "password": ...}}) logs in for the pulls
+# and out after, so no credential stays in the image; registries in
 # PREPULL_INSECURE_REGISTRIES (host:port) are reached over plain HTTP for
 # the build only. Idempotent.
 set -euo pipefail
@@ -17,9 +19,18 @@ if [ -n "$insecure" ]; then
   jq --args '. + {"insecure-registries": $ARGS.positional}' $insecure <"$daemon.prepull" >"$daemon"
   systemctl restart docker
 fi
+logins=()
+while IFS=$'\t' read -r registry user password; do
+  [ -n "$registry" ] || continue
+  printf '%s' "$password" | docker login --username "$user" --password-stdin "$registry" >/dev/null
+  logins+=("$registry")
+done < <(jq -r 'to_entries[] | [.key, .value.username, .value.password] | @tsv' <<<"${PREPULL_AUTH:-"{}"}")
 for image in $PREPULL_IMAGES; do
   echo "prepull: $image"
   docker pull -q "$image"
+done
+for registry in "${logins[@]}"; do
+  docker logout "$registry" >/dev/null
 done
 if [ -n "$insecure" ]; then
   mv "$daemon.prepull" "$daemon"
