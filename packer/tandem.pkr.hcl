@@ -213,7 +213,10 @@ build {
   }
 
   provisioner "shell" {
-    execute_command = "sudo -E bash '{{ .Path }}'"
+    # The variables reach the scripts through a file sourced as root (not
+    # the command line: prepull_registry_auth is a secret).
+    use_env_var_file = true
+    execute_command  = "sudo bash -c '. {{ .EnvVarFile }} && bash {{ .Path }}'"
     environment_vars = ["OS=${var.os}", "FLAVOR=${var.flavor}", "NVIDIA_DRIVER_VERSION=${var.nvidia_driver_version}",
       "NVIDIA_KERNEL_MODULES=${var.nvidia_kernel_modules}", "PREPULL_IMAGES=${join(" ", var.prepull_images)}", "PREPULL_AUTH=${jsonencode(var.prepull_registry_auth)}",
     "PREPULL_INSECURE_REGISTRIES=${join(" ", var.prepull_insecure_registries)}", "DEBIAN_FRONTEND=noninteractive"]
