@@ -241,7 +241,10 @@ func (a *agent) startEngine(context.Context) error {
 	}
 	a.tcfg.RunnerAPIUIDs = a.principals().AllowedUIDs
 	a.tcfg.PidsLimit = pidsLimit(a.cfg.PidsLimit)
-	a.tcfg.RunnerDirs = a.runnerDirs()
+	dirs := a.runnerDirs()
+	a.tcfg.RunnerDirs = dirs
+	dirs.Warm(filepath.Join(a.cfg.Home, "runners"))
+	a.OnStop(dirs.Close)
 	a.log.Info("each task's processes and threads are bounded", "pids_limit", a.tcfg.PidsLimit)
 	a.engine = task.New(a.tcfg, a.rt, a.locks, &authkeys.Editor{}, a.log)
 	a.OnStop(func() {

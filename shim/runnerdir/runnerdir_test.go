@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,7 +36,9 @@ func dirs(t *testing.T, size int64) (*Dirs, string) {
 			_ = unix.Unmount(dir, unix.MNT_DETACH)
 		}
 	})
-	return &Dirs{Size: size}, dir
+	d := &Dirs{Size: size}
+	t.Cleanup(d.Close)
+	return d, dir
 }
 
 // fill writes into dir until the filesystem refuses; it returns the bytes
@@ -163,6 +166,7 @@ func TestPlainFallbacks(t *testing.T) {
 
 	var log bytes.Buffer
 	d = &Dirs{Size: 16 << 20, Mkfs: "/nonexistent/mkfs.ext4", Log: slog.New(slog.NewTextHandler(&log, nil))}
+	t.Cleanup(d.Close)
 	for _, name := range []string{"a", "b"} {
 		p := filepath.Join(t.TempDir(), name)
 		if err := d.Make(context.Background(), p); err != nil {
@@ -178,4 +182,53 @@ func TestPlainFallbacks(t *testing.T) {
 	if n := strings.Count(log.String(), "not bounded"); n != 1 {
 		t.Fatalf("%d warnings, want one: %s", n, log.String())
 	}
+}
+
+// A start mounts the ready image instead of formatting one; another is
+// made for the next start; a previous run's leftovers go; Close removes
+// the one ready.
+func TestReadyImage(t *testing.T) {
+	d, dir := dirs(t, 16<<20)
+	runners := filepath.Dir(dir)
+	if err := os.MkdirAll(runners, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.WriteFile(filepath.Join(runners, sparePrefix+"leftover.ext4"), []byte("cut short"), 0o600)
+	d.Warm(runners)
+	spare := waitSpare(t, d)
+	if _, err := os.Stat(filepath.Join(runners, sparePrefix+"leftover.ext4")); !os.IsNotExist(err) {
+		t.Fatalf("a previous run's spare is left: %v", err)
+	}
+	if err := d.Make(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(spare); !os.IsNotExist(err) || !d.Bounded(dir) {
+		t.Fatalf("the ready image was not used: %v", err)
+	}
+	next := waitSpare(t, d)
+	if next == spare {
+		t.Fatal("no new ready image")
+	}
+	if err := d.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if _, err := os.Stat(next); !os.IsNotExist(err) {
+		t.Fatalf("Close left the ready image: %v", err)
+	}
+}
+
+func waitSpare(t *testing.T, d *Dirs) string {
+	t.Helper()
+	for range 500 {
+		d.spareMu.Lock()
+		s := d.spare
+		d.spareMu.Unlock()
+		if s != "" {
+			return s
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("no ready image after 5 s")
+	return ""
 }
