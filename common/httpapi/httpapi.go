@@ -37,6 +37,14 @@ func (e *Error) Error() string {
 
 func (e *Error) Unwrap() error { return e.Err }
 
+// Internal is a 500 whose text is chosen here, never the cause's: an
+// internal error's text carries host paths and Go wording that are the
+// operator's to read (in the agent's log, with the request), not a
+// client's. what says what failed, in the client's terms.
+func Internal(what string, cause error) *Error {
+	return &Error{Status: http.StatusInternalServerError, Message: "internal error: " + what + " (the agent's log has the cause)", Err: cause}
+}
+
 // Errorf returns an *Error with a formatted message.
 func Errorf(status int, format string, args ...any) *Error {
 	return &Error{Status: status, Message: fmt.Sprintf(format, args...)}

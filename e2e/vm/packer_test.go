@@ -123,10 +123,10 @@ qemu_args = [
 	// data-root mover ran before Docker and found no instance store.
 	checks := map[string]string{
 		"systemctl is-enabled apt-daily.timer apt-daily-upgrade.timer || true": "masked\nmasked",
-		"apt-config dump APT::Periodic::Enable":                                 `APT::Periodic::Enable "0";`,
-		"sysctl -n vm.swappiness net.core.rmem_max":                             "1\n67108864",
-		"systemctl is-enabled tandem-docker-data-root.service":                  "enabled",
-		"journalctl -b -u tandem-docker-data-root.service --no-pager":           "no instance-store NVMe: Docker stays on the boot disk",
+		"apt-config dump APT::Periodic::Enable":                                `APT::Periodic::Enable "0";`,
+		"sysctl -n vm.swappiness net.core.rmem_max":                            "1\n67108864",
+		"systemctl is-enabled tandem-docker-data-root.service":                 "enabled",
+		"journalctl -b -u tandem-docker-data-root.service --no-pager":          "no instance-store NVMe: Docker stays on the boot disk",
 	}
 	for cmd, want := range checks {
 		if got := v.MustRun(ctx, cmd); !strings.Contains(got, want) {

@@ -71,7 +71,7 @@ func toHTTP(err error) error {
 	case errors.Is(err, executor.ErrTooLarge):
 		return &httpapi.Error{Status: http.StatusRequestEntityTooLarge, Message: err.Error()}
 	}
-	return &httpapi.Error{Status: http.StatusInternalServerError, Message: err.Error(), Err: err}
+	return httpapi.Internal("the request failed", err)
 }
 
 func (s *srv) healthcheck(c echo.Context) error {
@@ -87,7 +87,7 @@ func (s *srv) metrics(c echo.Context) error {
 		return httpapi.Errorf(http.StatusNotFound, "Metrics collector is not available")
 	}
 	if err != nil {
-		return &httpapi.Error{Status: http.StatusInternalServerError, Message: err.Error(), Err: err}
+		return httpapi.Internal("collecting the job's metrics failed", err)
 	}
 	return httpapi.JSON(c, m)
 }

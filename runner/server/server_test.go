@@ -136,3 +136,29 @@ func FuzzRunnerRequests(f *testing.F) {
 		}
 	})
 }
+
+// A failure inside the runner reaches the client as a chosen text: no
+// path of the runner's, no Go wording.
+func TestInternalErrorsAreNotSent(t *testing.T) {
+	dir := t.TempDir()
+	x, err := executor.New(executor.Config{TempDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	h := New(Deps{Version: "test", Executor: x, Log: logging.Discard()})
+	if code, body := do(h, "POST", "/api/submit", "application/json", `{"job_spec":{"commands":["true"]}}`); code != 200 {
+		t.Fatalf("submit: %d %q", code, body)
+	}
+	// Where the upload goes is a file now: writing it fails.
+	if err := os.WriteFile(filepath.Join(dir, "repo_blobs"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, body := do(h, "POST", "/api/upload_code", "application/octet-stream", "code")
+	if code != 500 || body != "internal error: the request failed (the agent's log has the cause)\n" {
+		t.Fatalf("upload_code: %d %q", code, body)
+	}
+	if strings.Contains(body, dir) || strings.Contains(body, "not a directory") {
+		t.Fatalf("the body carries the cause: %q", body)
+	}
+}

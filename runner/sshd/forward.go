@@ -70,7 +70,8 @@ type forwardedStreamLocal struct {
 // or accept it and copy both ways until either side ends.
 func (f *forwards) acceptAndPipe(nc gossh.NewChannel, conn net.Conn, dialErr error) {
 	if dialErr != nil {
-		_ = nc.Reject(gossh.ConnectionFailed, dialErr.Error())
+		f.log.Info("ssh forward: connect failed", "err", dialErr)
+		_ = nc.Reject(gossh.ConnectionFailed, connectFailure(dialErr))
 		return
 	}
 	ch, reqs, err := nc.Accept()
@@ -101,7 +102,8 @@ func (f *forwards) directTCP(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewCh
 	}
 	login, err := f.s.login(ctx)
 	if err != nil {
-		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
+		f.refuse(ctx, "a forward", err.Error())
+		_ = nc.Reject(gossh.ConnectionFailed, "the account cannot be used (the runner's log has the cause)")
 		return
 	}
 	conn, err := f.s.dialAs(ctx, login, "tcp", dest)
@@ -122,7 +124,8 @@ func (f *forwards) directUnix(_ *gssh.Server, _ *gossh.ServerConn, nc gossh.NewC
 	}
 	login, err := f.s.login(ctx)
 	if err != nil {
-		_ = nc.Reject(gossh.ConnectionFailed, err.Error())
+		f.refuse(ctx, "a forward", err.Error())
+		_ = nc.Reject(gossh.ConnectionFailed, "the account cannot be used (the runner's log has the cause)")
 		return
 	}
 	conn, err := f.s.dialAs(ctx, login, "unix", d.SocketPath)

@@ -102,7 +102,8 @@ func (s *Server) session(sess gssh.Session) {
 	log := s.cfg.Log.With("user", sess.User(), "remote", sess.RemoteAddr().String())
 	login, err := s.login(sess.Context())
 	if err != nil {
-		fmt.Fprintf(sess.Stderr(), "tandem: %v\r\n", err)
+		log.Warn("ssh session: the account cannot be used", "err", err)
+		fmt.Fprint(sess.Stderr(), sessionFailure+"\r\n")
 		_ = sess.Exit(254)
 		return
 	}
@@ -151,7 +152,7 @@ func (s *Server) session(sess gssh.Session) {
 	code, err := s.run(sess, spec, login)
 	if err != nil {
 		log.Warn("ssh session", "err", err)
-		fmt.Fprintf(sess.Stderr(), "tandem: %v\r\n", err)
+		fmt.Fprint(sess.Stderr(), sessionFailure+"\r\n")
 	}
 	_ = sess.Exit(code)
 }

@@ -146,17 +146,18 @@ func toHTTP(err error) error {
 	case errors.Is(err, task.ErrInvalid):
 		return &httpapi.Error{Status: http.StatusBadRequest, Message: trimClass(err, task.ErrInvalid)}
 	case errors.Is(err, task.ErrStorage):
-		return &httpapi.Error{Status: http.StatusInsufficientStorage, Message: err.Error(), Err: err}
+		// Said without the cause's path and wording (they are logged).
+		return &httpapi.Error{Status: http.StatusInsufficientStorage, Message: task.ErrStorage.Error(), Err: err}
 	case errors.Is(err, task.ErrConflict):
 		return &httpapi.Error{Status: http.StatusConflict, Message: err.Error()}
 	case errors.As(err, &stopErr):
-		return &httpapi.Error{Status: http.StatusInternalServerError, Message: "internal error: " + err.Error(), Err: err}
+		return httpapi.Internal("failed to stop the task's container", err)
 	case errors.Is(err, component.ErrInstalling):
 		return httpapi.Errorf(http.StatusConflict, "already installing")
 	case errors.Is(err, component.ErrBackoff):
 		return &httpapi.Error{Status: http.StatusConflict, Message: err.Error()}
 	}
-	return &httpapi.Error{Status: http.StatusInternalServerError, Message: "internal error: " + err.Error(), Err: err}
+	return httpapi.Internal("the request failed", err)
 }
 
 // trimClass drops the "invalid task: " prefix: dstack's texts are bare.

@@ -2,7 +2,10 @@ package server
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -109,4 +112,59 @@ func FuzzShimRequests(f *testing.F) {
 			t.Fatalf("POST %s %q: %d %q", path, body, code, msg)
 		}
 	})
+}
+
+// errTasks answers every call with its error.
+type errTasks struct{ err error }
+
+func (e errTasks) Submit(api.TaskConfig) (api.TaskInfoResponse, error) {
+	return api.TaskInfoResponse{}, e.err
+}
+func (e errTasks) Get(string) (api.TaskInfoResponse, error) { return api.TaskInfoResponse{}, e.err }
+func (e errTasks) List() []api.TaskListItem                 { return nil }
+func (e errTasks) Terminate(context.Context, string, api.TaskTerminateRequest) (api.TaskInfoResponse, error) {
+	return api.TaskInfoResponse{}, e.err
+}
+func (e errTasks) Remove(context.Context, string) error { return e.err }
+func (e errTasks) JobLog(string) (io.ReadCloser, error) { return nil, e.err }
+func (e errTasks) GPUIDs(string) ([]string, error)      { return nil, e.err }
+
+// What a client reads is chosen by the shim, never an internal error's
+// text: no host path, no Go or Docker wording; the log has the cause.
+func TestInternalErrorsAreNotSent(t *testing.T) {
+	const cause = "open /root/.dstack/tasks/x.json: input/output error"
+	cases := []struct {
+		err  error
+		code int
+		want string
+	}{
+		{fmt.Errorf("%w: task record x: %s", task.ErrStorage, cause), 507, "the shim cannot save the task's record; free space in its home\n"},
+		{&task.StopError{Err: errors.New("Error response from daemon: cannot stop container: /var/lib/docker/containers/abc: permission denied")}, 500,
+			"internal error: failed to stop the task's container (the agent's log has the cause)\n"},
+		{errors.New(cause), 500, "internal error: the request failed (the agent's log has the cause)\n"},
+	}
+	for _, c := range cases {
+		var log strings.Builder
+		h := New(Deps{Version: "test", Tasks: errTasks{c.err}, Log: slog.New(slog.NewTextHandler(&log, nil))})
+		for _, r := range [][3]string{
+			{"POST", "/api/tasks", `{"id":"x","name":"x","image_name":"busybox"}`},
+			{"GET", "/api/tasks/x", ""},
+			{"POST", "/api/tasks/x/terminate", `{}`},
+			{"POST", "/api/tasks/x/remove", ""},
+			{"GET", "/api/tasks/x/job-log", ""},
+		} {
+			code, body := do(h, r[0], r[1], r[2])
+			if code != c.code || body != c.want {
+				t.Errorf("%s %s with %v: %d %q, want %d %q", r[0], r[1], c.err, code, body, c.code, c.want)
+			}
+			for _, leak := range []string{"/root", "/var/lib", "input/output", "daemon", "permission denied"} {
+				if strings.Contains(body, leak) {
+					t.Errorf("%s %s: the body carries %q: %q", r[0], r[1], leak, body)
+				}
+			}
+		}
+		if !strings.Contains(log.String(), "/root/.dstack/tasks/x.json") && !strings.Contains(log.String(), "/var/lib/docker") {
+			t.Errorf("the cause is not in the log: %s", log.String())
+		}
+	}
 }
