@@ -199,6 +199,10 @@ type Engine struct {
 	recs       *records             // nil: tasks are not persisted
 	writers    writerCount          // background record writers (persist.go)
 	resources  []resource           // host resources in acquire order (resource.go)
+	// retries are the failed releases being retried (pipeline.go);
+	// releaseBackoff is their first wait (0: releaseRetryFirst; tests).
+	retries        sync.WaitGroup
+	releaseBackoff time.Duration
 
 	gpuModeMu sync.Mutex // guards gpuMode
 	gpuMode   string     // the runtime's answer to GPUMode, once it gave one
@@ -236,7 +240,11 @@ type task struct {
 	keysAdded bool                      // host keys are in authorized_keys
 	volumes   []string                  // volumes that may be mounted for it
 	released  bool                      // every resource it held given back (resource.go)
-	watched   bool                      // a goroutine waits for its container
+	// releasing: a release (or its retries) runs; holding: the kinds
+	// whose release failed, persisted, retried until given back.
+	releasing bool
+	holding   []string
+	watched   bool // a goroutine waits for its container
 	// probing: restored from a record before running; Docker has not yet
 	// said whether its container started (recovery case 2).
 	probing bool
@@ -403,4 +411,4 @@ func (e *Engine) Shutdown() { e.shutdown() }
 
 // Wait blocks until every pipeline has returned (for tests and shutdown of
 // tests; the shim itself never stops containers on exit).
-func (e *Engine) Wait() { e.wg.Wait() }
+func (e *Engine) Wait() { e.wg.Wait(); e.retries.Wait() }

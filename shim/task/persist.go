@@ -122,7 +122,7 @@ func (e *Engine) save(t *task) error {
 	}
 	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
 		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
-		Volumes: slices.Clone(t.volumes), Released: t.released, StopRequest: t.stopReq, PasswordHash: t.pwHash,
+		Volumes: slices.Clone(t.volumes), Released: t.released, Holds: slices.Clone(t.holding), StopRequest: t.stopReq, PasswordHash: t.pwHash,
 		SubmittedAt: t.created, Job: t.job, NoContainer: t.noContainer}
 	t.mu.Unlock()
 	if err := e.recs.save(rec); err != nil {

@@ -47,7 +47,8 @@ func (e *Engine) run(ctx context.Context, t *task) {
 }
 
 // end releases the task's host resources, then commits terminated as its
-// last change, so a terminated task never still holds GPUs or keys.
+// last change: a terminated task holds nothing, but what a failed release
+// kept, which its record names (holds) and which is retried.
 func (e *Engine) end(t *task, log *slog.Logger, f failure) {
 	e.release(t, log)
 	_ = e.transition(t, change{to: api.TaskTerminated, reason: f.reason, msg: f.msg, persist: persistSoon, last: true})
@@ -75,16 +76,84 @@ func (e *Engine) reclaim(t *task, log *slog.Logger) {
 // once.
 func (e *Engine) release(t *task, log *slog.Logger) {
 	t.mu.Lock()
-	if t.released {
+	if t.released || t.releasing {
 		t.mu.Unlock()
 		return
 	}
-	t.released = true
+	t.releasing = true
+	only := slices.Clone(t.holding) // after a restart: what is still held
 	t.mu.Unlock()
-	for i := len(e.resources) - 1; i >= 0; i-- {
-		e.resources[i].release(t, log)
+	if e.releaseKinds(t, log, only) {
+		return
 	}
+	e.retries.Add(1)
+	go func() {
+		defer e.retries.Done()
+		e.retryRelease(t, log)
+	}()
+}
+
+// releaseKinds releases, in reverse acquire order, the kinds named in only
+// (every kind when empty), records what is still held, and says whether
+// nothing is. The record is written either way.
+func (e *Engine) releaseKinds(t *task, log *slog.Logger, only []string) bool {
+	var held []string
+	for i := len(e.resources) - 1; i >= 0; i-- {
+		r := e.resources[i]
+		if len(only) > 0 && !slices.Contains(only, r.kind()) {
+			continue
+		}
+		if err := r.release(t, log); err != nil {
+			log.Error("release failed; retried", "resource", r.kind(), "err", err)
+			held = append(held, r.kind())
+		}
+	}
+	t.mu.Lock()
+	t.holding = held
+	done := len(held) == 0
+	if done {
+		t.released, t.releasing = true, false
+	}
+	t.mu.Unlock()
 	e.saveSoon(t)
+	return done
+}
+
+// Backoff of failed releases: a few minutes of tries while the shim runs;
+// the record keeps what is held, so the next start tries again.
+const (
+	releaseRetryFirst = time.Second
+	releaseRetryMax   = time.Minute
+	releaseRetries    = 8
+)
+
+// retryRelease retries what t still holds until it is given back, the
+// tries run out, or the shim shuts down.
+func (e *Engine) retryRelease(t *task, log *slog.Logger) {
+	backoff := e.releaseBackoff
+	if backoff == 0 {
+		backoff = releaseRetryFirst
+	}
+	for try := 1; try <= releaseRetries; try++ {
+		select {
+		case <-e.life.Done():
+			return
+		case <-time.After(backoff):
+		}
+		t.mu.Lock()
+		held := slices.Clone(t.holding)
+		t.mu.Unlock()
+		if len(held) == 0 || e.releaseKinds(t, log, held) {
+			log.Info("released after a retry", "resources", held, "tries", try)
+			return
+		}
+		backoff = min(2*backoff, releaseRetryMax)
+	}
+	t.mu.Lock()
+	held := slices.Clone(t.holding)
+	t.releasing = false
+	t.mu.Unlock()
+	log.Error("the task still holds resources whose release keeps failing; the next shim start tries again", "resources", held)
 }
 
 // watch waits for the running container to exit, whoever stops it, and

@@ -37,6 +37,7 @@ type record struct {
 	KeysAdded     bool                      `json:"keys_added"`
 	Volumes       []string                  `json:"volumes,omitempty"` // may be mounted for it
 	Released      bool                      `json:"released"`          // every resource given back (resource.go)
+	Holds         []string                  `json:"holds,omitempty"`   // kinds whose release failed: retried, at the next start too
 	StopRequest   *api.TaskTerminateRequest `json:"stop_request,omitempty"`
 	SubmittedAt   time.Time                 `json:"submitted_at,omitzero"`
 	Job           *api.JobStateEvent        `json:"job,omitempty"` // the job's final state

@@ -129,7 +129,7 @@ func (e *Engine) restored(l loaded) *task {
 	t.cfg, t.status, t.reason, t.message = r.Config, r.Status, r.Reason, r.Message
 	t.pwHash, t.created, t.job = r.PasswordHash, r.SubmittedAt, r.Job
 	t.name, t.contID, t.ports, t.gpuIDs = r.ContainerName, r.ContainerID, r.Ports, r.GPUIDs
-	t.keysAdded, t.released, t.stopReq, t.volumes = r.KeysAdded, r.Released, r.StopRequest, r.Volumes
+	t.keysAdded, t.released, t.stopReq, t.volumes, t.holding = r.KeysAdded, r.Released, r.StopRequest, r.Volumes, r.Holds
 	if t.name == "" {
 		t.name = ContainerName(r.Config.Name, r.Config.ID)
 	}

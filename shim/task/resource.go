@@ -9,6 +9,7 @@ package task
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -24,11 +25,13 @@ type resource interface {
 	// nothing rather than a change nobody undoes.
 	acquire(ctx context.Context, t *task) *failure
 	// release gives back what t holds. It is a no-op for a resource never
-	// acquired, and harmless twice.
-	release(t *task, log *slog.Logger)
+	// acquired, and harmless twice: a failed one is retried (Engine.release).
+	release(t *task, log *slog.Logger) error
 	// reclaim re-takes, after a restart, what t's record says it holds,
 	// without touching the host.
 	reclaim(t *task, log *slog.Logger)
+	// kind names it in logs and in the record's holds.
+	kind() string
 }
 
 // newResources is the acquire order; release walks it backwards.
@@ -54,13 +57,16 @@ func (r gpuResource) acquire(_ context.Context, t *task) *failure {
 	return nil
 }
 
-func (r gpuResource) release(t *task, _ *slog.Logger) {
+func (gpuResource) kind() string { return "gpus" }
+
+func (r gpuResource) release(t *task, _ *slog.Logger) error {
 	t.mu.Lock()
 	ids := slices.Clone(t.gpuIDs)
 	t.mu.Unlock()
 	if len(ids) > 0 {
 		r.e.gpus.Release(t.cfg.ID, ids)
 	}
+	return nil
 }
 
 func (r gpuResource) reclaim(t *task, log *slog.Logger) {
@@ -98,15 +104,18 @@ func (r hostKeysResource) acquire(_ context.Context, t *task) *failure {
 	return nil
 }
 
-func (r hostKeysResource) release(t *task, log *slog.Logger) {
+func (hostKeysResource) kind() string { return "host_keys" }
+
+func (r hostKeysResource) release(t *task, _ *slog.Logger) error {
 	t.mu.Lock()
 	added, user := t.keysAdded, t.cfg.HostSSHUser
 	t.mu.Unlock()
 	if added && r.e.keys != nil {
 		if err := r.e.keys.Remove(user, t.cfg.ID); err != nil {
-			log.Error("remove host keys", "err", err)
+			return fmt.Errorf("remove host keys of %s: %w", user, err)
 		}
 	}
+	return nil
 }
 
 // reclaim has nothing to do: the lines stay in the file across restarts.
@@ -142,19 +151,23 @@ func (r volumesResource) acquire(ctx context.Context, t *task) *failure {
 	return nil
 }
 
-func (r volumesResource) release(t *task, log *slog.Logger) {
+func (volumesResource) kind() string { return "volumes" }
+
+func (r volumesResource) release(t *task, log *slog.Logger) error {
 	t.mu.Lock()
 	vols := slices.Clone(t.volumes)
 	t.mu.Unlock()
+	var errs []error
 	for _, v := range vols {
 		if r.e.cfg.Volumes == nil {
 			log.Error("a volume is recorded but this shim has no volume support", "volume", v)
 			continue
 		}
 		if err := r.e.cfg.Volumes.Unmount(v, t.cfg.ID); err != nil {
-			log.Error("unmount volume", "volume", v, "err", err)
+			errs = append(errs, fmt.Errorf("unmount volume %s: %w", v, err))
 		}
 	}
+	return errors.Join(errs...)
 }
 
 func (r volumesResource) reclaim(t *task, log *slog.Logger) {
@@ -182,8 +195,9 @@ func (r instanceMountsResource) acquire(_ context.Context, t *task) *failure {
 	return nil
 }
 
-func (instanceMountsResource) release(*task, *slog.Logger) {}
-func (instanceMountsResource) reclaim(*task, *slog.Logger) {}
+func (instanceMountsResource) kind() string                      { return "instance_mounts" }
+func (instanceMountsResource) release(*task, *slog.Logger) error { return nil }
+func (instanceMountsResource) reclaim(*task, *slog.Logger)       {}
 
 // networkResource is the isolated bridge network a bridge-mode task joins
 // (shim/netiso). It is shared by every task and kept when one ends; a
@@ -204,8 +218,9 @@ func (r networkResource) acquire(ctx context.Context, t *task) *failure {
 	return nil
 }
 
-func (networkResource) release(*task, *slog.Logger) {}
-func (networkResource) reclaim(*task, *slog.Logger) {}
+func (networkResource) kind() string                      { return "network" }
+func (networkResource) release(*task, *slog.Logger) error { return nil }
+func (networkResource) reclaim(*task, *slog.Logger)       {}
 
 // forwardResource is a bridge task's runner ports, forwarded by the shim
 // (shim/portfwd). They are opened once the container has an address (the
@@ -215,10 +230,13 @@ type forwardResource struct{ e *Engine }
 
 func (forwardResource) acquire(context.Context, *task) *failure { return nil }
 
-func (r forwardResource) release(t *task, _ *slog.Logger) {
+func (forwardResource) kind() string { return "forwards" }
+
+func (r forwardResource) release(t *task, _ *slog.Logger) error {
 	if r.e.cfg.Forwarder != nil {
 		r.e.cfg.Forwarder.Close(t.cfg.ID)
 	}
+	return nil
 }
 
 func (forwardResource) reclaim(*task, *slog.Logger) {}

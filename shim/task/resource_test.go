@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
@@ -21,6 +22,9 @@ type fakeKeys struct {
 	mu    sync.Mutex
 	lines map[string][]string // task id -> keys
 	fail  error
+	// removeFails: the next this many removals fail.
+	removeFails int
+	removeTries int
 }
 
 func (k *fakeKeys) Add(user, id string, keys []string) error {
@@ -36,6 +40,11 @@ func (k *fakeKeys) Add(user, id string, keys []string) error {
 func (k *fakeKeys) Remove(user, id string) error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.removeTries++
+	if k.removeFails > 0 {
+		k.removeFails--
+		return errors.New("authorized_keys: read-only file system")
+	}
 	delete(k.lines, id)
 	return nil
 }
@@ -44,6 +53,9 @@ type fakeVolumes struct {
 	mu      sync.Mutex
 	mounted map[string]string // volume -> task id
 	claims  []string
+	// unmountFails: the next this many unmounts fail.
+	unmountFails int
+	unmountTries int
 }
 
 func (v *fakeVolumes) Mount(_ context.Context, id string, vi api.VolumeInfo) error {
@@ -58,6 +70,12 @@ func (v *fakeVolumes) Mount(_ context.Context, id string, vi api.VolumeInfo) err
 
 func (v *fakeVolumes) Unmount(name, id string) error {
 	v.mu.Lock()
+	v.unmountTries++
+	if v.unmountFails > 0 {
+		v.unmountFails--
+		v.mu.Unlock()
+		return errors.New("umount: target is busy")
+	}
 	defer v.mu.Unlock()
 	if v.mounted[name] == id {
 		delete(v.mounted, name)
@@ -220,5 +238,91 @@ func TestResourceAcquireFailures(t *testing.T) {
 	}
 	if locks.Free() != 1 {
 		t.Errorf("a failed acquire kept a GPU: free %d", locks.Free())
+	}
+}
+
+// TestFailedReleaseIsRetriedAndPersisted (issue 42, item 1), per kind that
+// can fail: a release that fails leaves the kind in the task's record
+// (holds), is retried with backoff until it is done, and a restart before
+// that tries again only what is held. Remove refuses to forget a task that
+// still holds something.
+func TestFailedReleaseIsRetriedAndPersisted(t *testing.T) {
+	cases := []struct {
+		kind string
+		fail func(k *fakeKeys, v *fakeVolumes, n int)
+		held func(k *fakeKeys, v *fakeVolumes) bool
+	}{
+		{"host_keys", func(k *fakeKeys, _ *fakeVolumes, n int) { k.removeFails = n },
+			func(k *fakeKeys, _ *fakeVolumes) bool { return len(k.lines["a"]) > 0 }},
+		{"volumes", func(_ *fakeKeys, v *fakeVolumes, n int) { v.unmountFails = n },
+			func(_ *fakeKeys, v *fakeVolumes) bool { return v.mounted["v1"] == "a" }},
+	}
+	for _, c := range cases {
+		t.Run(c.kind, func(t *testing.T) {
+			home := t.TempDir()
+			keys := &fakeKeys{lines: map[string][]string{}}
+			vols := &fakeVolumes{mounted: map[string]string{}}
+			e := resourceEngine(t, gpu.NewLocks([]string{"g0"}), keys, vols, &fakeNetwork{}, home)
+			e.releaseBackoff = 10 * time.Millisecond
+			tk := newTask(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1,
+				HostSSHUser: "ubuntu", HostSSHKeys: []string{"ssh-ed25519 AAAA a"}, Volumes: []api.VolumeInfo{{Name: "v1"}}})
+			e.tasks[tk.cfg.ID] = tk
+			for _, r := range e.resources {
+				if f := r.acquire(context.Background(), tk); f != nil {
+					t.Fatalf("%T: %+v", r, f)
+				}
+			}
+			tk.status = api.TaskTerminated
+			tk.markDone()
+
+			// Fails three times, then works: retried in the background.
+			c.fail(keys, vols, 3)
+			e.release(tk, e.log)
+			tk.mu.Lock()
+			held := slices.Clone(tk.holding)
+			tk.mu.Unlock()
+			if !slices.Equal(held, []string{c.kind}) {
+				t.Fatalf("holding %v, want [%s]", held, c.kind)
+			}
+			e.Sync()
+			if ls, _ := readRecords(e.recs.dir); len(ls) != 1 || ls[0].rec.Released || !slices.Equal(ls[0].rec.Holds, []string{c.kind}) {
+				t.Fatalf("record: %+v", ls)
+			}
+			if err := e.Remove(context.Background(), "a"); !errors.Is(err, ErrConflict) && c.held(keys, vols) {
+				t.Fatalf("remove of a task that still holds %s: %v", c.kind, err)
+			}
+			e.retries.Wait()
+			if c.held(keys, vols) {
+				t.Fatalf("%s still held after the retries", c.kind)
+			}
+			e.Sync()
+			tk.mu.Lock()
+			released := tk.released
+			tk.mu.Unlock()
+			if !released {
+				t.Fatal("not marked released")
+			}
+
+			// A restart before the release succeeded: only what is held is
+			// released again, and the record says when it is done.
+			home2 := t.TempDir()
+			keys2 := &fakeKeys{lines: map[string][]string{"a": {"k"}}}
+			vols2 := &fakeVolumes{mounted: map[string]string{"v1": "a"}}
+			e2 := resourceEngine(t, gpu.NewLocks([]string{"g0"}), keys2, vols2, &fakeNetwork{}, home2)
+			tk2 := newTask(tk.cfg)
+			tk2.status, tk2.keysAdded, tk2.volumes, tk2.holding = api.TaskTerminated, true, []string{"v1"}, []string{c.kind}
+			e2.tasks["a"] = tk2
+			e2.release(tk2, e2.log)
+			if c.held(keys2, vols2) {
+				t.Fatalf("the held %s was not released at the restart", c.kind)
+			}
+			if keys2.removeTries+vols2.unmountTries != 1 {
+				t.Fatalf("released %d kinds, want only the held one", keys2.removeTries+vols2.unmountTries)
+			}
+			e2.Sync()
+			if ls, _ := readRecords(e2.recs.dir); len(ls) != 1 || !ls[0].rec.Released || len(ls[0].rec.Holds) != 0 {
+				t.Fatalf("record after: %+v", ls)
+			}
+		})
 	}
 }

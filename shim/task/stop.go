@@ -5,6 +5,8 @@ package task
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -92,6 +94,18 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 		return ctx.Err()
 	case <-time.After(e.cfg.TerminateWait):
 		e.log.Warn("removing a task whose pipeline is still winding down", "task_id", id)
+	}
+	// What it still holds (a release that failed) is tried once more now:
+	// forgetting the task would leave it held for good (a host key line
+	// granting logins, a mounted volume).
+	t.mu.Lock()
+	held := slices.Clone(t.holding)
+	t.mu.Unlock()
+	if len(held) > 0 && !e.releaseKinds(t, e.log.With("task_id", id), held) {
+		t.mu.Lock()
+		held = slices.Clone(t.holding)
+		t.mu.Unlock()
+		return fmt.Errorf("%w: task %s still holds %s whose release fails (retried; see the shim's log): remove it again later", ErrConflict, id, strings.Join(held, ", "))
 	}
 	// By name: it also finds a container whose id was never recorded. A
 	// task restored from an unreadable record has neither name nor dir.
