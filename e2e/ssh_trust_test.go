@@ -151,8 +151,8 @@ func TestSSHForwardsAsTheUser(t *testing.T) {
 	if conn, err := nobody.Dial("unix", "/root/rootonly.sock"); err == nil {
 		conn.Close()
 		t.Fatal("nobody reached a socket in root's 0700 home")
-	} else if !strings.Contains(err.Error(), "permission denied") {
-		t.Fatalf("nobody -L: %v", err)
+	} else if !strings.Contains(err.Error(), "Permission denied") {
+		t.Fatalf("nobody -L: %v", err) // worded as OpenSSH does: connect failed: Permission denied
 	}
 	if ln, err := nobody.ListenUnix("/root/nobody.sock"); err == nil {
 		ln.Close()

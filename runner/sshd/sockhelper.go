@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -86,7 +87,13 @@ func (s *Server) helper(ctx context.Context, login account.Login, op, network, a
 	}
 	msg := string(buf[:n])
 	if reason, failed := strings.CutPrefix(msg, "err "); failed {
-		return nil, errors.New(reason)
+		// "err <errno> <text>": the errno survives the trip, so what a
+		// client is told can be worded from it (visible.go).
+		num, text, _ := strings.Cut(reason, " ")
+		if n, perr := strconv.Atoi(num); perr == nil && n > 0 {
+			return nil, fmt.Errorf("%s: %w", text, syscall.Errno(n))
+		}
+		return nil, errors.New(text)
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil || len(msgs) != 1 {
@@ -111,13 +118,22 @@ func ServeSockHelper(args []string) error {
 		}
 		return unix.Sendmsg(ctl, []byte(msg), oob, nil, 0)
 	}
+	fail := func(err error) error {
+		var errno syscall.Errno
+		n := 0
+		if errors.As(err, &errno) {
+			n = int(errno)
+		}
+		_ = reply(fmt.Sprintf("err %d %v", n, err), -1)
+		return err
+	}
 	if len(args) != 3 {
-		_ = reply("err usage: sock-helper dial|listen tcp|unix ADDR", -1)
+		_ = reply("err 0 usage: sock-helper dial|listen tcp|unix ADDR", -1)
 		return errors.New("usage: sock-helper dial|listen tcp|unix ADDR")
 	}
 	op, network, addr := args[0], args[1], args[2]
 	if network != "tcp" && network != "unix" {
-		_ = reply("err network must be tcp or unix", -1)
+		_ = reply("err 0 network must be tcp or unix", -1)
 		return errors.New("network must be tcp or unix")
 	}
 	type filer interface{ File() (*os.File, error) }
@@ -126,28 +142,25 @@ func ServeSockHelper(args []string) error {
 	case "dial":
 		c, err := net.DialTimeout(network, addr, 10*time.Second)
 		if err != nil {
-			_ = reply("err "+err.Error(), -1)
-			return err
+			return fail(err)
 		}
 		f = c.(filer)
 	case "listen":
 		l, err := net.Listen(network, addr)
 		if err != nil {
-			_ = reply("err "+err.Error(), -1)
-			return err
+			return fail(err)
 		}
 		if ul, ok := l.(*net.UnixListener); ok {
 			ul.SetUnlinkOnClose(false) // the runner owns the socket now
 		}
 		f = l.(filer)
 	default:
-		_ = reply("err op must be dial or listen", -1)
+		_ = reply("err 0 op must be dial or listen", -1)
 		return errors.New("op must be dial or listen")
 	}
 	file, err := f.File()
 	if err != nil {
-		_ = reply("err "+err.Error(), -1)
-		return err
+		return fail(err)
 	}
 	return reply("ok", int(file.Fd()))
 }
