@@ -213,7 +213,7 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 			return taskEnded(info, c.o.Network)
 		}
 		n.info = info
-		n.runner, err = readyRunner(ctx, n.shim, n.Shim, info, c.o.Network, c.o.RunnerPort, n.Dial)
+		n.runner, err = readyRunner(ctx, c.o.Clock, n.shim, n.Shim, info, c.o.Network, c.o.RunnerPort, n.Dial)
 		return err
 	})
 }
@@ -325,7 +325,7 @@ func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}
 		}
 		go func() {
 			var r Result
-			err := watchNode(wctx, n, out, &r)
+			err := watchNode(wctx, o.Clock, n, out, &r)
 			if pw != nil {
 				pw.flush()
 			}
@@ -406,15 +406,15 @@ func nodeFailure(e nodeEnd) string {
 // answering, the node's shim is asked for up to nodeGrace: a task that is
 // gone or terminated is the node's death (with the shim's reason); a
 // runner that answers again is followed on.
-func watchNode(ctx context.Context, n *clusterNode, out io.Writer, res *Result) error {
+func watchNode(ctx context.Context, clk Clock, n *clusterNode, out io.Writer, res *Result) error {
 	since := time.Time{}
 	for {
 		err := watchJob(ctx, n.runner, since, out, nil, nil, res, nil)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		since = time.Now()
-		if derr := nodeFate(ctx, n, err); derr != nil {
+		since = clockOr(clk).Now()
+		if derr := nodeFate(ctx, clk, n, err); derr != nil {
 			return derr
 		}
 	}
@@ -426,31 +426,27 @@ const nodeGrace = 15 * time.Second
 
 // nodeFate decides whether a node whose runner failed (runnerErr) is dead:
 // nil when its runner answers again.
-func nodeFate(ctx context.Context, n *clusterNode, runnerErr error) error {
-	deadline := time.Now().Add(nodeGrace)
+func nodeFate(ctx context.Context, clk Clock, n *clusterNode, runnerErr error) error {
 	status := "unknown"
-	for {
+	err := poll(ctx, clk, 500*time.Millisecond, nodeGrace, func() (bool, error) {
 		info, err := n.shim.GetTask(ctx, n.id)
 		switch {
 		case errors.Is(err, api.ErrNotFound):
-			return errors.New("its task was removed")
+			return true, errors.New("its task was removed")
 		case err == nil && info.Status == api.TaskTerminated:
-			return fmt.Errorf("its task was terminated: %s%s", api.Printable(string(info.TerminationReason)), lastLine(info.TerminationMessage))
+			return true, fmt.Errorf("its task was terminated: %s%s", api.Printable(string(info.TerminationReason)), lastLine(info.TerminationMessage))
 		case err == nil:
 			status = string(info.Status)
 		}
 		if _, herr := n.runner.Healthcheck(ctx); herr == nil {
-			return nil
+			return true, nil
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("its runner stopped answering %s ago (%v); its task is %s", nodeGrace, runnerErr, api.Printable(status))
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(500 * time.Millisecond):
-		}
+		return false, nil
+	})
+	if errors.Is(err, errWaitedOut) {
+		return fmt.Errorf("its runner stopped answering %s ago (%v); its task is %s", nodeGrace, runnerErr, api.Printable(status))
 	}
+	return err
 }
 
 // lastLine is ": " and the last line of a termination message (the

@@ -34,6 +34,8 @@ type HostOptions struct {
 	Status                   io.Writer
 	// Force lets uninstall stop a shim that still has tasks.
 	Force bool
+	// Clock is what waits run on (nil: the real one).
+	Clock Clock
 }
 
 func (o HostOptions) status(format string, args ...any) {
@@ -45,6 +47,7 @@ func (o HostOptions) status(format string, args ...any) {
 // host is a connected machine with how to run commands as root there.
 type host struct {
 	t        *Tunnel
+	clock    Clock
 	sudo     bool
 	arch     string // amd64, arm64
 	systemd  bool
@@ -73,7 +76,7 @@ func connectHost(ctx context.Context, o HostOptions) (*host, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &host{t: t}
+	h := &host{t: t, clock: clockOr(o.Clock)}
 	probe := `echo "arch=$(uname -m)"; echo "uid=$(id -u)"; echo "glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null)"
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then echo systemd=1; else echo systemd=0; fi
 if command -v docker >/dev/null 2>&1; then
@@ -350,7 +353,7 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 		}
 		rep.Restarted = restarted
 	}
-	hc, err := waitShim(ctx, h.t, port, 90*time.Second)
+	hc, err := waitShim(ctx, h.clock, h.t, port, 90*time.Second)
 	if err != nil {
 		log, _ := h.run(ctx, "tail -n 20 "+shellQuote(l.RunDir()+"/shim.log")+" 2>/dev/null || journalctl -u dstack-shim -n 20 --no-pager 2>/dev/null", nil)
 		return rep, fmt.Errorf("the shim did not answer on port %d: %w\n%s", port, err, log)
@@ -400,39 +403,35 @@ func (h *host) superviseStart(ctx context.Context, l cloudinit.Layout, scriptCha
 		return false, err
 	}
 	// Wait for the new shim process, so the health check below is its.
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	err := poll(ctx, h.clock, 200*time.Millisecond, 30*time.Second, func() (bool, error) {
 		now, _ := h.run(ctx, fmt.Sprintf("cat %s/shim.pid 2>/dev/null", run), nil)
-		if now = strings.TrimSpace(now); now != "" && now != oldShim {
-			return true, nil
-		}
-		time.Sleep(200 * time.Millisecond)
+		now = strings.TrimSpace(now)
+		return now != "" && now != oldShim, nil
+	})
+	if errors.Is(err, errWaitedOut) {
+		err = errors.New("the supervisor did not restart the shim within 30 s")
 	}
-	return true, errors.New("the supervisor did not restart the shim within 30 s")
+	return true, err
 }
 
 // waitShim polls the shim's healthcheck through the tunnel.
-func waitShim(ctx context.Context, t *Tunnel, port int, limit time.Duration) (api.HealthcheckResponse, error) {
+func waitShim(ctx context.Context, clk Clock, t *Tunnel, port int, limit time.Duration) (api.HealthcheckResponse, error) {
 	c, err := newShimClient(joinPort("127.0.0.1", port), t.Dial, "")
 	if err != nil {
 		return api.HealthcheckResponse{}, err
 	}
-	deadline := time.Now().Add(limit)
-	for {
+	var hc api.HealthcheckResponse
+	err = poll(ctx, clk, 300*time.Millisecond, limit, func() (bool, error) {
 		hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		hc, err := c.Healthcheck(hctx)
-		cancel()
-		if err == nil && hc.Service == api.ServiceShim {
-			return hc, nil
-		}
-		if err == nil {
+		defer cancel()
+		var err error
+		hc, err = c.Healthcheck(hctx)
+		if err == nil && hc.Service != api.ServiceShim {
 			err = fmt.Errorf("answered as %q", hc.Service)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return hc, err
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return err == nil, err
+	})
+	return hc, err
 }
 
 // UninstallHost stops the shim and removes what InstallHost wrote. The
@@ -478,12 +477,12 @@ func UninstallHost(ctx context.Context, o HostOptions) error {
 		return fmt.Errorf("uninstall: %w", err)
 	}
 	// The shim must be gone: its port no longer answers.
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, err := waitShim(ctx, h.t, port, 0); err != nil {
-			return nil
-		}
-		time.Sleep(300 * time.Millisecond)
+	err = poll(ctx, h.clock, 300*time.Millisecond, 15*time.Second, func() (bool, error) {
+		_, err := waitShim(ctx, h.clock, h.t, port, 0)
+		return err != nil, nil
+	})
+	if errors.Is(err, errWaitedOut) {
+		return fmt.Errorf("the shim on port %d still answers after uninstall", port)
 	}
-	return fmt.Errorf("the shim on port %d still answers after uninstall", port)
+	return err
 }

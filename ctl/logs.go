@@ -22,6 +22,8 @@ type TaskOptions struct {
 	ShimToken string // bearer token for a shim started with --api-token
 	Ports     Ports  // overrides; 0: as the shim reports
 	Dial      func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Clock is what waits run on (nil: the real one).
+	Clock Clock
 }
 
 // runnerOf resolves ref and returns the task and a client of its runner.
@@ -249,20 +251,13 @@ func waitJobEnd(ctx context.Context, o TaskOptions, id string) (api.TaskInfoResp
 	if err != nil {
 		return api.TaskInfoResponse{}, false
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		info, err := shim.GetTask(ctx, id)
-		if err == nil && JobEnded(info) {
-			return info, true
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return info, false
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	var info api.TaskInfoResponse
+	err = poll(ctx, o.Clock, 200*time.Millisecond, 10*time.Second, func() (bool, error) {
+		var err error
+		info, err = shim.GetTask(ctx, id)
+		return err == nil && JobEnded(info), nil
+	})
+	return info, err == nil
 }
 
 func runnerAnswers(ctx context.Context, r *runnerclient.Client) bool {

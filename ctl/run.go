@@ -61,6 +61,8 @@ type RunOptions struct {
 	Workers io.Writer
 	// Progress receives the run's steps (progress.go); nil: none are shown.
 	Progress func(Event)
+	// Clock is what waits run on (nil: the real one).
+	Clock Clock
 }
 
 // Result is how a run ended.
@@ -217,7 +219,7 @@ func (r *Run) WaitTask(ctx context.Context) error {
 // StartJob waits for the task's runner, submits the job, uploads the code
 // and starts the job; from here on Stop stops the job.
 func (r *Run) StartJob(ctx context.Context) error {
-	runner, err := readyRunner(ctx, r.shim, r.o.Shim, r.info, r.o.Network, r.o.RunnerPort, r.o.Dial)
+	runner, err := readyRunner(ctx, r.o.Clock, r.shim, r.o.Shim, r.info, r.o.Network, r.o.RunnerPort, r.o.Dial)
 	if err != nil {
 		return err
 	}
@@ -360,7 +362,7 @@ func printableLines(msg string) string {
 // readyRunner is a client of the task's runner once it answers.
 // While it does not, the task is looked at once a second: a task that
 // ended (its runner could not start) is that error.
-func readyRunner(ctx context.Context, shim *shimclient.Client, shimAddr string, info api.TaskInfoResponse, network string, port int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, error) {
+func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAddr string, info api.TaskInfoResponse, network string, port int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, error) {
 	r, addr, err := runnerFor(shimAddr, info, port, dial)
 	if err != nil {
 		return nil, err
@@ -371,7 +373,7 @@ func readyRunner(ctx context.Context, shim *shimclient.Client, shimAddr string, 
 		}
 		return nil
 	}
-	if err := waitRunner(ctx, r, info.ID, ended); err != nil {
+	if err := waitRunner(ctx, clk, r, info.ID, ended); err != nil {
 		var te *TaskEndedError
 		if errors.As(err, &te) {
 			return nil, err
@@ -440,10 +442,10 @@ func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOpti
 	}
 }
 
-func waitRunner(ctx context.Context, r *runnerclient.Client, taskID string, ended func(context.Context) error) error {
-	deadline := time.Now().Add(60 * time.Second)
-	lastLook := time.Now()
-	for {
+func waitRunner(ctx context.Context, clk Clock, r *runnerclient.Client, taskID string, ended func(context.Context) error) error {
+	clk = clockOr(clk)
+	lastLook := clk.Now()
+	return poll(ctx, clk, 50*time.Millisecond, 60*time.Second, func() (bool, error) {
 		hc, err := r.Healthcheck(ctx)
 		if err == nil && hc.TaskID != "" && hc.TaskID != taskID {
 			// The port's previous runner (a task that just ended) is
@@ -451,23 +453,16 @@ func waitRunner(ctx context.Context, r *runnerclient.Client, taskID string, ende
 			err = fmt.Errorf("the runner there serves task %s, not %s", api.Printable(hc.TaskID), taskID)
 		}
 		if err == nil {
-			return nil
+			return true, nil
 		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		if ended != nil && time.Since(lastLook) >= time.Second {
-			lastLook = time.Now()
+		if ended != nil && clk.Now().Sub(lastLook) >= time.Second {
+			lastLook = clk.Now()
 			if eerr := ended(ctx); eerr != nil {
-				return eerr
+				return true, eerr
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+		return false, err
+	})
 }
 
 func submitJob(ctx context.Context, r *runnerclient.Client, o RunOptions, id, name string) error {

@@ -1,0 +1,75 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock moves only when waited on: a wait of d passes at once, and
+// the clock reads d later.
+type fakeClock struct {
+	mu    sync.Mutex
+	now   time.Time
+	waits int
+	stuck bool // After never delivers
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) After(d time.Duration) <-chan time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch := make(chan time.Time, 1)
+	if c.stuck {
+		return ch
+	}
+	c.waits++
+	c.now = c.now.Add(d)
+	ch <- c.now
+	return ch
+}
+
+// The waits of ctl run on its clock: a 30 s limit passes without 30 s
+// passing, after the tries it allows; a done try ends it; a cancelled
+// context ends a wait that would never end.
+func TestPollRunsOnTheClock(t *testing.T) {
+	ctx := context.Background()
+	began := time.Now()
+
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	tries := 0
+	err := poll(ctx, clk, 300*time.Millisecond, 30*time.Second, func() (bool, error) {
+		tries++
+		return false, errors.New("still down")
+	})
+	if err == nil || err.Error() != "still down" || tries != 101 || clk.waits != 100 {
+		t.Fatalf("limit: %v after %d tries, %d waits", err, tries, clk.waits)
+	}
+
+	clk = &fakeClock{now: time.Unix(1000, 0)}
+	tries = 0
+	err = poll(ctx, clk, time.Second, time.Minute, func() (bool, error) { tries++; return tries == 3, nil })
+	if err != nil || tries != 3 || clk.waits != 2 {
+		t.Fatalf("done: %v after %d tries, %d waits", err, tries, clk.waits)
+	}
+	if err := poll(ctx, clk, time.Second, time.Minute, func() (bool, error) { return false, nil }); !errors.Is(err, errWaitedOut) {
+		t.Fatalf("no error of try's: %v", err)
+	}
+	if time.Since(began) > 2*time.Second {
+		t.Fatalf("the waits slept: %v", time.Since(began))
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { time.Sleep(50 * time.Millisecond); cancel() }()
+	err = poll(cctx, &fakeClock{stuck: true}, time.Hour, 24*time.Hour, func() (bool, error) { return false, nil })
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+}
