@@ -126,11 +126,14 @@ type Executor struct {
 	submitAt time.Time
 	cancel   context.CancelFunc
 	history  *logs.History
-	stopped  bool
-	started  chan struct{}    // closed by run
-	finished chan struct{}    // closed when the job goroutine ended
-	jobEnv   []string         // the job's environment once built, for SSH sessions
-	uploads  map[string]int64 // stored upload path → its size
+	// historyReady is closed once history is set (the job's output has a
+	// home); History waits on it.
+	historyReady chan struct{}
+	stopped      bool
+	started      chan struct{}    // closed by run
+	finished     chan struct{}    // closed when the job goroutine ended
+	jobEnv       []string         // the job's environment once built, for SSH sessions
+	uploads      map[string]int64 // stored upload path → its size
 
 	// journal holds what /api/pull serves: job states, job and runner logs.
 	journal   *logs.Journal
@@ -213,7 +216,7 @@ func New(cfg Config) (*Executor, error) {
 		return nil, err
 	}
 	return &Executor{cfg: cfg, state: WaitSubmit, journal: j,
-		started: make(chan struct{}), finished: make(chan struct{}), pullDone: make(chan struct{})}, nil
+		started: make(chan struct{}), finished: make(chan struct{}), pullDone: make(chan struct{}), historyReady: make(chan struct{})}, nil
 }
 
 // Close releases the event stores' files. The job must have finished (or
@@ -458,29 +461,15 @@ func (x *Executor) History(ctx context.Context) (*logs.History, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	for {
-		x.mu.Lock()
-		h, state := x.history, x.state
-		x.mu.Unlock()
-		if h != nil {
-			return h, nil
-		}
-		if state == WaitLogsFinished {
-			select {
-			case <-x.finished:
-				x.mu.Lock()
-				h = x.history
-				x.mu.Unlock()
-				return h, nil
-			default:
-			}
-		}
-		select {
-		case <-time.After(20 * time.Millisecond):
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	select {
+	case <-x.historyReady:
+	case <-x.finished: // ended without one (it failed before)
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.history, nil
 }
 
 // SessionEnv is the environment SSH sessions start from: the job's once it

@@ -1,7 +1,6 @@
 package executor
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,12 +11,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
-
-	"github.com/tandem-run/tandem/common/ident"
-	"github.com/tandem-run/tandem/runner/ptyproc"
 
 	"golang.org/x/sys/unix"
 
@@ -27,6 +22,7 @@ import (
 	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/runner/logs"
 	"github.com/tandem-run/tandem/runner/ptyio"
+	"github.com/tandem-run/tandem/runner/ptyproc"
 	"github.com/tandem-run/tandem/runner/repo"
 )
 
@@ -49,8 +45,7 @@ func (x *Executor) Run() (api.RunResponse, bool, error) {
 	x.runnerLog.Info("Logging configured", "log_level", "info")
 
 	fail := func(msg string) (api.RunResponse, bool, error) {
-		x.runnerLog.Error("Executor failed", "err", msg)
-		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: msg})
+		x.appendState(x.failure(api.ReasonExecutorError, msg, nil))
 		x.finish()
 		cancel()
 		return api.RunResponse{}, false, nil
@@ -98,6 +93,18 @@ func (x *Executor) finish() {
 // dir (api.RunnerFinalFile).
 const FinalFile = api.RunnerFinalFile
 
+// failure is the failed state of a job that could not run, logged once
+// ("Executor failed", as dstack's runner says): msg is what the server and
+// the user read; cause, when set, is logged only.
+func (x *Executor) failure(reason api.TerminationReason, msg string, cause error) api.JobStateEvent {
+	attrs := []any{"reason", reason, "message", msg}
+	if cause != nil {
+		attrs = append(attrs, "err", cause)
+	}
+	x.runnerLog.Error("Executor failed", attrs...)
+	return api.JobStateEvent{State: api.JobFailed, TerminationReason: reason, TerminationMessage: msg}
+}
+
 // writeFinal leaves the job's final state for the shim (atomically).
 func (x *Executor) writeFinal() {
 	ev, ok := x.journal.LastStateEvent()
@@ -118,18 +125,17 @@ func (x *Executor) job(ctx context.Context, body api.SubmitBody, user account.Jo
 	defer x.finish()
 	defer func() {
 		if r := recover(); r != nil {
-			log.Error("Executor failed", "panic", r)
-			x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: fmt.Sprintf("internal error: %v", r)})
+			x.appendState(x.failure(api.ReasonExecutorError, "internal error: the runner failed (its log has the cause)", fmt.Errorf("panic: %v", r)))
 		}
 	}()
 	hist, err := logs.OpenHistoryRetained(filepath.Join(x.cfg.TempDir, "job.log"), x.cfg.Now, x.cfg.LogRetention)
 	if err != nil {
-		log.Error("Executor failed", "err", err)
-		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: err.Error()})
+		x.appendState(x.failure(api.ReasonExecutorError, "internal error: the job's log cannot be written (the runner's log has the cause)", err))
 		return
 	}
 	x.mu.Lock()
 	x.history = hist
+	close(x.historyReady)
 	codeBlob := x.codeBlob
 	x.mu.Unlock()
 	defer hist.Close()
@@ -147,13 +153,11 @@ func (x *Executor) job(ctx context.Context, body api.SubmitBody, user account.Jo
 
 	repoDir, err := x.setupRepo(body, user, wd, codeBlob, owner)
 	if err != nil {
-		log.Error("Executor failed", "err", err)
-		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonContainerExitedWithError, TerminationMessage: fmt.Sprintf("Failed to set up the repo (%v)", err)})
+		x.appendState(x.failure(api.ReasonContainerExitedWithError, fmt.Sprintf("Failed to set up the repo (%v)", err), nil))
 		return
 	}
 	if err := x.setupFiles(body, user, wd, owner); err != nil {
-		log.Error("Executor failed", "err", err)
-		x.appendState(api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: fmt.Sprintf("Failed to set up files (%v)", err)})
+		x.appendState(x.failure(api.ReasonExecutorError, fmt.Sprintf("Failed to set up files (%v)", err), nil))
 		return
 	}
 	if err := x.setupClusterSSH(body, user); err != nil {
@@ -180,85 +184,13 @@ var (
 	errLogQuota    = errors.New("log quota exceeded")
 )
 
-func (x *Executor) setupRepo(body api.SubmitBody, user account.JobUser, wd string, codeBlob bool, owner repo.Owner) (string, error) {
-	if body.JobSpec.RepoDir == nil {
-		return "", errors.New("repo_dir is not set")
-	}
-	dir, err := ExpandPath(*body.JobSpec.RepoDir, user.Home, wd)
-	if err != nil {
-		return "", err
-	}
-	rd := body.JobSpec.RepoData
-	if rd == nil {
-		rd = body.Run.RunSpec.RepoData
-	}
-	repoType := api.RepoVirtual
-	if rd != nil && rd.RepoType != "" {
-		repoType = rd.RepoType
-	}
-	blob := filepath.Join(x.cfg.TempDir, "repo_blobs", blobName(body.Run.RunSpec.RepoID))
-	defer os.RemoveAll(filepath.Join(x.cfg.TempDir, "repo_blobs"))
-	action := body.JobSpec.RepoExistsAction
-	if action == "" {
-		action = "skip"
-	}
-	return dir, repo.Setup(repo.Spec{
-		Dir:         dir,
-		Type:        repoType,
-		Data:        rd,
-		Credentials: body.RepoCredentials,
-		Blob:        blob,
-		HasBlob:     codeBlob,
-		Exists:      action,
-		Single:      body.JobSpec.SingleBranch,
-		Owner:       owner,
-		Log:         x.runnerLog,
-	})
-}
-
-func blobName(id string) string {
-	if ident.ArchiveID(id) == nil {
-		return id
-	}
-	return "code"
-}
-
-func (x *Executor) setupFiles(body api.SubmitBody, user account.JobUser, wd string, owner repo.Owner) error {
-	dir := filepath.Join(x.cfg.TempDir, "file_archives")
-	defer os.RemoveAll(dir)
-	for _, fa := range body.JobSpec.FileArchives {
-		dest, err := ExpandPath(fa.Path, user.Home, wd)
-		if err != nil {
-			return err
-		}
-		if err := ident.ArchiveID(fa.ID); err != nil {
-			return err
-		}
-		f, err := os.Open(filepath.Join(dir, fa.ID))
-		if err != nil {
-			return fmt.Errorf("archive %s for %s: %w", fa.ID, fa.Path, err)
-		}
-		if err := MkdirOwned(filepath.Dir(dest), owner.UID, owner.GID); err != nil {
-			f.Close()
-			return err
-		}
-		err = repo.ExtractArchive(f, dest, owner)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("%s: %w", fa.Path, err)
-		}
-	}
-	return nil
-}
-
 // execute runs the command in a pty until it exits, is stopped, or the
 // deadline or log quota hits; it returns the terminal state, recorded only
 // after every byte of output was stored.
 func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user account.JobUser, wd, repoDir string, hist *logs.History) api.JobStateEvent {
 	log := x.runnerLog
 	failed := func(err error) api.JobStateEvent {
-		log.Error("Executor failed", "err", err)
-		return api.JobStateEvent{State: api.JobFailed, TerminationReason: api.ReasonExecutorError, TerminationMessage: err.Error()}
+		return x.failure(api.ReasonExecutorError, err.Error(), nil)
 	}
 	cmdline := body.JobSpec.Commands
 	if len(cmdline) == 0 {
@@ -334,60 +266,6 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	return x.verdict(cause, code, killedBy, oomBefore, body.LogQuotaHour)
 }
 
-// prepareJob writes what the job finds around it (its environment in the
-// profile, the hostfile, its working dir) and returns its environment.
-func (x *Executor) prepareJob(body api.SubmitBody, user account.JobUser, wd, repoDir string) ([]string, error) {
-	env := JobEnv(x.cfg.BaseEnv, body, repoDir, wd, x.cfg.Paths.HostfilePath(), user.Home)
-	list := account.EnvList(env) // the job's and SSH sessions' (read only by both)
-	x.mu.Lock()
-	x.jobEnv = list
-	x.mu.Unlock()
-	if err := WriteProfile(x.cfg.Paths, env); err != nil {
-		x.runnerLog.Warn("write profile", "err", err)
-	}
-	if err := WriteHostfile(x.cfg.Paths, body.ClusterInfo); err != nil {
-		return nil, err
-	}
-	uid, gid := -1, -1
-	if x.cfg.CanSetUser {
-		uid, gid = user.UID, user.GID
-	}
-	if err := MkdirOwned(wd, uid, gid); err != nil {
-		return nil, fmt.Errorf("create working dir %s: %w", wd, err)
-	}
-	_ = unix.Setrlimit(unix.RLIMIT_MEMLOCK, &unix.Rlimit{Cur: unix.RLIM_INFINITY, Max: unix.RLIM_INFINITY})
-	return list, nil
-}
-
-// drain waits for the job's output to end once its main process exited.
-// Leftovers holding the terminal must not keep the job alive: they are
-// hung up, then killed if they linger, and at last the terminal is closed.
-func (x *Executor) drain(proc *ptyproc.Proc, readDone <-chan struct{}) {
-	select {
-	case <-readDone:
-		return
-	case <-time.After(x.cfg.DrainGrace / 2):
-	}
-	proc.SignalSession(syscall.SIGHUP)
-	proc.SignalSession(syscall.SIGTERM)
-	select {
-	case <-readDone:
-		return
-	case <-time.After(x.cfg.DrainGrace / 2):
-	}
-	proc.SignalSession(syscall.SIGKILL)
-	// Nothing writes any more: what the terminal still holds is read
-	// without waiting for the log's reader (the log's bound keeps what that
-	// reader has not had; the file grows by this remainder).
-	x.journal.ReleaseOutput()
-	select {
-	case <-readDone:
-	case <-time.After(time.Second):
-		proc.Close()
-		<-readDone
-	}
-}
-
 // verdict is the job's final state: why it was stopped (cause), else how
 // its main process ended (an OOM kill told apart by the cgroup's counter).
 func (x *Executor) verdict(cause error, code int, killedBy syscall.Signal, oomBefore int64, quotaHour int64) api.JobStateEvent {
@@ -432,140 +310,4 @@ func oomKills(root string) int64 {
 		}
 	}
 	return -1
-}
-
-// stopSequence stops the job like a person at the terminal would, then
-// harder: Ctrl-C (the terminal's INTR character reaches the foreground
-// process group, even under an interactive shell); then SIGTERM and SIGHUP
-// to the whole session, then SIGKILL.
-//
-// An interactive shell (`sh -i -c "a && sleep 300 && b"`, how the dstack
-// server runs jobs) survives Ctrl-C: the foreground job dies, the shell
-// takes the terminal back and waits at a prompt until the escalation. So
-// when a job had the terminal and the shell, the session leader, takes it
-// back, the session is hung up at once and nothing the shell wrote after
-// that moment (its prompt) is kept. A foreground program that handles
-// SIGINT itself keeps the terminal, and so its full grace.
-func (x *Executor) stopSequence(proc *ptyproc.Proc, cut *outputCut) {
-	master, sid, exited := proc.Terminal(), proc.Pid(), proc.Exited()
-	fd := int(master.Fd())
-	intr := byte(3)
-	if t, err := unix.IoctlGetTermios(fd, unix.TCGETS); err == nil && t.Cc[unix.VINTR] != 0 {
-		intr = t.Cc[unix.VINTR]
-	}
-	fg0, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
-	jobHadTerminal := err == nil && fg0 > 0 && fg0 != sid
-	if jobHadTerminal {
-		cut.stopping()
-	}
-	x.runnerLog.Info("Stopping job: Ctrl-C", "session", sid, "foreground", fg0)
-	_, _ = master.Write([]byte{intr})
-	grace := time.After(x.cfg.InterruptGrace)
-	poll := time.NewTicker(time.Millisecond)
-	defer poll.Stop()
-	for waiting := true; waiting; {
-		select {
-		case <-exited:
-			return
-		case <-grace:
-			waiting = false
-		case <-poll.C:
-			if !jobHadTerminal {
-				continue
-			}
-			if fg, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP); err == nil && fg == sid {
-				// The shell has the terminal again: keep what was
-				// written until now, then hang up.
-				pending, _ := unix.IoctlGetInt(fd, unix.TIOCINQ)
-				cut.at(pending)
-				proc.SignalSession(syscall.SIGHUP)
-				proc.SignalSession(syscall.SIGCONT)
-				x.runnerLog.Info("Stopping job: the shell took the terminal back, hung up")
-				waiting = false
-			}
-		}
-	}
-	x.runnerLog.Info("Stopping job: SIGTERM and SIGHUP to the session")
-	proc.SignalSession(syscall.SIGTERM)
-	proc.SignalSession(syscall.SIGHUP)
-	select {
-	case <-exited:
-		return
-	case <-time.After(x.cfg.KillGrace):
-	}
-	x.runnerLog.Info("Stopping job: SIGKILL to the session")
-	proc.SignalSession(syscall.SIGKILL)
-	<-exited
-}
-
-// outputCut drops what an interactive shell writes once it took the
-// terminal back on a stop: its prompt. From the Ctrl-C on, output passes a
-// line at a time (a partial last line is held back until its newline);
-// when the cut comes, bytes read after it and the held partial line (the
-// prompt has no newline) are dropped. Safe for the reader and the stop
-// sequence together.
-type outputCut struct {
-	mu       sync.Mutex // guards the fields below
-	holding  bool       // a stop began: hold partial lines
-	read     int64      // bytes the reader has taken from the terminal
-	limit    int64      // keep bytes before this offset; 0: no cut yet
-	held     []byte     // partial line held back
-	cutTaken bool
-	// firstAfter: no read was accounted since the cut. The reader may have
-	// taken a chunk from the terminal just before the cut was measured
-	// and not accounted it yet (it was neither read nor pending then): the
-	// complete lines of the first chunk past the limit are kept, and only
-	// its partial last line (a prompt) goes.
-	firstAfter bool
-}
-
-func (c *outputCut) stopping() {
-	c.mu.Lock()
-	c.holding = true
-	c.mu.Unlock()
-}
-
-// pass accounts p just read and returns what may be delivered now.
-func (c *outputCut) pass(p []byte) []byte {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	start := c.read
-	c.read += int64(len(p))
-	if c.cutTaken {
-		if c.firstAfter {
-			if i := bytes.LastIndexByte(p, '\n'); i >= 0 && start+int64(i)+1 > c.limit {
-				c.limit = start + int64(i) + 1
-			}
-		}
-		c.firstAfter = false
-		if keep := c.limit - start; keep < int64(len(p)) {
-			p = p[:max(0, keep)]
-		}
-	}
-	if !c.holding {
-		return p
-	}
-	data := append(c.held, p...)
-	i := bytes.LastIndexByte(data, '\n')
-	c.held = append([]byte(nil), data[i+1:]...)
-	return data[:i+1]
-}
-
-// rest is the held partial line at the end of output: kept unless the
-// stop cut it (it is then the shell's prompt).
-func (c *outputCut) rest() []byte {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cutTaken {
-		return nil
-	}
-	return c.held
-}
-
-// at cuts after what was read so far plus pending bytes still in the
-// terminal's buffer.
-func (c *outputCut) at(pending int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.limit, c.cutTaken, c.firstAfter = c.read+int64(max(pending, 0)), true, true
 }
