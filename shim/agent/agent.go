@@ -262,6 +262,13 @@ func (a *agent) startEngine(context.Context) error {
 // retries.
 func (a *agent) startRecovery(ctx context.Context) error {
 	a.ready = make(chan struct{})
+	ctx, cancel := context.WithCancel(ctx)
+	// Its stop ends recovery and waits for it: nothing of it writes into
+	// the home (the state reserve, host_info.json) after the shim stopped.
+	a.OnStop(func() {
+		cancel()
+		<-a.ready
+	})
 	go func() {
 		defer close(a.ready)
 		diskPath, answered := dockerFacts(ctx, a.rt, a.log)
