@@ -72,8 +72,13 @@ type Config struct {
 	// publishing (reachable by every local account) instead of the shim's
 	// gated forwards: a kill switch.
 	DockerPublishesPorts bool
-	// PolicyRoot is where the host's account files are read ("/"); a
-	// test points it at a fixture tree.
+	// HostRoot is where the host's files are read ("/"): AMD GPUs' sysfs
+	// and the account files (passwd, group, sudoers); the binary runs
+	// against a fixture tree with --host-root, as node_exporter's
+	// --path.rootfs.
+	HostRoot string
+	// PolicyRoot is where the account files are read (HostRoot when
+	// empty); a test points it at a fixture tree.
 	PolicyRoot string
 	// ReconcileInterval is the reconcile loop's period (5 s).
 	ReconcileInterval time.Duration
@@ -98,10 +103,37 @@ type Config struct {
 	Ready func(addr string)
 }
 
+// Defaults are the agent's defaults: the flags show and use them, and Run
+// fills a zero field from them (WithDefaults).
+func Defaults() Config {
+	return Config{
+		ReconcileInterval:  5 * time.Second,
+		GPUMetricsInterval: 5 * time.Second,
+		GCPDiskByID:        "/dev/disk/by-id",
+		HostRoot:           "/",
+		RunnerDirSize:      runnerdir.DefaultSize,
+	}
+}
+
+// WithDefaults returns c with its zero intervals and paths from Defaults
+// (not RunnerDirSize, whose 0 means plain directories).
+func (c Config) WithDefaults() Config {
+	d := Defaults()
+	c.ReconcileInterval = cmp.Or(c.ReconcileInterval, d.ReconcileInterval)
+	if c.GPUMetricsInterval <= 0 {
+		c.GPUMetricsInterval = d.GPUMetricsInterval
+	}
+	c.GCPDiskByID = cmp.Or(c.GCPDiskByID, d.GCPDiskByID)
+	c.HostRoot = cmp.Or(c.HostRoot, d.HostRoot)
+	c.PolicyRoot = cmp.Or(c.PolicyRoot, c.HostRoot)
+	return c
+}
+
 // Run runs the shim until ctx ends or an API shutdown; running containers
 // are never stopped on exit. Its parts start in order, each from what the
 // ones before made, and stop in reverse (lifecycle.Stack).
 func Run(ctx context.Context, cfg Config) error {
+	cfg = cfg.WithDefaults()
 	a := &agent{cfg: cfg, tcfg: cfg.Task.WithDefaults()}
 	defer a.Stop()
 	steps := []struct {
@@ -201,7 +233,7 @@ func (a *agent) startDocker(context.Context) error {
 // the shim with a clear error instead of a silent pick.
 func (a *agent) startGPUs(ctx context.Context) error {
 	a.nvml = gpu.NewNVML()
-	gpus, err := gpu.Discover(ctx, a.log, a.nvml, gpu.AMD{Root: "/"})
+	gpus, err := gpu.Discover(ctx, a.log, a.nvml, gpu.AMD{Root: a.cfg.HostRoot})
 	if err != nil {
 		return err
 	}
@@ -288,7 +320,7 @@ func (a *agent) startRecovery(ctx context.Context) error {
 	go func() {
 		select {
 		case <-a.ready:
-			a.engine.ReconcileLoop(ctx, cmp.Or(a.cfg.ReconcileInterval, 5*time.Second))
+			a.engine.ReconcileLoop(ctx, a.cfg.ReconcileInterval)
 		case <-ctx.Done():
 		}
 	}()
@@ -304,9 +336,6 @@ func (a *agent) startAPI(ctx context.Context) error {
 		xids := a.nvml.WatchXIDs(ctx)
 		inst.health.gpus = func(context.Context) *api.DCGMHealth { return a.nvml.Health(xids()) }
 		every := a.cfg.GPUMetricsInterval
-		if every <= 0 {
-			every = 5 * time.Second
-		}
 		m := nvidiaMetrics{nvml: &gpu.Metrics{NVML: a.nvml, Interval: every}}
 		if a.cfg.DCGMExporterPort > 0 {
 			m.exporter = &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", a.cfg.DCGMExporterPort), Interval: every}

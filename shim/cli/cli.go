@@ -20,7 +20,6 @@ import (
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/agent"
 	"github.com/tandem-run/tandem/shim/netiso"
-	"github.com/tandem-run/tandem/shim/runnerdir"
 	"github.com/tandem-run/tandem/shim/task"
 )
 
@@ -114,6 +113,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		DCGMExporterPort:     c.Int("dcgm-exporter-http-port"),
 		GPUMetricsInterval:   time.Duration(c.Int("dcgm-exporter-interval")) * time.Millisecond,
 		GCPDiskByID:          c.String("gcp-disk-by-id"),
+		HostRoot:             c.String("host-root"),
 		ReconcileInterval:    c.Duration("reconcile-interval"),
 		APIAllowContainers:   c.Bool("api-allow-containers"),
 		KeepStartupMemory:    c.Bool("keep-startup-memory"),
@@ -162,11 +162,12 @@ func runnerLogArgs(c *cli.Context) []string {
 
 // Flags are dstack-shim's flags with their environment variables.
 func Flags() []cli.Flag {
+	d := agent.Defaults()
 	return []cli.Flag{
 		&cli.StringFlag{Name: "shim-home", EnvVars: []string{"DSTACK_SHIM_HOME"}, Usage: "home/state directory (default $HOME/.dstack)"},
 		&cli.StringFlag{Name: "state-spill-dir", EnvVars: []string{"TANDEM_SHIM_STATE_SPILL_DIR"}, Usage: "where task records wait when the shim home's filesystem refuses them (full), until written home; kept across a shim restart. On another filesystem (default /run/tandem-shim/<hash of the home>, a tmpfs)"},
 		&cli.StringFlag{Name: "shim-binary-path", EnvVars: []string{"DSTACK_SHIM_BINARY_PATH"}, Usage: "file replaced on shim self-update"},
-		&cli.DurationFlag{Name: "reconcile-interval", Value: 5 * time.Second, Hidden: true, Usage: "how often containers are reconciled with tasks"},
+		&cli.DurationFlag{Name: "reconcile-interval", Value: d.ReconcileInterval, Hidden: true, Usage: "how often containers are reconciled with tasks"},
 		&cli.BoolFlag{Name: "keep-startup-memory", EnvVars: []string{"TANDEM_SHIM_KEEP_STARTUP_MEMORY"}, Usage: "kill switch: keep the executable's start-up pages mapped (by default they are given back once recovered; idle RSS ~10 MB instead of ~20)"},
 		&cli.BoolFlag{Name: "api-allow-containers", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_CONTAINERS"}, Usage: "kill switch: serve callers inside containers too (the API is root on this host)"},
 		&cli.StringFlag{Name: "api-token", EnvVars: []string{"TANDEM_SHIM_API_TOKEN"}, Usage: "require this bearer token on every API call (a second factor; the dstack server does not send one)"},
@@ -175,7 +176,7 @@ func Flags() []cli.Flag {
 		&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_SHIM_LOG_MIN_FREE_BYTES"}, Usage: "passed to each runner: free space in the shim home below which job output is no longer kept (runner default: a tenth of the filesystem, at most 256 MiB; -1: none)"},
 		&cli.StringFlag{Name: "task-network", Value: netiso.DefaultName, EnvVars: []string{"TANDEM_SHIM_TASK_NETWORK"}, Usage: "bridge network (created with inter-container traffic off) that bridge-mode tasks join, so tasks cannot reach each other; \"\" for Docker's default bridge"},
 		&cli.StringSliceFlag{Name: "api-allow-user", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_USERS"}, Usage: "local accounts admitted to the API and the task ports besides root-equivalent ones (root, sudoers granting ALL, the Docker socket's group): a uid, a user name or @group; repeat or comma-separate"},
-		&cli.Int64Flag{Name: "runner-dir-size", Value: runnerdir.DefaultSize, EnvVars: []string{"TANDEM_SHIM_RUNNER_DIR_SIZE"}, Usage: "bytes each task's runner dir may hold (a sparse ext4 image of its own, loop-mounted; the job gets ENOSPC there, the shim home keeps its room); 0: plain, unbounded directories"},
+		&cli.Int64Flag{Name: "runner-dir-size", Value: d.RunnerDirSize, EnvVars: []string{"TANDEM_SHIM_RUNNER_DIR_SIZE"}, Usage: "bytes each task's runner dir may hold (a sparse ext4 image of its own, loop-mounted; the job gets ENOSPC there, the shim home keeps its room); 0: plain, unbounded directories"},
 		&cli.Int64Flag{Name: "pids-limit", EnvVars: []string{"TANDEM_SHIM_PIDS_LIMIT"}, Usage: "each task's processes and threads at most (0: an eighth of the kernel's pid_max, between 2048 and 32768; -1: no limit); a tandem run may ask for its own"},
 		&cli.StringFlag{Name: "metrics-address", EnvVars: []string{"TANDEM_SHIM_METRICS_ADDRESS"}, Usage: "also serve GET /metrics alone on this address (host:port; off by default), for a scraper the API refuses (in a container, on another machine, its own account); nothing else answers there"},
 		&cli.BoolFlag{Name: "docker-publish-ports", EnvVars: []string{"TANDEM_SHIM_DOCKER_PUBLISH_PORTS"}, Usage: "kill switch: let Docker publish bridge tasks' runner ports (every local account reaches them) instead of the shim's forwards, which admit only the API's callers"},
@@ -191,7 +192,7 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "runner-ssh-log-level", EnvVars: []string{"DSTACK_RUNNER_SSH_LOG_LEVEL"}, Usage: "runner SSH log level"},
 		&cli.StringFlag{Name: "runner-log-level", Value: task.Defaults().RunnerLogLevel, EnvVars: []string{"DSTACK_RUNNER_LOG_LEVEL"}, Usage: "runner log level"},
 		&cli.IntFlag{Name: "dcgm-exporter-http-port", Value: api.DCGMExporterHTTPPort, EnvVars: []string{"DSTACK_DCGM_EXPORTER_HTTP_PORT"}, Usage: "dcgm-exporter port"},
-		&cli.IntFlag{Name: "dcgm-exporter-interval", Value: 5000, EnvVars: []string{"DSTACK_DCGM_EXPORTER_INTERVAL"}, Usage: "how often GPU metrics are sampled (from NVML, or fetched from dcgm-exporter), ms"},
+		&cli.IntFlag{Name: "dcgm-exporter-interval", Value: int(d.GPUMetricsInterval / time.Millisecond), EnvVars: []string{"DSTACK_DCGM_EXPORTER_INTERVAL"}, Usage: "how often GPU metrics are sampled (from NVML, or fetched from dcgm-exporter), ms"},
 		// Accepted and ignored: dstack's shim reaches nv-hostengine here for
 		// DCGM health checks; ours reads health from NVML (XID events), so
 		// command lines and environments written for dstack keep working.
@@ -201,7 +202,8 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "pjrt-device", EnvVars: []string{"PJRT_DEVICE"}, Usage: "set PJRT_DEVICE in containers"},
 		&cli.BoolFlag{Name: "service", EnvVars: []string{"DSTACK_SERVICE_MODE"}, Usage: "write host_info.json on start"},
 		&cli.StringFlag{Name: "volumes-root", Value: task.Defaults().VolumesRoot, EnvVars: []string{"DSTACK_SHIM_VOLUMES_ROOT"}, Usage: "where network volumes are mounted"},
-		&cli.StringFlag{Name: "gcp-disk-by-id", Value: "/dev/disk/by-id", Hidden: true, Usage: "GCP disk links (tests point it at fixtures)"},
+		&cli.StringFlag{Name: "host-root", Value: d.HostRoot, Hidden: true, EnvVars: []string{"TANDEM_SHIM_HOST_ROOT"}, Usage: "where the host's files are read (AMD GPUs' sysfs, accounts): a fixture tree in tests"},
+		&cli.StringFlag{Name: "gcp-disk-by-id", Value: d.GCPDiskByID, Hidden: true, Usage: "GCP disk links (tests point it at fixtures)"},
 		&cli.DurationFlag{Name: "pull-stall-timeout", Value: task.Defaults().PullStallTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_STALL_TIMEOUT"}, Usage: "fail an image pull when no byte moved for this long"},
 		&cli.DurationFlag{Name: "pull-timeout", Value: task.Defaults().PullTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_TIMEOUT"}, Usage: "overall cap on one image pull (0: none)"},
 	}
