@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -333,7 +332,11 @@ func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}
 		}()
 	}
 	stopAll := func(why string) {
-		o.status("%s: stopping every node", why)
+		if why == "" {
+			o.emit(Event{Kind: EventStopping, Text: "interrupted: stopping every node"})
+		} else {
+			o.status("%s: stopping every node", why)
+		}
 		_ = onEach(cs, func(n *clusterNode) error { return n.runner.Stop(context.WithoutCancel(ctx)) })
 	}
 	pending := len(cs)
@@ -364,7 +367,7 @@ func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}
 		case <-stops:
 			if !res.Interrupted {
 				res.Interrupted = true
-				stopAll("interrupted (Ctrl-C again to kill)")
+				stopAll("")
 				settle = time.After(30 * time.Second)
 			}
 		case <-ctx.Done():
@@ -465,12 +468,14 @@ func lastLine(msg string) string {
 	return ": " + api.Printable(strings.ToValidUTF8(msg, ""))
 }
 
-// workerOut is where the workers' output goes: beside the progress lines.
+// workerOut is where the workers' output goes: the caller's Workers (the
+// CLI's: beside the progress lines), or nowhere; the library writes to no
+// stream of its own.
 func (o RunOptions) workerOut() io.Writer {
 	if o.Workers != nil {
 		return o.Workers
 	}
-	return os.Stderr
+	return io.Discard
 }
 
 type lockedWriter struct {

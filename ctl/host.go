@@ -31,7 +31,9 @@ type HostOptions struct {
 	// host's architecture (dist/<version>/dstack-shim-linux-<arch>).
 	ShimBinary, RunnerBinary string
 	Dist                     string
-	Status                   io.Writer
+	// Progress receives the install's steps as EventInfo events (nil:
+	// none are shown); the library writes to no stream itself.
+	Progress func(Event)
 	// Force lets uninstall stop a shim that still has tasks.
 	Force bool
 	// Clock is what waits run on (nil: the real one).
@@ -39,8 +41,8 @@ type HostOptions struct {
 }
 
 func (o HostOptions) status(format string, args ...any) {
-	if o.Status != nil {
-		fmt.Fprintf(o.Status, format+"\n", args...)
+	if o.Progress != nil {
+		o.Progress(Event{Kind: EventInfo, Text: fmt.Sprintf(format, args...)})
 	}
 }
 

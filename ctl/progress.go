@@ -25,6 +25,10 @@ const (
 	EventReady
 	// EventPull is image pull progress of a pulling task: Pull, Image.
 	EventPull
+	// EventStopping says a stop (Run.Stop) is under way gracefully: Text
+	// says what stops; a second stop, or the context's end, kills it. The
+	// caller words how its user gives that second stop.
+	EventStopping
 )
 
 // Event is one step of a run, for the caller to render as it likes; the

@@ -32,7 +32,7 @@ func hostOptions(c *cli.Context) (ctl.HostOptions, error) {
 		VM: cloudinit.VM{ShimHTTPPort: c.Int("shim-http-port"), RunnerHTTPPort: c.Int("runner-http-port"), RunnerSSHPort: c.Int("runner-ssh-port"),
 			Privileged: c.Bool("privileged"), ShimHome: c.String("shim-home"), Env: map[string]string{}},
 		ShimBinary: c.String("shim-binary"), RunnerBinary: c.String("runner-binary"), Dist: c.String("dist"),
-		Status: c.App.ErrWriter, Force: c.Bool("force"),
+		Progress: (&progressPrinter{w: c.App.ErrWriter}).event, Force: c.Bool("force"),
 	}
 	if err := parseEnv(c.StringSlice("env"), o.VM.Env); err != nil {
 		return o, err

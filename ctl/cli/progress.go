@@ -60,6 +60,8 @@ func render(e ctl.Event) string {
 			return "  pulling " + e.Image
 		}
 		return fmt.Sprintf("  pulling %s: %s", e.Image, progressBar(e.Pull.DownloadedBytes, e.Pull.TotalBytes, e.Pull.IsTotalBytesFinal))
+	case ctl.EventStopping:
+		return e.Text + " (Ctrl-C again to kill it)"
 	case ctl.EventTaskLeft:
 		node := ""
 		if e.Node != "" {

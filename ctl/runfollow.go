@@ -1,0 +1,131 @@
+package ctl
+
+// Following a run: the job's output and states until it ends.
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
+)
+
+// follow streams raw output and waits for the job's end; the first signal
+// stops the job, the second returns at once (killed: the caller kills the
+// task).
+func follow(ctx context.Context, r *runnerclient.Client, stops <-chan struct{}, o RunOptions, res Result) (out Result, killed bool, err error) {
+	stopped := false
+	var notes io.Writer
+	if o.Progress != nil {
+		notes = progressWriter{o}
+	}
+	err = watchJob(ctx, r, time.Time{}, o.Out, notes, stops, &res, func() bool {
+		if !stopped {
+			stopped = true
+			o.emit(Event{Kind: EventStopping, Text: "stopping the job"})
+			_ = r.Stop(ctx)
+		}
+		return false
+	})
+	if ctx.Err() != nil {
+		o.status("killing the job")
+		res.State, res.Interrupted = api.JobTerminated, true
+		return res, true, nil
+	}
+	if err == nil && stopped && res.State == api.JobTerminated {
+		res.Interrupted = true
+	}
+	return res, false, err
+}
+
+// watchJob streams the job's raw output from since on to out and pulls its
+// states until the final one, which it records in res once every byte of
+// output was shown (or 10 s passed). Each stop request calls onStop; true
+// ends the watch there.
+func watchJob(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
+	return watchJobStream(ctx, r, since, out, status, stops, res, onStop, nil)
+}
+
+// watchJobStream is watchJob that also reports (connected, when not nil)
+// whether the log stream opened.
+func watchJobStream(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, connected *atomic.Bool) error {
+	wsDone := make(chan struct{})
+	wsCtx, cancelWS := context.WithCancel(ctx)
+	defer cancelWS()
+	go func() {
+		defer close(wsDone)
+		streamLogs(wsCtx, r, since, out, status, connected)
+	}()
+	var ts int64
+	for {
+		p, err := r.Pull(ctx, ts)
+		if err != nil {
+			return fmt.Errorf("pull job state: %w", err)
+		}
+		ts = p.LastUpdated
+		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
+			f := p.JobStates[n-1]
+			res.State, res.ExitStatus, res.Reason, res.Message = f.State, f.ExitStatus, f.TerminationReason, f.TerminationMessage
+			select {
+			case <-wsDone: // every byte of output shown
+			case <-time.After(10 * time.Second):
+			}
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-stops:
+			if onStop() {
+				return nil
+			}
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// streamLogs copies the job's raw output from since on to out until it
+// ends or ctx does.
+func streamLogs(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, connected *atomic.Bool) {
+	ls, err := r.Logs(ctx, since)
+	if err != nil {
+		if status != nil && ctx.Err() == nil {
+			fmt.Fprintf(status, "log stream: %v\n", err)
+		}
+		return
+	}
+	if connected != nil {
+		connected.Store(true)
+	}
+	defer ls.Close()
+	for {
+		b, err := ls.Next()
+		if err != nil {
+			return
+		}
+		_, _ = out.Write(b)
+	}
+}
+
+// Describe renders a result in one line for people.
+func Describe(r Result) string {
+	switch {
+	case r.State == api.JobDone:
+		return "job done"
+	case r.ExitStatus != nil && strings.TrimSpace(r.Message) != "":
+		return fmt.Sprintf("job failed: exit status %d: %s", *r.ExitStatus, strings.TrimSpace(r.Message))
+	case r.ExitStatus != nil:
+		return fmt.Sprintf("job failed: exit status %d", *r.ExitStatus)
+	case r.Reason != "":
+		msg := strings.TrimSpace(r.Message)
+		if msg != "" {
+			return fmt.Sprintf("job %s: %s: %s", r.State, r.Reason, msg)
+		}
+		return fmt.Sprintf("job %s: %s", r.State, r.Reason)
+	}
+	return "job " + string(r.State)
+}

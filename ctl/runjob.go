@@ -1,0 +1,133 @@
+package ctl
+
+// The job side of a run: its submit body, code and files, and its start.
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
+)
+
+func submitJob(ctx context.Context, r *runnerclient.Client, o RunOptions, id, name string) error {
+	if err := prepareJob(ctx, r, o, jobBody(o, id, name)); err != nil {
+		return err
+	}
+	return startJob(ctx, r, o)
+}
+
+// jobBody is the runner's submit body for a one-node run, shaped as the
+// dstack server's.
+func jobBody(o RunOptions, id, name string) api.SubmitBody {
+	repoData := &api.RepoData{RepoType: api.RepoVirtual}
+	body := api.SubmitBody{
+		Run: api.Run{ID: id, RunSpec: api.RunSpec{RunName: name, RepoID: "tandem-code", RepoData: repoData}},
+		JobSpec: api.JobSpec{JobsPerReplica: 1, Commands: o.Commands, Env: o.Env, RepoData: repoData,
+			MaxDuration: int(o.MaxDuration / time.Second)},
+		JobSubmission: api.JobSubmission{ID: id},
+		ClusterInfo:   api.ClusterInfo{JobIPs: []string{""}, GPUsPerJob: max(o.GPUs, 0)},
+		Secrets:       map[string]string{},
+	}
+	wd := o.WorkDir
+	if wd == "" {
+		wd = "/workflow"
+	}
+	body.JobSpec.WorkingDir = &wd
+	body.JobSpec.RepoDir = &wd
+	if o.Detach {
+		// Nobody pulls a detached job's output from its runner (attach and
+		// logs read what the shim keeps once it is gone): it leaves at the
+		// job's end and gives its ports back for the next run.
+		body.Tandem = &api.SubmitExtras{NoPull: true}
+	}
+	return body
+}
+
+// prepareJob submits the job and uploads the code.
+func prepareJob(ctx context.Context, r *runnerclient.Client, o RunOptions, body api.SubmitBody) error {
+	if err := r.Submit(ctx, body); err != nil {
+		if o.Network == "host" && errors.Is(err, api.ErrConflict) {
+			return withHint(HintBridgeNetwork, fmt.Errorf("submit job: %w: the runner at this port already has a job", err))
+		}
+		return fmt.Errorf("submit job: %w", err)
+	}
+	if o.CodeDir != "" {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(tarDir(o.CodeDir, pw)) }()
+		err := r.UploadCode(ctx, pr)
+		pr.Close()
+		if err != nil {
+			return fmt.Errorf("upload code from %s: %w", o.CodeDir, err)
+		}
+	}
+	return nil
+}
+
+// startJob starts the submitted job.
+func startJob(ctx context.Context, r *runnerclient.Client, o RunOptions) error {
+	rr, _, err := r.Run(ctx)
+	if err != nil {
+		return fmt.Errorf("start job: %w", err)
+	}
+	if rr.WorkingDir != "" {
+		o.status("job running in %s as %s", rr.WorkingDir, rr.Username)
+	}
+	return nil
+}
+
+// tarDir writes dir as an uncompressed tar with paths relative to it.
+func tarDir(dir string, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil || rel == "." {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		link := ""
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		hdr, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		hdr.Name = filepath.ToSlash(rel)
+		if d.IsDir() {
+			hdr.Name += "/"
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			_, err = io.Copy(tw, f)
+			f.Close()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return tw.Close()
+}

@@ -1,0 +1,190 @@
+package ctl
+
+// The task side of a run: the shim, the task's container and its runner
+// coming up, and what is left when a run ends early.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
+	"github.com/tandem-run/tandem/api/shimclient"
+)
+
+// checkGPUs refuses a run that asks for GPUs the host does not have (all
+// of none, or more than it has), as its shim counts them; a shim that does
+// not say (dstack's) is left to decide.
+func checkGPUs(ctx context.Context, shim *shimclient.Client, gpus int) error {
+	if gpus == 0 {
+		return nil
+	}
+	h, err := shim.InstanceHost(ctx)
+	if err != nil {
+		return nil
+	}
+	switch {
+	case gpus < 0 && h.GPUCount == 0:
+		return errors.New("--gpus all: this host has no GPUs its shim can use")
+	case gpus > h.GPUCount:
+		return fmt.Errorf("--gpus %d: this host has %d GPU(s)", gpus, h.GPUCount)
+	}
+	return nil
+}
+
+// submitTask submits cfg, again while the shim is slow or restarting (a
+// repeated submit of the same config is a no-op there).
+func submitTask(ctx context.Context, shim *shimclient.Client, cfg api.TaskConfig) error {
+	if _, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.SubmitTask(ctx, cfg) }); err != nil {
+		return fmt.Errorf("the shim rejected the task: %w", err)
+	}
+	return nil
+}
+
+// helloShim checks that addr answers as a dstack-shim.
+func helloShim(ctx context.Context, shim *shimclient.Client, addr string) (api.HealthcheckResponse, error) {
+	hc, err := shim.Healthcheck(ctx)
+	if err != nil {
+		return hc, fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", addr, err)
+	}
+	if hc.Service != api.ServiceShim {
+		return hc, fmt.Errorf("%s answers as %q, not dstack-shim", addr, hc.Service)
+	}
+	return hc, nil
+}
+
+// taskConfig is the shim task of a run's job.
+func taskConfig(o RunOptions, id, name string) api.TaskConfig {
+	return api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
+		ShmSize: o.ShmSize, PidsLimit: o.PidsLimit, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
+}
+
+// taskEnded says why a task ended before its job started: the shim's
+// reason and the container's last lines (escaped per line), with a hint
+// for the host-network port clash.
+func taskEnded(info api.TaskInfoResponse, network string) error {
+	err := error(&TaskEndedError{Info: info})
+	if network != "bridge" && strings.Contains(info.TerminationMessage, "address already in use") {
+		return withHint(HintBridgeNetwork, err)
+	}
+	return err
+}
+
+// printableLines is msg trimmed, each line made printable.
+func printableLines(msg string) string {
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(msg), "\n") {
+		lines = append(lines, api.Printable(l))
+	}
+	return strings.Join(lines, "\n")
+}
+
+// readyRunner is a client of the task's runner once it answers.
+// While it does not, the task is looked at once a second: a task that
+// ended (its runner could not start) is that error.
+func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAddr string, info api.TaskInfoResponse, network string, port int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, error) {
+	r, addr, err := runnerFor(shimAddr, info, port, dial)
+	if err != nil {
+		return nil, err
+	}
+	ended := func(ctx context.Context) error {
+		if now, err := shim.GetTask(ctx, info.ID); err == nil && now.Status == api.TaskTerminated {
+			return taskEnded(now, network)
+		}
+		return nil
+	}
+	if err := waitRunner(ctx, clk, r, info.ID, ended); err != nil {
+		var te *TaskEndedError
+		if errors.As(err, &te) {
+			return nil, err
+		}
+		return nil, withHint(HintRunnerPort, fmt.Errorf("runner at %s did not answer: %w", addr, err))
+	}
+	return r, nil
+}
+
+// cleanup terminates and removes a task, retrying transient failures for
+// cleanupPatience; a task already gone is fine.
+func cleanup(ctx context.Context, shim *shimclient.Client, id string, timeout uint) error {
+	_, err := retry(ctx, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
+	})
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("terminate: %w", err)
+	}
+	_, err = retry(ctx, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.RemoveTask(ctx, id) })
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("remove: %w", err)
+	}
+	return nil
+}
+
+func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
+
+// failEarly ends a run before its job ended: when the user interrupted it,
+// res says so and the error is ErrInterrupted (what is removed, named by
+// removing, is said); otherwise err as it is.
+func failEarly(ctx context.Context, o RunOptions, res *Result, err error, removing string) (Result, error) {
+	if !interrupted(ctx) {
+		return *res, err
+	}
+	res.Interrupted, res.State = true, api.JobTerminated
+	o.status("interrupted: removing %s", removing)
+	return *res, ErrInterrupted
+}
+
+func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
+	var last api.TaskStatus
+	start, phase := time.Now(), time.Now()
+	for {
+		info, err := retry(ctx, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
+		if err != nil {
+			return info, fmt.Errorf("task %s: %w", id, err)
+		}
+		if info.Status != last {
+			if last != "" {
+				o.emit(Event{Kind: EventPhaseDone, Task: id[:8], Status: last, Took: time.Since(phase)})
+			}
+			phase, last = time.Now(), info.Status
+		}
+		if p := info.ImagePullProgress; p != nil && info.Status == api.TaskPulling && p.TotalBytes > 0 {
+			o.emit(Event{Kind: EventPull, Task: id[:8], Image: o.Image, Pull: p})
+		}
+		if info.Status == api.TaskTerminated || (info.Status == api.TaskRunning && info.Ports != nil) {
+			o.emit(Event{Kind: EventReady, Task: id[:8], Status: info.Status, Took: time.Since(start)})
+			return info, nil
+		}
+		select {
+		case <-ctx.Done():
+			return info, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func waitRunner(ctx context.Context, clk Clock, r *runnerclient.Client, taskID string, ended func(context.Context) error) error {
+	clk = clockOr(clk)
+	lastLook := clk.Now()
+	return poll(ctx, clk, 50*time.Millisecond, 60*time.Second, func() (bool, error) {
+		hc, err := r.Healthcheck(ctx)
+		if err == nil && hc.TaskID != "" && hc.TaskID != taskID {
+			// The port's previous runner (a task that just ended) is
+			// still leaving it: ours comes next.
+			err = fmt.Errorf("the runner there serves task %s, not %s", api.Printable(hc.TaskID), taskID)
+		}
+		if err == nil {
+			return true, nil
+		}
+		if ended != nil && clk.Now().Sub(lastLook) >= time.Second {
+			lastLook = clk.Now()
+			if eerr := ended(ctx); eerr != nil {
+				return true, eerr
+			}
+		}
+		return false, err
+	})
+}
