@@ -14,30 +14,21 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"golang.org/x/net/netutil"
-
 	"github.com/tandem-run/tandem/api"
-	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/lifecycle"
 	"github.com/tandem-run/tandem/common/logging"
-	"github.com/tandem-run/tandem/common/memtrim"
-	"github.com/tandem-run/tandem/common/sdnotify"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/authkeys"
 	"github.com/tandem-run/tandem/shim/component"
 	"github.com/tandem-run/tandem/shim/dockerrt"
 	"github.com/tandem-run/tandem/shim/gpu"
-	"github.com/tandem-run/tandem/shim/hostinfo"
 	"github.com/tandem-run/tandem/shim/metrics"
 	"github.com/tandem-run/tandem/shim/netiso"
-	"github.com/tandem-run/tandem/shim/origin"
 	"github.com/tandem-run/tandem/shim/portfwd"
 	"github.com/tandem-run/tandem/shim/principal"
 	"github.com/tandem-run/tandem/shim/runnerdir"
-	"github.com/tandem-run/tandem/shim/server"
 	"github.com/tandem-run/tandem/shim/task"
 	"github.com/tandem-run/tandem/shim/volume"
 )
@@ -327,106 +318,6 @@ func (a *agent) startRecovery(ctx context.Context) error {
 	return nil
 }
 
-// startAPI serves the shim API. Its stop cancels component installs, then
-// shuts the server down (at once when the API asked for force).
-func (a *agent) startAPI(ctx context.Context) error {
-	inst := hostInstance{gpus: a.gpus, health: instanceHealth{docker: a.rt.Ping}}
-	var gpuMetrics server.GPUMetrics
-	if a.vendor == api.GPUVendorNVIDIA {
-		xids := a.nvml.WatchXIDs(ctx)
-		inst.health.gpus = func(context.Context) *api.DCGMHealth { return a.nvml.Health(xids()) }
-		every := a.cfg.GPUMetricsInterval
-		m := nvidiaMetrics{nvml: &gpu.Metrics{NVML: a.nvml, Interval: every}}
-		if a.cfg.DCGMExporterPort > 0 {
-			m.exporter = &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", a.cfg.DCGMExporterPort), Interval: every}
-		}
-		gpuMetrics = m
-	}
-	installCtx, cancelInstalls := context.WithCancel(context.Background())
-	a.sd = newShutdown()
-	metricsH := a.mx.Handler(metrics.Sources{Tasks: a.engine, GPUs: a.locks})
-	e := server.New(server.Deps{
-		Version:           version.String(),
-		TandemVersion:     version.Tandem(),
-		Tasks:             a.engine,
-		Runner:            a.runnerComp,
-		Shim:              a.shimComp,
-		InstallCtx:        installCtx,
-		Instance:          inst,
-		GPUMetrics:        gpuMetrics,
-		Stopper:           a.sd,
-		Readiness:         recovered{done: a.ready},
-		Log:               a.log,
-		Metrics:           metricsH,
-		MetricsMiddleware: a.mx.Middleware(),
-	})
-	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		cancelInstalls()
-		return fmt.Errorf("listen %s: %w", addr, err)
-	}
-	access := a.access()
-	e.Pre(access.Middleware())
-	if a.cfg.APIAllowContainers {
-		a.log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
-	}
-	a.ln, a.hs = ln, httpapi.NewServer(e, httpapi.DefaultLimits)
-	// Who a connection is, is decided when it is accepted, before it holds
-	// one of the API's slots: a container's connections are refused at
-	// once, and the reserve is for the host.
-	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, access.Admit(), a.log)
-	gate.Attach(a.hs)
-	a.serveErr = make(chan error, 1)
-	go func() { a.serveErr <- a.hs.Serve(gate) }()
-	a.OnStop(func() {
-		cancelInstalls()
-		if a.force {
-			_ = a.hs.Close()
-			return
-		}
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := a.hs.Shutdown(sctx); err != nil {
-			_ = a.hs.Close()
-		}
-		if !a.served {
-			if err := <-a.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
-				a.log.Error("serve", "err", err)
-			}
-		}
-	})
-	a.log.Info("shim API serving", "addr", gate.Addr().String())
-	if a.cfg.MetricsAddress != "" {
-		if err := a.startMetrics(metricsH); err != nil {
-			return err
-		}
-	}
-	if a.cfg.Ready != nil {
-		a.cfg.Ready(gate.Addr().String())
-	}
-	return nil
-}
-
-// startMetrics serves h (the API's /metrics) alone on --metrics-address:
-// read-only counters for a scraper anywhere. Each connection is bounded in
-// time and there are at most 32 at once; nothing else of the API answers
-// there.
-func (a *agent) startMetrics(h http.Handler) error {
-	ln, err := net.Listen("tcp", a.cfg.MetricsAddress)
-	if err != nil {
-		return fmt.Errorf("listen %s (--metrics-address): %w", a.cfg.MetricsAddress, err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", h)
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
-		IdleTimeout: 60 * time.Second, MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
-	go func() { _ = hs.Serve(netutil.LimitListener(ln, 32)) }()
-	a.OnStop(func() { _ = hs.Close() })
-	a.log.Info("metrics serving", "addr", ln.Addr().String())
-	return nil
-}
-
 // pidsLimit is the flag's value: 0 picks DefaultPidsLimit for this
 // kernel's pid_max, -1 none.
 func pidsLimit(flag int64) int64 {
@@ -469,158 +360,4 @@ func (a *agent) runnerDirs() *runnerdir.Dirs {
 		a.log.Warn("runner dirs are plain directories: a job can fill the shim home's disk through its own (--runner-dir-size)")
 	}
 	return &runnerdir.Dirs{Size: size, Log: a.log}
-}
-
-// access is who may call the API and the forwarded task ports.
-func (a *agent) access() server.Access {
-	return server.Access{AllowContainers: a.cfg.APIAllowContainers, Token: a.cfg.APIToken, AllowedHosts: a.cfg.APIAllowedHosts,
-		Check: origin.Checker{}.CheckBatch, Principals: a.principals(), Log: a.log}
-}
-
-// principals is who may drive the agents (the shim's API and the runner
-// ports it forwards): root-equivalent accounts and the operator's list.
-func (a *agent) principals() *principal.Policy {
-	if a.policy == nil {
-		sock := ""
-		if h, ok := strings.CutPrefix(os.Getenv("DOCKER_HOST"), "unix://"); ok {
-			sock = h
-		}
-		a.policy = &principal.Policy{Root: a.cfg.PolicyRoot, Allow: a.cfg.APIAllowUsers, DockerSocket: sock, Log: a.log}
-		a.log.Info("API callers admitted", "rule", a.policy.String())
-	}
-	return a.policy
-}
-
-// startSystemd tells systemd (Type=notify) the shim is ready once it
-// serves and recovered, then feeds the watchdog only while the API and the
-// engine answer. Its stop says STOPPING=1.
-func (a *agent) startSystemd(context.Context) error {
-	notify := sdnotify.FromEnv()
-	stopWatch := make(chan struct{})
-	a.OnStop(func() {
-		close(stopWatch)
-		_ = notify.Send("STOPPING=1")
-	})
-	go func() {
-		select {
-		case <-a.ready:
-		case <-stopWatch:
-			return
-		}
-		// Start-up is over: its pages of the binary go back (see memtrim).
-		if !a.cfg.KeepStartupMemory {
-			if r, err := memtrim.Release(); err != nil {
-				a.log.Warn("releasing start-up memory", "err", err)
-			} else {
-				a.log.Debug("released start-up memory", "executable_rss_before", r.Before, "after", r.After)
-			}
-		}
-		if err := notify.Send("READY=1"); err != nil {
-			a.log.Warn("systemd notify", "err", err)
-		}
-		every := sdnotify.WatchdogInterval() / 2
-		if every <= 0 {
-			return
-		}
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopWatch:
-				return
-			case <-t.C:
-				if alive(a.engine, a.ln.Addr().String(), every) {
-					_ = notify.Send("WATCHDOG=1")
-				} else {
-					a.log.Error("watchdog: the shim is not answering itself; systemd will restart it")
-				}
-			}
-		}
-	}()
-	return nil
-}
-
-// wait runs until the server fails, ctx ends or the API asks for a
-// shutdown; Run then takes the parts down in reverse.
-func (a *agent) wait(ctx context.Context) error {
-	select {
-	case err := <-a.serveErr:
-		a.served = true
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-		a.log.Info("signal received, shutting down")
-	case force := <-a.sd.ch:
-		a.force = force
-		a.log.Info("API shutdown requested", "force", force)
-	}
-	return nil
-}
-
-// shutdown delivers the first shutdown request; a later force one upgrades.
-type shutdown struct {
-	once sync.Once
-	ch   chan bool
-}
-
-func newShutdown() *shutdown { return &shutdown{ch: make(chan bool, 1)} }
-
-// Stop asks Run to stop (server.Stopper); the first request wins.
-func (s *shutdown) Stop(force bool) {
-	s.once.Do(func() { s.ch <- force })
-}
-
-// dockerFacts asks Docker, bounded, for its root dir (host_info's disk) and
-// logs its version. A daemon that does not answer leaves "/", logged, and
-// answered false.
-func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, log *slog.Logger) (diskPath string, answered bool) {
-	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	info, err := rt.Client().Info(ictx)
-	if err != nil {
-		log.Error("docker is not answering; tasks will fail until it does", "err", err)
-		return "/", false
-	}
-	log.Info("docker", "server_version", info.ServerVersion, "root", info.DockerRootDir, "runtimes", len(info.Runtimes))
-	return info.DockerRootDir, true
-}
-
-// writeHostInfo writes host_info.json once (service mode).
-func writeHostInfo(home string, gpus []gpu.GPU, diskPath string, log *slog.Logger) {
-	hi, err := hostinfo.Collect(gpus, diskPath)
-	if err != nil {
-		log.Error("collect host info", "err", err)
-		return
-	}
-	if wrote, err := hostinfo.WriteOnce(filepath.Join(home, "host_info.json"), hi); err != nil {
-		log.Error("write host_info.json", "err", err)
-	} else if !wrote {
-		log.Info("host_info.json exists; left as is")
-	}
-}
-
-// alive checks, within limit, that the engine's lock is free and the API
-// answers its own healthcheck over the listener: what WATCHDOG=1 vouches
-// for.
-func alive(engine *task.Engine, addr string, limit time.Duration) bool {
-	if host, port, err := net.SplitHostPort(addr); err == nil {
-		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
-			addr = net.JoinHostPort("127.0.0.1", port)
-		}
-	}
-	done := make(chan bool, 1)
-	go func() {
-		engine.List()
-		c := http.Client{Timeout: limit}
-		resp, err := c.Get("http://" + addr + "/api/healthcheck")
-		if err == nil {
-			resp.Body.Close()
-		}
-		done <- err == nil && resp.StatusCode == http.StatusOK
-	}()
-	select {
-	case ok := <-done:
-		return ok
-	case <-time.After(limit):
-		return false
-	}
 }

@@ -1,0 +1,147 @@
+package agent
+
+// The shim's API and metrics listeners, and who may call them.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/net/netutil"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/httpapi"
+	"github.com/tandem-run/tandem/common/version"
+	"github.com/tandem-run/tandem/shim/gpu"
+	"github.com/tandem-run/tandem/shim/metrics"
+	"github.com/tandem-run/tandem/shim/origin"
+	"github.com/tandem-run/tandem/shim/principal"
+	"github.com/tandem-run/tandem/shim/server"
+)
+
+// startAPI serves the shim API. Its stop cancels component installs, then
+// shuts the server down (at once when the API asked for force).
+func (a *agent) startAPI(ctx context.Context) error {
+	inst := hostInstance{gpus: a.gpus, health: instanceHealth{docker: a.rt.Ping}}
+	var gpuMetrics server.GPUMetrics
+	if a.vendor == api.GPUVendorNVIDIA {
+		xids := a.nvml.WatchXIDs(ctx)
+		inst.health.gpus = func(context.Context) *api.DCGMHealth { return a.nvml.Health(xids()) }
+		every := a.cfg.GPUMetricsInterval
+		m := nvidiaMetrics{nvml: &gpu.Metrics{NVML: a.nvml, Interval: every}}
+		if a.cfg.DCGMExporterPort > 0 {
+			m.exporter = &gpu.Exporter{URL: fmt.Sprintf("http://localhost:%d/metrics", a.cfg.DCGMExporterPort), Interval: every}
+		}
+		gpuMetrics = m
+	}
+	installCtx, cancelInstalls := context.WithCancel(context.Background())
+	a.sd = newShutdown()
+	metricsH := a.mx.Handler(metrics.Sources{Tasks: a.engine, GPUs: a.locks})
+	e := server.New(server.Deps{
+		Version:           version.String(),
+		TandemVersion:     version.Tandem(),
+		Tasks:             a.engine,
+		Runner:            a.runnerComp,
+		Shim:              a.shimComp,
+		InstallCtx:        installCtx,
+		Instance:          inst,
+		GPUMetrics:        gpuMetrics,
+		Stopper:           a.sd,
+		Readiness:         recovered{done: a.ready},
+		Log:               a.log,
+		Metrics:           metricsH,
+		MetricsMiddleware: a.mx.Middleware(),
+	})
+	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		cancelInstalls()
+		return fmt.Errorf("listen %s: %w", addr, err)
+	}
+	access := a.access()
+	e.Pre(access.Middleware())
+	if a.cfg.APIAllowContainers {
+		a.log.Warn("the shim API serves callers inside containers too (--api-allow-containers)")
+	}
+	a.ln, a.hs = ln, httpapi.NewServer(e, httpapi.DefaultLimits)
+	// Who a connection is, is decided when it is accepted, before it holds
+	// one of the API's slots: a container's connections are refused at
+	// once, and the reserve is for the host.
+	gate := httpapi.NewGate(ln, httpapi.DefaultLimits, access.Admit(), a.log)
+	gate.Attach(a.hs)
+	a.serveErr = make(chan error, 1)
+	go func() { a.serveErr <- a.hs.Serve(gate) }()
+	a.OnStop(func() {
+		cancelInstalls()
+		if a.force {
+			_ = a.hs.Close()
+			return
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := a.hs.Shutdown(sctx); err != nil {
+			_ = a.hs.Close()
+		}
+		if !a.served {
+			if err := <-a.serveErr; err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.log.Error("serve", "err", err)
+			}
+		}
+	})
+	a.log.Info("shim API serving", "addr", gate.Addr().String())
+	if a.cfg.MetricsAddress != "" {
+		if err := a.startMetrics(metricsH); err != nil {
+			return err
+		}
+	}
+	if a.cfg.Ready != nil {
+		a.cfg.Ready(gate.Addr().String())
+	}
+	return nil
+}
+
+// startMetrics serves h (the API's /metrics) alone on --metrics-address:
+// read-only counters for a scraper anywhere. Each connection is bounded in
+// time and there are at most 32 at once; nothing else of the API answers
+// there.
+func (a *agent) startMetrics(h http.Handler) error {
+	ln, err := net.Listen("tcp", a.cfg.MetricsAddress)
+	if err != nil {
+		return fmt.Errorf("listen %s (--metrics-address): %w", a.cfg.MetricsAddress, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
+		IdleTimeout: 60 * time.Second, MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
+	go func() { _ = hs.Serve(netutil.LimitListener(ln, 32)) }()
+	a.OnStop(func() { _ = hs.Close() })
+	a.log.Info("metrics serving", "addr", ln.Addr().String())
+	return nil
+}
+
+// access is who may call the API and the forwarded task ports.
+func (a *agent) access() server.Access {
+	return server.Access{AllowContainers: a.cfg.APIAllowContainers, Token: a.cfg.APIToken, AllowedHosts: a.cfg.APIAllowedHosts,
+		Check: origin.Checker{}.CheckBatch, Principals: a.principals(), Log: a.log}
+}
+
+// principals is who may drive the agents (the shim's API and the runner
+// ports it forwards): root-equivalent accounts and the operator's list.
+func (a *agent) principals() *principal.Policy {
+	if a.policy == nil {
+		sock := ""
+		if h, ok := strings.CutPrefix(os.Getenv("DOCKER_HOST"), "unix://"); ok {
+			sock = h
+		}
+		a.policy = &principal.Policy{Root: a.cfg.PolicyRoot, Allow: a.cfg.APIAllowUsers, DockerSocket: sock, Log: a.log}
+		a.log.Info("API callers admitted", "rule", a.policy.String())
+	}
+	return a.policy
+}

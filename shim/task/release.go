@@ -1,0 +1,94 @@
+package task
+
+// Giving back what a task holds: in reverse acquire order, what fails
+// kept in its record (holds) and retried.
+
+import (
+	"log/slog"
+	"slices"
+	"time"
+)
+
+// release gives back the task's host resources, in reverse order, exactly
+// once.
+func (e *Engine) release(t *task, log *slog.Logger) {
+	t.mu.Lock()
+	if t.released || t.releasing {
+		t.mu.Unlock()
+		return
+	}
+	t.releasing = true
+	only := slices.Clone(t.holding) // after a restart: what is still held
+	t.mu.Unlock()
+	if e.releaseKinds(t, log, only) {
+		return
+	}
+	e.retries.Add(1)
+	go func() {
+		defer e.retries.Done()
+		e.retryRelease(t, log)
+	}()
+}
+
+// releaseKinds releases, in reverse acquire order, the kinds named in only
+// (every kind when empty), records what is still held, and says whether
+// nothing is. The record is written either way.
+func (e *Engine) releaseKinds(t *task, log *slog.Logger, only []string) bool {
+	var held []string
+	for i := len(e.resources) - 1; i >= 0; i-- {
+		r := e.resources[i]
+		if len(only) > 0 && !slices.Contains(only, r.kind()) {
+			continue
+		}
+		if err := r.release(t, log); err != nil {
+			log.Error("release failed; retried", "resource", r.kind(), "err", err)
+			held = append(held, r.kind())
+		}
+	}
+	t.mu.Lock()
+	t.holding = held
+	done := len(held) == 0
+	if done {
+		t.released, t.releasing = true, false
+	}
+	t.mu.Unlock()
+	e.saveSoon(t)
+	return done
+}
+
+// Backoff of failed releases: a few minutes of tries while the shim runs;
+// the record keeps what is held, so the next start tries again.
+const (
+	releaseRetryFirst = time.Second
+	releaseRetryMax   = time.Minute
+	releaseRetries    = 8
+)
+
+// retryRelease retries what t still holds until it is given back, the
+// tries run out, or the shim shuts down.
+func (e *Engine) retryRelease(t *task, log *slog.Logger) {
+	backoff := e.releaseBackoff
+	if backoff == 0 {
+		backoff = releaseRetryFirst
+	}
+	for try := 1; try <= releaseRetries; try++ {
+		select {
+		case <-e.life.Done():
+			return
+		case <-time.After(backoff):
+		}
+		t.mu.Lock()
+		held := slices.Clone(t.holding)
+		t.mu.Unlock()
+		if len(held) == 0 || e.releaseKinds(t, log, held) {
+			log.Info("released after a retry", "resources", held, "tries", try)
+			return
+		}
+		backoff = min(2*backoff, releaseRetryMax)
+	}
+	t.mu.Lock()
+	held := slices.Clone(t.holding)
+	t.releasing = false
+	t.mu.Unlock()
+	log.Error("the task still holds resources whose release keeps failing; the next shim start tries again", "resources", held)
+}
