@@ -198,7 +198,7 @@ func (c *Cluster) plan(ctx context.Context) error {
 // bringUp submits every node's task and waits until its runner answers.
 func (c *Cluster) bringUp(ctx context.Context) error {
 	return onEach(c.cs, func(n *clusterNode) error {
-		if err := submitTask(ctx, n.shim, taskConfig(c.o, n.id, n.name)); err != nil {
+		if err := submitTask(ctx, c.o.Clock, n.shim, taskConfig(c.o, n.id, n.name)); err != nil {
 			return err
 		}
 		info, err := waitTask(ctx, n.shim, n.id, c.o)
@@ -239,7 +239,7 @@ func (c *Cluster) removeAll(ctx context.Context, now bool) {
 		if n.shim == nil {
 			return nil
 		}
-		if err := cleanup(ctx, n.shim, n.id, stopGrace(now)); err != nil {
+		if err := cleanup(ctx, c.o.Clock, n.shim, n.id, stopGrace(now)); err != nil {
 			c.o.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
 		}
 		return nil

@@ -69,7 +69,7 @@ func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}
 				first = &e
 				if pending > 0 {
 					stopAll(fmt.Sprintf("the master's job %s", strings.TrimPrefix(Describe(e.res), "job ")))
-					settle = time.After(30 * time.Second)
+					settle = clockOr(o.Clock).After(30 * time.Second)
 				}
 			case e.err == nil && e.res.State == api.JobDone:
 				o.status("%s: job done", e.node)
@@ -77,14 +77,14 @@ func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}
 				first = &e
 				if pending > 0 {
 					stopAll(fmt.Sprintf("%s %s", e.node, nodeFailure(e)))
-					settle = time.After(30 * time.Second)
+					settle = clockOr(o.Clock).After(30 * time.Second)
 				}
 			}
 		case <-stops:
 			if !res.Interrupted {
 				res.Interrupted = true
 				stopAll("")
-				settle = time.After(30 * time.Second)
+				settle = clockOr(o.Clock).After(30 * time.Second)
 			}
 		case <-ctx.Done():
 			o.status("killing every node")
@@ -128,7 +128,7 @@ func nodeFailure(e nodeEnd) string {
 func watchNode(ctx context.Context, clk Clock, n *clusterNode, out io.Writer, res *Result) error {
 	since := time.Time{}
 	for {
-		err := watchJob(ctx, n.runner, since, out, nil, nil, res, nil)
+		err := watchJob(ctx, clk, n.runner, since, out, nil, nil, res, nil)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}

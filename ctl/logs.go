@@ -80,7 +80,7 @@ func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.W
 		if err != nil {
 			return err
 		}
-		now := time.Now()
+		now := clockOr(o.Clock).Now()
 		out := w
 		var tail *tailWriter
 		if lo.Tail > 0 {
@@ -215,7 +215,7 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 		return res, withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, hcErr))
 	}
 	var connected atomic.Bool
-	err = watchJobStream(ctx, r, since, out, nil, nil, &res, nil, &connected) // no stops: onStop is never called
+	err = watchJobStream(ctx, o.Clock, r, since, out, nil, nil, &res, nil, &connected) // no stops: onStop is never called
 	if ctx.Err() == nil && !connected.Load() {
 		// The runner left as we attached (a detached run's runner leaves
 		// at the job's end) before showing anything: the shim keeps the
@@ -292,7 +292,7 @@ func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoRespo
 			return withHint(HintForce, fmt.Errorf("task %s is %s: stop it first", DisplayName(info), info.Status))
 		}
 	}
-	if err := cleanup(ctx, shim, info.ID, timeout); err != nil {
+	if err := cleanup(ctx, nil, shim, info.ID, timeout); err != nil {
 		return fmt.Errorf("%s %s", DisplayName(info), err)
 	}
 	return nil

@@ -47,21 +47,22 @@ const (
 // failures are retried with backoff. Each attempt keeps its own timeout
 // (the client's), so one slow answer is only one failed attempt. The error
 // returned is the last attempt's, saying how long it was tried.
-func retry[T any](ctx context.Context, patience time.Duration, call func(context.Context) (T, error)) (T, error) {
-	start := time.Now()
+func retry[T any](ctx context.Context, clk Clock, patience time.Duration, call func(context.Context) (T, error)) (T, error) {
+	clk = clockOr(clk)
+	start := clk.Now()
 	backoff := retryFirst
 	for attempt := 1; ; attempt++ {
 		v, err := call(ctx)
 		if err == nil || !Transient(err) || ctx.Err() != nil {
 			return v, err
 		}
-		if time.Since(start)+backoff > patience {
-			return v, fmt.Errorf("%w (tried %d times over %s)", err, attempt, time.Since(start).Round(time.Second))
+		if took := clk.Now().Sub(start); took+backoff > patience {
+			return v, fmt.Errorf("%w (tried %d times over %s)", err, attempt, took.Round(time.Second))
 		}
 		select {
 		case <-ctx.Done():
 			return v, err
-		case <-time.After(backoff):
+		case <-clk.After(backoff):
 		}
 		backoff = min(2*backoff, retryMax)
 	}

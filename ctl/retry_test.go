@@ -32,7 +32,7 @@ func TestTransient(t *testing.T) {
 
 func TestRetry(t *testing.T) {
 	n := 0
-	v, err := retry(context.Background(), time.Minute, func(context.Context) (int, error) {
+	v, err := retry(context.Background(), nil, time.Minute, func(context.Context) (int, error) {
 		if n++; n < 3 {
 			return 0, &api.StatusError{Code: http.StatusServiceUnavailable}
 		}
@@ -42,7 +42,7 @@ func TestRetry(t *testing.T) {
 		t.Fatalf("transient then ok: %d %v after %d", v, err, n)
 	}
 	n = 0
-	_, err = retry(context.Background(), time.Minute, func(context.Context) (int, error) {
+	_, err = retry(context.Background(), nil, time.Minute, func(context.Context) (int, error) {
 		n++
 		return 0, &api.StatusError{Code: http.StatusNotFound}
 	})
@@ -50,7 +50,7 @@ func TestRetry(t *testing.T) {
 		t.Fatalf("final error retried: %v after %d", err, n)
 	}
 	n = 0
-	_, err = retry(context.Background(), 600*time.Millisecond, func(context.Context) (int, error) {
+	_, err = retry(context.Background(), nil, 600*time.Millisecond, func(context.Context) (int, error) {
 		n++
 		return 0, syscall.ECONNREFUSED
 	})

@@ -165,7 +165,7 @@ func (r *Run) Submit(ctx context.Context) error {
 	if err := checkGPUs(ctx, r.shim, r.o.GPUs); err != nil {
 		return err
 	}
-	return submitTask(ctx, r.shim, taskConfig(r.o, r.id, r.name))
+	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))
 }
 
 // WaitTask waits until the task runs with its ports known; a task that
@@ -212,7 +212,7 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 		return res, killed, err
 	}
 	// The runner is gone: the shim knows why.
-	info, gerr := retry(ctx, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.shim.GetTask(ctx, r.id) })
+	info, gerr := retry(ctx, r.o.Clock, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.shim.GetTask(ctx, r.id) })
 	switch {
 	case errors.Is(gerr, api.ErrNotFound):
 		res.State = api.JobTerminated
@@ -227,7 +227,7 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 // Remove terminates the task (with a 5 s grace, none when now) and
 // removes it; a task already gone is fine.
 func (r *Run) Remove(ctx context.Context, now bool) error {
-	return cleanup(ctx, r.shim, r.id, stopGrace(now))
+	return cleanup(ctx, r.o.Clock, r.shim, r.id, stopGrace(now))
 }
 
 // stopGrace is the seconds a run's job gets to stop when its task is

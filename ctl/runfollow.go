@@ -23,7 +23,7 @@ func follow(ctx context.Context, r *runnerclient.Client, stops <-chan struct{}, 
 	if o.Progress != nil {
 		notes = progressWriter{o}
 	}
-	err = watchJob(ctx, r, time.Time{}, o.Out, notes, stops, &res, func() bool {
+	err = watchJob(ctx, o.Clock, r, time.Time{}, o.Out, notes, stops, &res, func() bool {
 		if !stopped {
 			stopped = true
 			o.emit(Event{Kind: EventStopping, Text: "stopping the job"})
@@ -46,13 +46,14 @@ func follow(ctx context.Context, r *runnerclient.Client, stops <-chan struct{}, 
 // states until the final one, which it records in res once every byte of
 // output was shown (or 10 s passed). Each stop request calls onStop; true
 // ends the watch there.
-func watchJob(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
-	return watchJobStream(ctx, r, since, out, status, stops, res, onStop, nil)
+func watchJob(ctx context.Context, clk Clock, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
+	return watchJobStream(ctx, clk, r, since, out, status, stops, res, onStop, nil)
 }
 
 // watchJobStream is watchJob that also reports (connected, when not nil)
 // whether the log stream opened.
-func watchJobStream(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, connected *atomic.Bool) error {
+func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, connected *atomic.Bool) error {
+	clk = clockOr(clk)
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
 	defer cancelWS()
@@ -72,7 +73,7 @@ func watchJobStream(ctx context.Context, r *runnerclient.Client, since time.Time
 			res.State, res.ExitStatus, res.Reason, res.Message = f.State, f.ExitStatus, f.TerminationReason, f.TerminationMessage
 			select {
 			case <-wsDone: // every byte of output shown
-			case <-time.After(10 * time.Second):
+			case <-clk.After(10 * time.Second):
 			}
 			return nil
 		}
@@ -83,7 +84,7 @@ func watchJobStream(ctx context.Context, r *runnerclient.Client, since time.Time
 			if onStop() {
 				return nil
 			}
-		case <-time.After(500 * time.Millisecond):
+		case <-clk.After(500 * time.Millisecond):
 		}
 	}
 }

@@ -38,8 +38,8 @@ func checkGPUs(ctx context.Context, shim *shimclient.Client, gpus int) error {
 
 // submitTask submits cfg, again while the shim is slow or restarting (a
 // repeated submit of the same config is a no-op there).
-func submitTask(ctx context.Context, shim *shimclient.Client, cfg api.TaskConfig) error {
-	if _, err := retry(ctx, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.SubmitTask(ctx, cfg) }); err != nil {
+func submitTask(ctx context.Context, clk Clock, shim *shimclient.Client, cfg api.TaskConfig) error {
+	if _, err := retry(ctx, clk, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.SubmitTask(ctx, cfg) }); err != nil {
 		return fmt.Errorf("the shim rejected the task: %w", err)
 	}
 	return nil
@@ -109,14 +109,14 @@ func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAd
 
 // cleanup terminates and removes a task, retrying transient failures for
 // cleanupPatience; a task already gone is fine.
-func cleanup(ctx context.Context, shim *shimclient.Client, id string, timeout uint) error {
-	_, err := retry(ctx, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint) error {
+	_, err := retry(ctx, clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
 		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
 	})
 	if err != nil && !errors.Is(err, api.ErrNotFound) {
 		return fmt.Errorf("terminate: %w", err)
 	}
-	_, err = retry(ctx, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.RemoveTask(ctx, id) })
+	_, err = retry(ctx, clk, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.RemoveTask(ctx, id) })
 	if err != nil && !errors.Is(err, api.ErrNotFound) {
 		return fmt.Errorf("remove: %w", err)
 	}
@@ -139,29 +139,30 @@ func failEarly(ctx context.Context, o RunOptions, res *Result, err error, removi
 
 func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
 	var last api.TaskStatus
-	start, phase := time.Now(), time.Now()
+	clk := clockOr(o.Clock)
+	start, phase := clk.Now(), clk.Now()
 	for {
-		info, err := retry(ctx, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
+		info, err := retry(ctx, o.Clock, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
 		if err != nil {
 			return info, fmt.Errorf("task %s: %w", id, err)
 		}
 		if info.Status != last {
 			if last != "" {
-				o.emit(Event{Kind: EventPhaseDone, Task: id[:8], Status: last, Took: time.Since(phase)})
+				o.emit(Event{Kind: EventPhaseDone, Task: id[:8], Status: last, Took: clk.Now().Sub(phase)})
 			}
-			phase, last = time.Now(), info.Status
+			phase, last = clk.Now(), info.Status
 		}
 		if p := info.ImagePullProgress; p != nil && info.Status == api.TaskPulling && p.TotalBytes > 0 {
 			o.emit(Event{Kind: EventPull, Task: id[:8], Image: o.Image, Pull: p})
 		}
 		if info.Status == api.TaskTerminated || (info.Status == api.TaskRunning && info.Ports != nil) {
-			o.emit(Event{Kind: EventReady, Task: id[:8], Status: info.Status, Took: time.Since(start)})
+			o.emit(Event{Kind: EventReady, Task: id[:8], Status: info.Status, Took: clk.Now().Sub(start)})
 			return info, nil
 		}
 		select {
 		case <-ctx.Done():
 			return info, ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		case <-clk.After(100 * time.Millisecond):
 		}
 	}
 }

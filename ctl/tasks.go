@@ -35,7 +35,7 @@ func Tasks(ctx context.Context, shim *shimclient.Client) ([]api.TaskInfoResponse
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			info, err := retry(ctx, 20*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, it.ID) })
+			info, err := retry(ctx, nil, 20*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, it.ID) })
 			switch {
 			case errors.Is(err, api.ErrNotFound):
 			case err != nil:
