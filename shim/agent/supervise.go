@@ -118,8 +118,7 @@ func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, log *slog.Logger) (d
 func writeHostInfo(home string, gpus []gpu.GPU, diskPath string, log *slog.Logger) {
 	hi, err := hostinfo.Collect(gpus, diskPath)
 	if err != nil {
-		log.Error("collect host info", "err", err)
-		return
+		log.Warn("host info is incomplete; writing what was read", "err", err)
 	}
 	if wrote, err := hostinfo.WriteOnce(filepath.Join(home, "host_info.json"), hi); err != nil {
 		log.Error("write host_info.json", "err", err)

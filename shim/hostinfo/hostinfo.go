@@ -4,6 +4,7 @@ package hostinfo
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -22,22 +23,27 @@ func Collect(gpus []gpu.GPU, diskPath string) (api.HostInfo, error) {
 	if len(gpus) > 0 {
 		info.GPUVendor, info.GPUName, info.GPUMemory = gpus[0].Vendor, gpus[0].Name, api.MiB(gpus[0].MemoryMiB)
 	}
+	// Each part on its own: one that cannot be read is left zero and said
+	// in the error, the rest is still the host's.
+	var errs []error
 	var si syscall.Sysinfo_t
 	if err := syscall.Sysinfo(&si); err != nil {
-		return info, fmt.Errorf("sysinfo: %w", err)
+		errs = append(errs, fmt.Errorf("sysinfo: %w", err))
+	} else {
+		info.Memory = uint64(si.Totalram) * uint64(si.Unit)
 	}
-	info.Memory = uint64(si.Totalram) * uint64(si.Unit)
 	var st syscall.Statfs_t
 	if err := syscall.Statfs(diskPath, &st); err != nil {
-		return info, fmt.Errorf("statfs %s: %w", diskPath, err)
+		errs = append(errs, fmt.Errorf("statfs %s: %w", diskPath, err))
+	} else {
+		info.DiskSize = st.Bavail * uint64(st.Bsize)
 	}
-	info.DiskSize = st.Bavail * uint64(st.Bsize)
-	addrs, err := Addresses()
-	if err != nil {
-		return info, err
+	if addrs, err := Addresses(); err != nil {
+		errs = append(errs, err)
+	} else {
+		info.Addresses = addrs
 	}
-	info.Addresses = addrs
-	return info, nil
+	return info, errors.Join(errs...)
 }
 
 // Addresses lists the host's non-loopback interface addresses in CIDR form

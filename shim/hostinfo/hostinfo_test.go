@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 
 	"github.com/tandem-run/tandem/api"
@@ -35,5 +36,17 @@ func TestCollectAndWriteOnce(t *testing.T) {
 	none, _ := Collect(nil, dir)
 	if none.GPUVendor != api.GPUVendorNone || none.GPUCount != 0 {
 		t.Fatalf("no GPUs: %+v", none)
+	}
+}
+
+// A part that cannot be read is left zero and said; the rest is the
+// host's (it was all or nothing: no host_info.json at all).
+func TestCollectIsPartialNotAllOrNothing(t *testing.T) {
+	info, err := Collect([]gpu.GPU{{Vendor: api.GPUVendorAMD, Name: "MI300X"}}, filepath.Join(t.TempDir(), "gone"))
+	if err == nil || !strings.Contains(err.Error(), "statfs") {
+		t.Fatalf("the unreadable disk is not said: %v", err)
+	}
+	if info.DiskSize != 0 || info.Memory == 0 || info.CPUs != runtime.NumCPU() || info.GPUName != "MI300X" || info.Addresses == nil {
+		t.Fatalf("what could be read was lost: %+v", info)
 	}
 }
