@@ -111,10 +111,14 @@ var ErrNoJob = errors.New("no job submitted")
 func Run(ctx context.Context, cfg Config) error {
 	a := &agent{cfg: cfg.WithDefaults()}
 	defer a.Stop()
-	for _, start := range []func() error{a.startLog, a.startHost, a.startExecutor, a.startSSH, a.startAPI} {
-		if err := start(); err != nil {
-			return err
-		}
+	if err := a.Start(ctx,
+		lifecycle.Step{Name: "log", Start: a.startLog},
+		lifecycle.Step{Name: "host", Start: a.startHost},
+		lifecycle.Step{Name: "executor", Start: a.startExecutor},
+		lifecycle.Step{Name: "ssh", Start: a.startSSH},
+		lifecycle.Step{Name: "api", Start: a.startAPI},
+	); err != nil {
+		return err
 	}
 	return a.lifecycle(ctx)
 }
@@ -136,7 +140,7 @@ type agent struct {
 	lifecycle.Stack // what started, stopped in reverse by Run
 }
 
-func (a *agent) startLog() error {
+func (a *agent) startLog(context.Context) error {
 	base, logf, err := logging.ToFile(min(a.cfg.LogLevel, a.cfg.SSHLogLevel), a.cfg.LogFormat, a.cfg.Stdout, filepath.Join(a.cfg.TempDir, "default.log"))
 	if err != nil {
 		return err
@@ -149,7 +153,7 @@ func (a *agent) startLog() error {
 
 // startHost learns the runner's user and what it may do, and prepares the
 // dstack dir.
-func (a *agent) startHost() error {
+func (a *agent) startHost(context.Context) error {
 	a.uid, a.accounts = os.Geteuid(), account.Accounts{Root: "/"}
 	home := homeOf(a.accounts, a.uid)
 	if os.Getenv("HOME") != home {
@@ -174,7 +178,7 @@ func (a *agent) startHost() error {
 
 // startExecutor makes the executor: the limits and graces come from the
 // flags, the rest is this runner's.
-func (a *agent) startExecutor() error {
+func (a *agent) startExecutor(context.Context) error {
 	xc := a.cfg.Executor
 	xc.TempDir, xc.Paths = a.cfg.TempDir, executor.Paths{DstackDir: a.cfg.DstackDir, EtcProfile: "/etc/profile"}
 	xc.Accounts, xc.SelfUID, xc.CanSetUser, xc.BaseEnv = a.accounts, a.uid, a.canSet, os.Environ()
@@ -191,7 +195,7 @@ func (a *agent) startExecutor() error {
 
 // startSSH serves SSH: the limits, policy and ciphers come from the flags;
 // sessions start from the executor's environment.
-func (a *agent) startSSH() error {
+func (a *agent) startSSH(context.Context) error {
 	self, err := os.Executable()
 	if err != nil {
 		self = api.RunnerBinaryInContainer
@@ -220,7 +224,7 @@ func (a *agent) startSSH() error {
 }
 
 // startAPI serves the runner's HTTP API.
-func (a *agent) startAPI() error {
+func (a *agent) startAPI(context.Context) error {
 	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), TaskID: a.cfg.TaskID, Executor: a.x, Metrics: metrics.Collector{}, Log: a.log})
 	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
 	ln, err := listen(addr)

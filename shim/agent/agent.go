@@ -127,23 +127,17 @@ func Run(ctx context.Context, cfg Config) error {
 	cfg = cfg.WithDefaults()
 	a := &agent{cfg: cfg, tcfg: cfg.Task.WithDefaults()}
 	defer a.Stop()
-	steps := []struct {
-		name  string
-		start func(context.Context) error
-	}{
-		{"log", a.startLog},
-		{"components", a.startComponents},
-		{"docker", a.startDocker},
-		{"gpus", a.startGPUs},
-		{"engine", a.startEngine},
-		{"recovery", a.startRecovery},
-		{"api", a.startAPI},
-		{"systemd", a.startSystemd},
-	}
-	for _, st := range steps {
-		if err := st.start(ctx); err != nil {
-			return err
-		}
+	if err := a.Start(ctx,
+		lifecycle.Step{Name: "log", Start: a.startLog},
+		lifecycle.Step{Name: "components", Start: a.startComponents},
+		lifecycle.Step{Name: "docker", Start: a.startDocker},
+		lifecycle.Step{Name: "gpus", Start: a.startGPUs},
+		lifecycle.Step{Name: "engine", Start: a.startEngine},
+		lifecycle.Step{Name: "recovery", Start: a.startRecovery},
+		lifecycle.Step{Name: "api", Start: a.startAPI},
+		lifecycle.Step{Name: "systemd", Start: a.startSystemd},
+	); err != nil {
+		return err
 	}
 	return a.wait(ctx)
 }
