@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -184,51 +183,56 @@ func TestPlainFallbacks(t *testing.T) {
 	}
 }
 
-// A start mounts the ready image instead of formatting one; another is
-// made for the next start; a previous run's leftovers go; Close removes
-// the one ready.
-func TestReadyImage(t *testing.T) {
+// Every image is a sparse copy of one template, formatted once (in the
+// background by Warm): a copy has the template's few blocks, mounts as a
+// filesystem of its own, and what one task writes is not in another's;
+// a template of another size, or one cut short, is made again.
+func TestImagesAreCopiesOfOneTemplate(t *testing.T) {
 	d, dir := dirs(t, 16<<20)
 	runners := filepath.Dir(dir)
 	if err := os.MkdirAll(runners, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	_ = os.WriteFile(filepath.Join(runners, sparePrefix+"leftover.ext4"), []byte("cut short"), 0o600)
+	other := filepath.Join(runners, templatePrefix+"999.ext4")
+	_ = os.WriteFile(other, []byte("old size"), 0o600)
 	d.Warm(runners)
-	spare := waitSpare(t, d)
-	if _, err := os.Stat(filepath.Join(runners, sparePrefix+"leftover.ext4")); !os.IsNotExist(err) {
-		t.Fatalf("a previous run's spare is left: %v", err)
+	d.bg.Wait()
+	tmpl := d.templatePath(runners)
+	if !validImage(tmpl) {
+		t.Fatal("no template after Warm")
 	}
-	if err := d.Make(context.Background(), dir); err != nil {
-		t.Fatal(err)
+	if _, err := os.Stat(other); !os.IsNotExist(err) {
+		t.Fatalf("the other size's template is left: %v", err)
 	}
-	if _, err := os.Stat(spare); !os.IsNotExist(err) || !d.Bounded(dir) {
-		t.Fatalf("the ready image was not used: %v", err)
-	}
-	next := waitSpare(t, d)
-	if next == spare {
-		t.Fatal("no new ready image")
-	}
-	if err := d.Remove(dir); err != nil {
-		t.Fatal(err)
-	}
-	d.Close()
-	if _, err := os.Stat(next); !os.IsNotExist(err) {
-		t.Fatalf("Close left the ready image: %v", err)
-	}
-}
-
-func waitSpare(t *testing.T, d *Dirs) string {
-	t.Helper()
-	for range 500 {
-		d.spareMu.Lock()
-		s := d.spare
-		d.spareMu.Unlock()
-		if s != "" {
-			return s
+	dir2 := filepath.Join(runners, "task-2")
+	t.Cleanup(func() { _ = unix.Unmount(dir2, unix.MNT_DETACH) })
+	for _, p := range []string{dir, dir2} {
+		if err := d.Make(context.Background(), p); err != nil || !d.Bounded(p) {
+			t.Fatalf("make %s: %v", p, err)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatal("no ready image after 5 s")
-	return ""
+	if err := os.WriteFile(filepath.Join(dir, "mine"), []byte("task 1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir2, "mine")); !os.IsNotExist(err) {
+		t.Fatalf("one task's file is in the other's dir: %v", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(imagePath(dir2), &st); err != nil || st.Blocks*512 > 4<<20 || st.Size != 16<<20 {
+		t.Fatalf("the copy is not sparse: %d bytes allocated of %d (%v)", st.Blocks*512, st.Size, err)
+	}
+	// A template cut short (a crash while it was made) is made again.
+	_ = os.Truncate(tmpl, 100)
+	d2 := &Dirs{Size: 16 << 20}
+	t.Cleanup(d2.Close)
+	dir3 := filepath.Join(runners, "task-3")
+	t.Cleanup(func() { _ = unix.Unmount(dir3, unix.MNT_DETACH) })
+	if err := d2.Make(context.Background(), dir3); err != nil || !d2.Bounded(dir3) || !validImage(tmpl) {
+		t.Fatalf("after a template cut short: %v", err)
+	}
+	for _, p := range []string{dir, dir2, dir3} {
+		if err := d.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
