@@ -53,6 +53,83 @@ type Dirs struct {
 	tmplMu sync.Mutex // one template made at a time
 	closed bool
 	bg     sync.WaitGroup
+
+	// One copy is kept ready (copied and synced in the background after
+	// each use): a start renames it into place, and its mount does not
+	// wait for the copy's writeback.
+	spareMu sync.Mutex
+	spare   string // its path ("" none)
+	making  bool
+}
+
+// sparePrefix names the ready copy in the runners directory.
+const sparePrefix = ".ready-"
+
+// refill makes the next ready copy in runners in the background.
+func (d *Dirs) refill(runners string) {
+	d.tmplMu.Lock()
+	closed := d.closed
+	if !closed {
+		d.bg.Add(1)
+	}
+	d.tmplMu.Unlock()
+	if closed {
+		return
+	}
+	d.spareMu.Lock()
+	if d.making || d.spare != "" {
+		d.spareMu.Unlock()
+		d.bg.Done()
+		return
+	}
+	d.making = true
+	d.spareMu.Unlock()
+	go func() {
+		defer d.bg.Done()
+		p := filepath.Join(runners, fmt.Sprintf("%s%d.ext4", sparePrefix, os.Getpid()))
+		_ = os.Remove(p)
+		tmpl, err := d.template(context.Background(), runners, true)
+		if err == nil {
+			err = copySparse(tmpl, p)
+		}
+		if err == nil {
+			err = syncFile(p)
+		}
+		d.spareMu.Lock()
+		d.making = false
+		if err == nil {
+			d.spare = p
+		} else {
+			_ = os.Remove(p)
+		}
+		d.spareMu.Unlock()
+	}()
+}
+
+// takeSpare moves the ready copy, when there is one beside img, to img.
+func (d *Dirs) takeSpare(img string) bool {
+	d.spareMu.Lock()
+	s := d.spare
+	if s == "" || filepath.Dir(s) != filepath.Dir(img) {
+		d.spareMu.Unlock()
+		return false
+	}
+	d.spare = ""
+	d.spareMu.Unlock()
+	if err := os.Rename(s, img); err != nil {
+		_ = os.Remove(s)
+		return false
+	}
+	return true
+}
+
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // templatePrefix names the template in the runners directory; its name
@@ -85,16 +162,30 @@ func (d *Dirs) Warm(runners string) {
 				_ = os.Remove(o)
 			}
 		}
-		_, _ = d.template(context.Background(), runners, true)
+		// Ready copies a previous run left: this shim makes its own.
+		ready, _ := filepath.Glob(filepath.Join(runners, sparePrefix+"*"))
+		for _, o := range ready {
+			_ = os.Remove(o)
+		}
+		if _, err := d.template(context.Background(), runners, true); err == nil {
+			d.refill(runners)
+		}
 	}()
 }
 
-// Close waits for the template being made; none is made after.
+// Close waits for the template or ready copy being made, and removes the
+// ready copy; none is made after.
 func (d *Dirs) Close() {
 	d.tmplMu.Lock()
 	d.closed = true
 	d.tmplMu.Unlock()
 	d.bg.Wait()
+	d.spareMu.Lock()
+	if d.spare != "" {
+		_ = os.Remove(d.spare)
+		d.spare = ""
+	}
+	d.spareMu.Unlock()
 }
 
 // template returns the template in runners, formatting it first when it is
@@ -169,9 +260,12 @@ func (d *Dirs) create(ctx context.Context, dir string) error {
 	if err := os.MkdirAll(filepath.Dir(img), 0o755); err != nil {
 		return err
 	}
-	tmpl, err := d.template(ctx, filepath.Dir(img), false)
-	if err == nil {
-		err = copySparse(tmpl, img)
+	var err error
+	if !d.takeSpare(img) {
+		var tmpl string
+		if tmpl, err = d.template(ctx, filepath.Dir(img), false); err == nil {
+			err = copySparse(tmpl, img)
+		}
 	}
 	if err == nil {
 		err = os.MkdirAll(dir, 0o755)
@@ -183,6 +277,7 @@ func (d *Dirs) create(ctx context.Context, dir string) error {
 		_ = os.Remove(img)
 		return err
 	}
+	d.refill(filepath.Dir(img))
 	return nil
 }
 
