@@ -220,6 +220,8 @@ func BenchmarkShim64Tasks(b *testing.B) {
 	b.ReportMetric(bucketQuantile(served, 0.99)*1000, "get-task-served-p99-le-ms")
 	b.ReportMetric(median(cpus), "shim-cpu-ms-per-burst")
 	b.ReportMetric(float64(nerr), "api-errors")
+	target(b, "64-task burst vs the same containers made directly", median(shimT)/median(shapeT), "<=", 1.1)
+	target(b, "GET p99 ms during the burst", float64(lat[len(lat)*99/100].Microseconds())/1000, "<=", 50)
 }
 
 // getTaskBuckets reads the shim's cumulative request histogram of

@@ -351,6 +351,7 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 
 // target logs a figure against its target, and says when it misses.
 func target(b *testing.B, what string, got float64, op string, want float64) {
+	b.Helper()
 	ok := op == ">=" && got >= want || op == "<" && got < want || op == "<=" && got <= want
 	verdict := "ok"
 	if !ok {

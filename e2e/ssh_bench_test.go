@@ -69,6 +69,7 @@ func BenchmarkSSHFirstLogin(b *testing.B) {
 	// The runner's share: from the container's start (docker run returned)
 	// to the first login, one ssh client run included.
 	b.ReportMetric(float64(afterStart.Milliseconds())/float64(b.N), "ms-after-container-start")
+	target(b, "first ssh true after the container started, ms", float64(afterStart.Milliseconds())/float64(b.N), "<", 100)
 }
 
 var cipherRe = regexp.MustCompile(`kex: server->client cipher: (\S+)`)
@@ -242,6 +243,7 @@ func BenchmarkSSHForwardThroughput(b *testing.B) {
 		b.ReportMetric(medianOf(ours)/medianOf(theirs), "ratio-vs-default"+sfx)
 		b.ReportMetric(medianOf(theirsSame), "openssh-same-cipher-MiB/s"+sfx)
 		b.ReportMetric(medianOf(ratios), "ratio-same-cipher"+sfx)
+		target(b, "ssh -L vs OpenSSH sshd, same cipher"+sfx, medianOf(ratios), ">=", 1.0)
 		b.Logf("%s: ciphers: tandem %s, openssh default %s, openssh forced %s; same-cipher ratios %.2f", sfx[1:], oursCipher, theirsCipher, sameCipher, ratios)
 	}
 }

@@ -187,6 +187,7 @@ func BenchmarkTaskStartVsDocker(b *testing.B) {
 	b.ReportMetric(median(start), "shim-start-ms")
 	b.ReportMetric(median(commit), "shim-commit-ms")
 	b.ReportMetric(median(total), "shim-submit-to-running-ms")
+	target(b, "task start vs bare Docker", median(sAnswer)/median(bAnswer), "<=", 1.05)
 }
 
 // BenchmarkRunnerStart: the runner alone, run on the host: exec to its API
@@ -261,6 +262,7 @@ func BenchmarkShimRSS(b *testing.B) {
 			_ = h.client.RemoveTask(ctx, id)
 		}
 		b.ReportMetric(float64(idle)/1024, "idle-rss-MiB")
+		target(b, "shim idle RSS MiB", float64(idle)/1024, "<=", 12)
 		b.ReportMetric(float64(polled)/1024, "after-120-calls-rss-MiB")
 		b.ReportMetric(float64(tasks)/1024, "10-tasks-rss-MiB")
 		b.Logf("shim pid %s: idle %d KiB, after calls %d KiB, with 10 tasks %d KiB", strconv.Itoa(h.cmd.Process.Pid), idle, polled, tasks)
