@@ -51,15 +51,29 @@ type Dirs struct {
 	// a millisecond, no process) rather than a mkfs of its own (a fork and
 	// exec, 4-8 ms of CPU: 64 of them at once took the CPU from the API).
 	tmplMu sync.Mutex // one template made at a time
-	closed bool
-	bg     sync.WaitGroup
 
 	// One copy is kept ready (copied and synced in the background after
 	// each use): a start renames it into place, and its mount does not
 	// wait for the copy's writeback.
-	spareMu sync.Mutex
-	spare   string // its path ("" none)
-	making  bool
+	mu     sync.Mutex // guards the fields below
+	spare  string     // the ready copy's path ("" none)
+	making bool       // a ready copy is being made
+	closed bool       // nothing more is made in the background
+	bg     sync.WaitGroup
+}
+
+// backgroundLocked runs f in the background unless closed, counted for Close.
+// Called with d.mu held.
+func (d *Dirs) backgroundLocked(f func()) bool {
+	if d.closed {
+		return false
+	}
+	d.bg.Add(1)
+	go func() {
+		defer d.bg.Done()
+		f()
+	}()
+	return true
 }
 
 // sparePrefix names the ready copy in the runners directory.
@@ -67,25 +81,12 @@ const sparePrefix = ".ready-"
 
 // refill makes the next ready copy in runners in the background.
 func (d *Dirs) refill(runners string) {
-	d.tmplMu.Lock()
-	closed := d.closed
-	if !closed {
-		d.bg.Add(1)
-	}
-	d.tmplMu.Unlock()
-	if closed {
-		return
-	}
-	d.spareMu.Lock()
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	if d.making || d.spare != "" {
-		d.spareMu.Unlock()
-		d.bg.Done()
 		return
 	}
-	d.making = true
-	d.spareMu.Unlock()
-	go func() {
-		defer d.bg.Done()
+	d.making = d.backgroundLocked(func() {
 		p := filepath.Join(runners, fmt.Sprintf("%s%d.ext4", sparePrefix, os.Getpid()))
 		_ = os.Remove(p)
 		tmpl, err := d.template(context.Background(), runners, true)
@@ -95,27 +96,27 @@ func (d *Dirs) refill(runners string) {
 		if err == nil {
 			err = syncFile(p)
 		}
-		d.spareMu.Lock()
+		d.mu.Lock()
 		d.making = false
 		if err == nil {
 			d.spare = p
 		} else {
 			_ = os.Remove(p)
 		}
-		d.spareMu.Unlock()
-	}()
+		d.mu.Unlock()
+	})
 }
 
 // takeSpare moves the ready copy, when there is one beside img, to img.
 func (d *Dirs) takeSpare(img string) bool {
-	d.spareMu.Lock()
+	d.mu.Lock()
 	s := d.spare
 	if s == "" || filepath.Dir(s) != filepath.Dir(img) {
-		d.spareMu.Unlock()
+		d.mu.Unlock()
 		return false
 	}
 	d.spare = ""
-	d.spareMu.Unlock()
+	d.mu.Unlock()
 	if err := os.Rename(s, img); err != nil {
 		_ = os.Remove(s)
 		return false
@@ -147,15 +148,9 @@ func (d *Dirs) Warm(runners string) {
 	if d.Size <= 0 {
 		return
 	}
-	d.tmplMu.Lock()
-	if d.closed {
-		d.tmplMu.Unlock()
-		return
-	}
-	d.bg.Add(1)
-	d.tmplMu.Unlock()
-	go func() {
-		defer d.bg.Done()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.backgroundLocked(func() {
 		old, _ := filepath.Glob(filepath.Join(runners, templatePrefix+"*"))
 		for _, o := range old {
 			if o != d.templatePath(runners) {
@@ -170,22 +165,22 @@ func (d *Dirs) Warm(runners string) {
 		if _, err := d.template(context.Background(), runners, true); err == nil {
 			d.refill(runners)
 		}
-	}()
+	})
 }
 
 // Close waits for the template or ready copy being made, and removes the
 // ready copy; none is made after.
 func (d *Dirs) Close() {
-	d.tmplMu.Lock()
+	d.mu.Lock()
 	d.closed = true
-	d.tmplMu.Unlock()
+	d.mu.Unlock()
 	d.bg.Wait()
-	d.spareMu.Lock()
+	d.mu.Lock()
 	if d.spare != "" {
 		_ = os.Remove(d.spare)
 		d.spare = ""
 	}
-	d.spareMu.Unlock()
+	d.mu.Unlock()
 }
 
 // template returns the template in runners, formatting it first when it is
@@ -409,9 +404,6 @@ func (d *Dirs) Remove(dir string) error {
 	}
 	return nil
 }
-
-// Bounded says whether dir is a filesystem of its own.
-func (d *Dirs) Bounded(dir string) bool { return d.mounted(dir) }
 
 // mounted says whether dir is a mount point (another device than its
 // parent's).

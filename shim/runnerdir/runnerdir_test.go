@@ -71,7 +71,7 @@ func TestMakeBoundsTheDirectory(t *testing.T) {
 	if err := d.Make(context.Background(), dir); err != nil {
 		t.Fatal(err)
 	}
-	if !d.Bounded(dir) {
+	if !d.mounted(dir) {
 		t.Fatal("not a filesystem of its own")
 	}
 	n, err := fill(t, dir)
@@ -159,7 +159,7 @@ func TestPlainFallbacks(t *testing.T) {
 	if err := d.Make(context.Background(), dir); err != nil {
 		t.Fatal(err)
 	}
-	if d.Bounded(dir) {
+	if d.mounted(dir) {
 		t.Fatal("a directory with files was mounted over")
 	}
 
@@ -171,7 +171,7 @@ func TestPlainFallbacks(t *testing.T) {
 		if err := d.Make(context.Background(), p); err != nil {
 			t.Fatal(err)
 		}
-		if fi, err := os.Stat(p); err != nil || !fi.IsDir() || d.Bounded(p) {
+		if fi, err := os.Stat(p); err != nil || !fi.IsDir() || d.mounted(p) {
 			t.Fatalf("fallback dir %s: %v", p, err)
 		}
 		if _, err := os.Stat(imagePath(p)); !os.IsNotExist(err) {
@@ -207,7 +207,7 @@ func TestImagesAreCopiesOfOneTemplate(t *testing.T) {
 	dir2 := filepath.Join(runners, "task-2")
 	t.Cleanup(func() { _ = unix.Unmount(dir2, unix.MNT_DETACH) })
 	for _, p := range []string{dir, dir2} {
-		if err := d.Make(context.Background(), p); err != nil || !d.Bounded(p) {
+		if err := d.Make(context.Background(), p); err != nil || !d.mounted(p) {
 			t.Fatalf("make %s: %v", p, err)
 		}
 	}
@@ -227,7 +227,7 @@ func TestImagesAreCopiesOfOneTemplate(t *testing.T) {
 	t.Cleanup(d2.Close)
 	dir3 := filepath.Join(runners, "task-3")
 	t.Cleanup(func() { _ = unix.Unmount(dir3, unix.MNT_DETACH) })
-	if err := d2.Make(context.Background(), dir3); err != nil || !d2.Bounded(dir3) || !validImage(tmpl) {
+	if err := d2.Make(context.Background(), dir3); err != nil || !d2.mounted(dir3) || !validImage(tmpl) {
 		t.Fatalf("after a template cut short: %v", err)
 	}
 	for _, p := range []string{dir, dir2, dir3} {
