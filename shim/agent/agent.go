@@ -330,17 +330,27 @@ func pidsLimit(flag int64) int64 {
 	return task.DefaultPidsLimit(pidMax)
 }
 
+// dockerSocket is the Docker daemon's unix socket as DOCKER_HOST names it
+// ("" when unset: the default one); local is false when DOCKER_HOST names
+// another transport (tcp, ssh).
+func dockerSocket() (path string, local bool) {
+	h := os.Getenv("DOCKER_HOST")
+	if h == "" {
+		return "", true
+	}
+	if path, local = strings.CutPrefix(h, "unix://"); !local {
+		return "", false
+	}
+	return path, true
+}
+
 // runnerDirs bounds each task's runner dir in a filesystem of its own,
 // where the Docker daemon sees the shim's mounts.
 func (a *agent) runnerDirs() *runnerdir.Dirs {
 	size := a.cfg.RunnerDirSize
 	if size > 0 {
-		sock, unixSock := "", true
-		if h := os.Getenv("DOCKER_HOST"); h != "" {
-			sock, unixSock = strings.CutPrefix(h, "unix://")
-		}
 		err := errors.New("the Docker daemon is not on a local unix socket")
-		if unixSock {
+		if sock, local := dockerSocket(); local {
 			err = runnerdir.SharesMounts(sock)
 		}
 		if err != nil {

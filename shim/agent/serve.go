@@ -9,9 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/net/netutil"
@@ -136,10 +134,7 @@ func (a *agent) access() server.Access {
 // ports it forwards): root-equivalent accounts and the operator's list.
 func (a *agent) principals() *principal.Policy {
 	if a.policy == nil {
-		sock := ""
-		if h, ok := strings.CutPrefix(os.Getenv("DOCKER_HOST"), "unix://"); ok {
-			sock = h
-		}
+		sock, _ := dockerSocket()
 		a.policy = &principal.Policy{Root: a.cfg.PolicyRoot, Allow: a.cfg.APIAllowUsers, DockerSocket: sock, Log: a.log}
 		a.log.Info("API callers admitted", "rule", a.policy.String())
 	}
