@@ -20,7 +20,7 @@ func (e *Engine) release(t *task, log *slog.Logger) {
 	t.releasing = true
 	only := slices.Clone(t.holding) // after a restart: what is still held
 	t.mu.Unlock()
-	if e.releaseKinds(t, log, only) {
+	if len(e.releaseKinds(t, log, only)) == 0 {
 		return
 	}
 	e.retries.Add(1)
@@ -31,10 +31,9 @@ func (e *Engine) release(t *task, log *slog.Logger) {
 }
 
 // releaseKinds releases, in reverse acquire order, the kinds named in only
-// (every kind when empty), records what is still held, and says whether
-// nothing is. The record is written either way.
-func (e *Engine) releaseKinds(t *task, log *slog.Logger, only []string) bool {
-	var held []string
+// (every kind when empty), records what is still held and returns it
+// (none: all given back). The record is written either way.
+func (e *Engine) releaseKinds(t *task, log *slog.Logger, only []string) (held []string) {
 	for i := len(e.resources) - 1; i >= 0; i-- {
 		r := e.resources[i]
 		if len(only) > 0 && !slices.Contains(only, r.kind()) {
@@ -47,13 +46,19 @@ func (e *Engine) releaseKinds(t *task, log *slog.Logger, only []string) bool {
 	}
 	t.mu.Lock()
 	t.holding = held
-	done := len(held) == 0
-	if done {
+	if len(held) == 0 {
 		t.released, t.releasing = true, false
 	}
 	t.mu.Unlock()
 	e.saveSoon(t)
-	return done
+	return held
+}
+
+// heldKinds is what t still holds after a failed release.
+func (t *task) heldKinds() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Clone(t.holding)
 }
 
 // Backoff of failed releases: a few minutes of tries while the shim runs;
@@ -77,10 +82,8 @@ func (e *Engine) retryRelease(t *task, log *slog.Logger) {
 			return
 		case <-time.After(backoff):
 		}
-		t.mu.Lock()
-		held := slices.Clone(t.holding)
-		t.mu.Unlock()
-		if len(held) == 0 || e.releaseKinds(t, log, held) {
+		held := t.heldKinds()
+		if len(held) == 0 || len(e.releaseKinds(t, log, held)) == 0 {
 			log.Info("released after a retry", "resources", held, "tries", try)
 			return
 		}

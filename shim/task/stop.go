@@ -5,7 +5,6 @@ package task
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -98,14 +97,10 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	// What it still holds (a release that failed) is tried once more now:
 	// forgetting the task would leave it held for good (a host key line
 	// granting logins, a mounted volume).
-	t.mu.Lock()
-	held := slices.Clone(t.holding)
-	t.mu.Unlock()
-	if len(held) > 0 && !e.releaseKinds(t, e.log.With("task_id", id), held) {
-		t.mu.Lock()
-		held = slices.Clone(t.holding)
-		t.mu.Unlock()
-		return fmt.Errorf("%w: task %s still holds %s whose release fails (retried; see the shim's log): remove it again later", ErrConflict, id, strings.Join(held, ", "))
+	if held := t.heldKinds(); len(held) > 0 {
+		if held = e.releaseKinds(t, e.log.With("task_id", id), held); len(held) > 0 {
+			return fmt.Errorf("%w: task %s still holds %s whose release fails (retried; see the shim's log): remove it again later", ErrConflict, id, strings.Join(held, ", "))
+		}
 	}
 	// By name: it also finds a container whose id was never recorded. A
 	// task restored from an unreadable record has neither name nor dir.
