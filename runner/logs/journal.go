@@ -119,16 +119,15 @@ func (j *Journal) LastStateEvent() (api.JobStateEvent, bool) {
 // while storing it would drop output an active reader has not had.
 func (j *Journal) AppendJobLog(b []byte) {
 	keep := j.pace.wait(func(acked int64) int64 { return j.jobLogs.Behind(acked, len(b)) })
-	j.jobLogs.KeepAfter(keep)
-	j.append(j.jobLogs, b)
+	j.append(j.jobLogs, b, keep)
 }
 
 // AppendRunnerLog stores one line of the runner's own log.
-func (j *Journal) AppendRunnerLog(b []byte) { j.append(j.runnerLogs, b) }
+func (j *Journal) AppendRunnerLog(b []byte) { j.append(j.runnerLogs, b, keepAll) }
 
-func (j *Journal) append(s *Store, b []byte) {
+func (j *Journal) append(s *Store, b []byte, keepAfter int64) {
 	j.clock.Stamp(func(ts int64) {
-		if err := s.Append(ts, b); err != nil {
+		if err := s.AppendKeeping(ts, b, keepAfter); err != nil {
 			j.log.Error("store log event", "err", err)
 		}
 	})

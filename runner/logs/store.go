@@ -36,9 +36,6 @@ type Store struct {
 	// holeAt is where the dropped middle starts (-1: nothing dropped);
 	// dropped counts its bytes.
 	holeAt, dropped int64
-	// keepAfter: the bound drops no event after it (a reader has not had
-	// them yet; the file grows past its bound meanwhile).
-	keepAfter int64
 }
 
 // OpenStore creates (truncates) the store's file at path, keeping every
@@ -53,19 +50,16 @@ func OpenStoreRetained(path string, r Retention) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open log store: %w", err)
 	}
-	return &Store{f: f, trim: newTrim(r), holeAt: -1, keepAfter: keepAll}, nil
-}
-
-// KeepAfter makes the bound keep every event after ts from now on
-// (keepAll: none held back).
-func (s *Store) KeepAfter(ts int64) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.keepAfter = ts
+	return &Store{f: f, trim: newTrim(r), holeAt: -1}, nil
 }
 
 // Append stores data under ts; ts must not go backwards.
-func (s *Store) Append(ts int64, data []byte) error {
+func (s *Store) Append(ts int64, data []byte) error { return s.AppendKeeping(ts, data, keepAll) }
+
+// AppendKeeping is Append where the log's bound drops no event after
+// keepAfter (a reader has not had them yet; the file grows past its bound
+// meanwhile); keepAll holds nothing back.
+func (s *Store) AppendKeeping(ts int64, data []byte, keepAfter int64) error {
 	if len(data) == 0 {
 		return nil
 	}
@@ -82,12 +76,12 @@ func (s *Store) Append(ts int64, data []byte) error {
 	}
 	s.index = append(s.index, entry{ts: ts, off: s.size, n: int32(len(data))})
 	s.size += int64(len(data))
-	return s.trimLocked()
+	return s.trimLocked(keepAfter)
 }
 
 // trimLocked drops whole events from the middle once the file holds more
 // than its retention.
-func (s *Store) trimLocked() error {
+func (s *Store) trimLocked(keepAfter int64) error {
 	want := s.trim.plan(s.size)
 	if want <= s.trim.dropEnd {
 		return nil
@@ -99,8 +93,8 @@ func (s *Store) trimLocked() error {
 	if hi >= len(s.index) {
 		hi = len(s.index) - 1 // the newest event always stays
 	}
-	if s.keepAfter != keepAll {
-		hi = min(hi, sort.Search(len(s.index), func(i int) bool { return s.index[i].ts > s.keepAfter }))
+	if keepAfter != keepAll {
+		hi = min(hi, sort.Search(len(s.index), func(i int) bool { return s.index[i].ts > keepAfter }))
 	}
 	if hi <= lo {
 		return nil
