@@ -17,6 +17,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/shimclient"
 	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/internal/gpufixture"
 	"github.com/tandem-run/tandem/shim/task"
 )
 
@@ -175,24 +176,9 @@ func TestShimChurnNoResurrection(t *testing.T) {
 // fixture tree of two AMD Instinct cards is what it reports.
 func TestShimRunsAgainstAFixtureHostRoot(t *testing.T) {
 	root := t.TempDir()
-	_ = os.MkdirAll(filepath.Join(root, "sys", "class", "kfd", "kfd"), 0o755)
-	_ = os.MkdirAll(filepath.Join(root, "sys", "module", "amdgpu"), 0o755)
-	_ = os.WriteFile(filepath.Join(root, "sys", "module", "amdgpu", "version"), []byte("6.7.0\n"), 0o644)
-	for i, bus := range []string{"0000:10:00.0", "0000:11:00.0"} {
-		pci := filepath.Join(root, "sys", "devices", "pci0000:00", bus)
-		_ = os.MkdirAll(pci, 0o755)
-		for file, data := range map[string]string{"vendor": "0x1002\n", "device": "0x74a1\n",
-			"mem_info_vram_total": fmt.Sprintf("%d\n", int64(196608)<<20), "product_name": "AMD Instinct MI300X\n", "numa_node": "0\n"} {
-			if err := os.WriteFile(filepath.Join(pci, file), []byte(data), 0o644); err != nil {
-				t.Fatal(err)
-			}
-		}
-		node := filepath.Join(root, "sys", "class", "drm", fmt.Sprintf("renderD%d", 128+i))
-		_ = os.MkdirAll(node, 0o755)
-		if err := os.Symlink(pci, filepath.Join(node, "device")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	gpufixture.KFD(t, root, "6.7.0")
+	gpufixture.AMDCard(t, root, 128, "0000:10:00.0", 196608, "AMD Instinct MI300X", 0)
+	gpufixture.AMDCard(t, root, 129, "0000:11:00.0", 196608, "AMD Instinct MI300X", 0)
 	h := startShim(t, testenv.Binaries(t).Runner, nil, "--host-root", root)
 	ctx := context.Background()
 	info, err := h.client.InstanceInfo(ctx)

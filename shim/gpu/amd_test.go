@@ -4,47 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/internal/gpufixture"
 )
-
-// amdCard adds one render node to a fixture sysfs tree.
-func amdCard(t *testing.T, root string, render int, bus string, vramMiB int64, name string, numa int) {
-	t.Helper()
-	pci := filepath.Join(root, "sys", "devices", "pci0000:00", bus)
-	for file, data := range map[string]string{
-		"vendor": "0x1002\n", "device": "0x74a1\n", "mem_info_vram_total": fmt.Sprintf("%d\n", vramMiB<<20),
-		"product_name": name + "\n", "numa_node": fmt.Sprintf("%d\n", numa),
-	} {
-		_ = os.MkdirAll(pci, 0o755)
-		if err := os.WriteFile(filepath.Join(pci, file), []byte(data), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	node := filepath.Join(root, "sys", "class", "drm", fmt.Sprintf("renderD%d", render))
-	_ = os.MkdirAll(node, 0o755)
-	if err := os.Symlink(pci, filepath.Join(node, "device")); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func kfd(t *testing.T, root, driver string) {
-	_ = os.MkdirAll(filepath.Join(root, "sys", "class", "kfd", "kfd"), 0o755)
-	if driver != "" {
-		_ = os.MkdirAll(filepath.Join(root, "sys", "module", "amdgpu"), 0o755)
-		_ = os.WriteFile(filepath.Join(root, "sys", "module", "amdgpu", "version"), []byte(driver+"\n"), 0o644)
-	}
-}
 
 func TestAMDMI300X(t *testing.T) {
 	root := t.TempDir()
-	kfd(t, root, "6.7.0")
+	gpufixture.KFD(t, root, "6.7.0")
 	for i := 0; i < 8; i++ {
-		amdCard(t, root, 128+i*8, fmt.Sprintf("0000:%02x:00.0", 0x10+i), 196608, "AMD Instinct MI300X", i/4)
+		gpufixture.AMDCard(t, root, 128+i*8, fmt.Sprintf("0000:%02x:00.0", 0x10+i), 196608, "AMD Instinct MI300X", i/4)
 	}
 	gpus, err := Discover(context.Background(), logging.Discard(), AMD{Root: root})
 	if err != nil || len(gpus) != 8 {
@@ -73,16 +44,16 @@ func TestMixedHosts(t *testing.T) {
 	// An APU's integrated GPU (512 MiB carve-out) next to an NVIDIA card:
 	// only the NVIDIA card counts (dstack issue #4085 picked AMD).
 	igpu := t.TempDir()
-	kfd(t, igpu, "")
-	amdCard(t, igpu, 128, "0000:c1:00.0", 512, "AMD Radeon Graphics", 0)
+	gpufixture.KFD(t, igpu, "")
+	gpufixture.AMDCard(t, igpu, 128, "0000:c1:00.0", 512, "AMD Radeon Graphics", 0)
 	gpus, err := Discover(context.Background(), logging.Discard(), nvidia, AMD{Root: igpu})
 	if err != nil || len(gpus) != 1 || gpus[0].Vendor != api.GPUVendorNVIDIA {
 		t.Fatalf("iGPU + NVIDIA: %v %v", gpus, err)
 	}
 	// Two discrete vendors: an error that says so, never a silent pick.
 	both := t.TempDir()
-	kfd(t, both, "")
-	amdCard(t, both, 128, "0000:41:00.0", 65536, "AMD Instinct MI210", 0)
+	gpufixture.KFD(t, both, "")
+	gpufixture.AMDCard(t, both, 128, "0000:41:00.0", 65536, "AMD Instinct MI210", 0)
 	_, err = Discover(context.Background(), logging.Discard(), nvidia, AMD{Root: both})
 	if !errors.Is(err, ErrMixedVendors) || err.Error() != "GPUs of more than one vendor: nvidia and amd; the shim runs one vendor per host" {
 		t.Fatalf("mixed: %v", err)
