@@ -110,6 +110,9 @@ func (r *Runtime) Create(ctx context.Context, s task.ContainerSpec) (string, err
 	cfg, hc := Build(s)
 	resp, err := r.c.ContainerCreate(ctx, cfg, hc, nil, nil, s.Name)
 	if err != nil {
+		if cerrdefs.IsNotFound(err) && strings.Contains(err.Error(), "No such image") {
+			return "", fmt.Errorf("create container %s: %w: %v", s.Name, task.ErrNoImage, err)
+		}
 		return "", fmt.Errorf("create container %s: %w", s.Name, err)
 	}
 	return resp.ID, nil

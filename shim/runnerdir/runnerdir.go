@@ -55,12 +55,20 @@ type Dirs struct {
 	// One copy is kept ready (copied and synced in the background after
 	// each use): a start renames it into place, and its mount does not
 	// wait for the copy's writeback.
-	mu     sync.Mutex // guards the fields below
-	spare  string     // the ready copy's path ("" none)
-	making bool       // a ready copy is being made
-	closed bool       // nothing more is made in the background
-	bg     sync.WaitGroup
+	mu       sync.Mutex // guards the fields below
+	spare    string     // the ready copy's path ("" none)
+	making   bool       // a ready copy is being made
+	closed   bool       // nothing more is made in the background
+	lastTake time.Time  // when a start last took a ready copy
+	quit     chan struct{}
+	bg       sync.WaitGroup
 }
+
+// refillQuiet is how long the next ready copy waits after the last start
+// took one: its copy and fsync beside Docker's start (which syncs its own
+// metadata) cost that start 3-6 ms, and a burst of starts needs the CPU
+// more than a ready copy it would take at once.
+const refillQuiet = 300 * time.Millisecond
 
 // backgroundLocked runs f in the background unless closed, counted for Close.
 // Called with d.mu held.
@@ -86,7 +94,27 @@ func (d *Dirs) refill(runners string) {
 	if d.making || d.spare != "" {
 		return
 	}
+	if d.quit == nil {
+		d.quit = make(chan struct{})
+	}
+	quit := d.quit
 	d.making = d.backgroundLocked(func() {
+		for { // wait for a quiet moment: no start for refillQuiet
+			d.mu.Lock()
+			wait := refillQuiet - time.Since(d.lastTake)
+			d.mu.Unlock()
+			if wait <= 0 {
+				break
+			}
+			select {
+			case <-quit:
+				d.mu.Lock()
+				d.making = false
+				d.mu.Unlock()
+				return
+			case <-time.After(wait):
+			}
+		}
 		p := filepath.Join(runners, fmt.Sprintf("%s%d.ext4", sparePrefix, os.Getpid()))
 		_ = os.Remove(p)
 		tmpl, err := d.template(context.Background(), runners, true)
@@ -110,6 +138,7 @@ func (d *Dirs) refill(runners string) {
 // takeSpare moves the ready copy, when there is one beside img, to img.
 func (d *Dirs) takeSpare(img string) bool {
 	d.mu.Lock()
+	d.lastTake = time.Now()
 	s := d.spare
 	if s == "" || filepath.Dir(s) != filepath.Dir(img) {
 		d.mu.Unlock()
@@ -173,6 +202,10 @@ func (d *Dirs) Warm(runners string) {
 func (d *Dirs) Close() {
 	d.mu.Lock()
 	d.closed = true
+	if d.quit != nil {
+		close(d.quit)
+		d.quit = nil
+	}
 	d.mu.Unlock()
 	d.bg.Wait()
 	d.mu.Lock()
@@ -266,7 +299,10 @@ func (d *Dirs) create(ctx context.Context, dir string) error {
 		err = os.MkdirAll(dir, 0o755)
 	}
 	if err == nil {
-		err = d.mount(img, dir)
+		// A new image: no loop device can back it yet, so the search
+		// through every loop device's backing file (1 ms with 64 of them)
+		// is skipped.
+		err = attachAndMount(img, dir)
 	}
 	if err != nil {
 		_ = os.Remove(img)
@@ -424,6 +460,11 @@ func (d *Dirs) mount(img, dir string) error {
 		}
 		return nil
 	}
+	return attachAndMount(img, dir)
+}
+
+// attachAndMount attaches img to a new loop device and mounts it on dir.
+func attachAndMount(img, dir string) error {
 	loop, err := attachLoop(img)
 	if err != nil {
 		return err

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -231,6 +232,62 @@ func TestImagesAreCopiesOfOneTemplate(t *testing.T) {
 		t.Fatalf("after a template cut short: %v", err)
 	}
 	for _, p := range []string{dir, dir2, dir3} {
+		if err := d.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The next ready copy is made only once starts have paused for
+// refillQuiet: its copy and fsync are not done beside a start.
+func TestReadyCopyWaitsForAQuietMoment(t *testing.T) {
+	d, dir := dirs(t, 16<<20)
+	runners := filepath.Dir(dir)
+	d.Warm(runners)
+	spare := func() string {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.spare
+	}
+	for i := 0; spare() == ""; i++ {
+		if i > 500 {
+			t.Fatal("no ready copy after Warm")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	took := time.Now()
+	if err := d.Make(context.Background(), dir); err != nil || !d.mounted(dir) {
+		t.Fatalf("make: %v", err)
+	}
+	if spare() != "" {
+		t.Fatal("the ready copy was made again at once, beside the start")
+	}
+	for i := 0; spare() == ""; i++ {
+		if i > 500 {
+			t.Fatal("no ready copy after the quiet period")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if gap := time.Since(took); gap < refillQuiet {
+		t.Fatalf("the ready copy came %s after the start, before the quiet period (%s)", gap, refillQuiet)
+	}
+	// Close does not wait out a quiet period.
+	dir2 := filepath.Join(runners, "task-2")
+	t.Cleanup(func() { _ = unix.Unmount(dir2, unix.MNT_DETACH) })
+	if err := d.Make(context.Background(), dir2); err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { d.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close waited on the quiet period")
+	}
+	if left, _ := filepath.Glob(filepath.Join(runners, sparePrefix+"*")); len(left) > 0 {
+		t.Fatalf("ready copies left after Close: %v", left)
+	}
+	for _, p := range []string{dir, dir2} {
 		if err := d.Remove(p); err != nil {
 			t.Fatal(err)
 		}

@@ -168,7 +168,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	}
 	dir, err := e.runnerDir(t)
 	if err == nil {
-		err = e.cfg.RunnerDirs.Make(ctx, dir)
+		// The bind's source exists from here on: Docker checks it at
+		// create, and binds what is mounted there at start.
+		err = os.MkdirAll(dir, 0o755)
 	}
 	if err == nil {
 		err = os.MkdirAll(e.hostFSProbe(), 0o555)
@@ -176,6 +178,13 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	if err != nil {
 		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)
 	}
+	// The dir's own filesystem is made and mounted while the image is
+	// checked and the container created (2-3 ms off every start). Nothing
+	// is written into the dir before it is ready (a pull's log waits), the
+	// container starts only then, and start does not return before it is
+	// done, so release never races a mount.
+	dirReady := e.makeRunnerDir(ctx, dir)
+	defer func() { _ = dirReady() }()
 
 	// Host resources, in order (resource.go); release undoes them.
 	for _, r := range e.resources {
@@ -188,29 +197,67 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	}
 
 	mark("prepare")
+	ref, reuse, err := imageRef(cfg.ImageName)
+	if err != nil {
+		return fail(api.ReasonCreatingContainerError, "pullImage error: %v", err)
+	}
 	if err := e.commit(t, api.TaskPulling, nil); err != nil {
 		return aborted()
 	}
-	if err := e.pullImage(ctx, t, dir, log); err != nil {
+	pull := func() *failure {
+		err := e.pullImage(ctx, t, ref, dir, dirReady, log)
+		if err == nil {
+			return nil
+		}
 		if ctx.Err() != nil {
 			return aborted()
 		}
+		if derr := dirReady(); derr != nil {
+			return fail(api.ReasonExecutorError, "prepare runner dir error: %v", derr)
+		}
 		return fail(api.ReasonCreatingContainerError, "pullImage error: %v", err)
 	}
-
-	mark("pull")
-	if err := e.commit(t, api.TaskCreating, func() { t.noContainer = false }); err != nil {
-		return aborted()
+	if !reuse { // latest, or no tag: always pulled, as dstack's shim does
+		if f := pull(); f != nil {
+			return f
+		}
+		mark("pull")
 	}
 	t.mu.Lock()
 	gpuIDs := slices.Clone(t.gpuIDs)
+	t.noContainer = false // from here a container may exist: remove looks for it by name
 	t.mu.Unlock()
 	spec := e.containerSpec(t, dir, gpuIDs)
 	// Create must not be cut off halfway by a terminate: we want the id, so
-	// that remove can find what Docker made.
+	// that remove can find what Docker made. A local image is used as is:
+	// create goes first and says when the image is not there (an inspect
+	// before it only repeated Docker's own check, 1 ms of every start),
+	// then it is pulled and create runs again.
+	if ctx.Err() != nil {
+		return aborted()
+	}
 	id, err := e.rt.Create(context.WithoutCancel(ctx), spec)
+	if reuse && errors.Is(err, ErrNoImage) {
+		if ctx.Err() != nil {
+			return aborted()
+		}
+		if f := pull(); f != nil {
+			return f
+		}
+		mark("pull")
+		id, err = e.rt.Create(context.WithoutCancel(ctx), spec)
+	} else if reuse && err == nil {
+		log.Debug("image present, not pulling", "image", ref)
+	}
 	if err != nil {
 		return fail(api.ReasonCreatingContainerError, "createContainer error: %v", err)
+	}
+	if err := dirReady(); err != nil {
+		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)
+	}
+	if err := e.commit(t, api.TaskCreating, nil); err != nil {
+		// Terminated meanwhile: remove finds the created container by name.
+		return aborted()
 	}
 	mark("create")
 	t.mu.Lock()
@@ -323,21 +370,25 @@ func imageRef(ref string) (string, bool, error) {
 	return reference.FamiliarString(named), tagged != nil && tagged.Tag() != "latest", nil
 }
 
-func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.Logger) (err error) {
-	ref, reuse, err := imageRef(t.cfg.ImageName)
-	if err != nil {
+// makeRunnerDir makes dir's filesystem in the background; the returned
+// func waits for it and gives its error, the same each call.
+func (e *Engine) makeRunnerDir(ctx context.Context, dir string) func() error {
+	made := make(chan struct{})
+	var err error
+	go func() {
+		defer close(made)
+		err = e.cfg.RunnerDirs.Make(ctx, dir)
+	}()
+	return func() error {
+		<-made
 		return err
 	}
-	if reuse {
-		present, err := e.rt.ImagePresent(ctx, ref)
-		if err != nil {
-			return err
-		}
-		if present {
-			log.Debug("image present, not pulling", "image", ref)
-			return nil
-		}
-	}
+}
+
+// pullImage pulls ref (normalized by imageRef) and checks that it landed
+// in the local store. dirReady waits for the runner dir, where the pull
+// writes its log.
+func (e *Engine) pullImage(ctx context.Context, t *task, ref, dir string, dirReady func() error, log *slog.Logger) (err error) {
 	var auth RegistryAuth
 	if t.cfg.RegistryUsername != "" || t.cfg.RegistryPassword != "" {
 		auth = RegistryAuth{Username: t.cfg.RegistryUsername, Password: t.cfg.RegistryPassword}
@@ -369,6 +420,9 @@ func (e *Engine) pullImage(ctx context.Context, t *task, dir string, log *slog.L
 			}
 		}
 	}()
+	if err := dirReady(); err != nil {
+		return fmt.Errorf("prepare runner dir: %w", err)
+	}
 	logFile, err := os.Create(filepath.Join(dir, "pull.log"))
 	if err != nil {
 		return fmt.Errorf("pull log: %w", err)

@@ -47,6 +47,10 @@ type Runtime interface {
 // ErrContainerGone means the container does not exist (any more).
 var ErrContainerGone = errors.New("container not found")
 
+// ErrNoImage is a create refused because the image is not in the local
+// store: the engine pulls it, then creates again.
+var ErrNoImage = errors.New("image not in the local store")
+
 // ErrNoModeset is a start refused because the NVIDIA hook wants
 // /dev/nvidia-modeset (the display capability) on a headless host; the
 // runtime classifies Docker's message, the engine retries without it.

@@ -1,0 +1,218 @@
+package task
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/logging"
+)
+
+// gatedDirs are runner dirs whose Make waits for release, then fails with
+// err (nil: succeeds).
+type gatedDirs struct {
+	entered chan struct{}
+	release chan struct{}
+	err     error
+	mu      sync.Mutex
+	made    bool
+}
+
+func newGatedDirs(err error) *gatedDirs {
+	return &gatedDirs{entered: make(chan struct{}), release: make(chan struct{}), err: err}
+}
+
+func (g *gatedDirs) Make(_ context.Context, dir string) error {
+	close(g.entered)
+	<-g.release
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.made = g.err == nil
+	if g.err != nil {
+		return g.err
+	}
+	return os.MkdirAll(dir, 0o755)
+}
+func (g *gatedDirs) Attach(string) error     { return nil }
+func (g *gatedDirs) Remove(dir string) error { return os.RemoveAll(dir) }
+func (g *gatedDirs) isMade() bool            { g.mu.Lock(); defer g.mu.Unlock(); return g.made }
+
+func gatedEngine(t *testing.T, rt Runtime, dirs RunnerDirs) *Engine {
+	t.Helper()
+	runner := t.TempDir() + "/runner"
+	_ = os.WriteFile(runner, nil, 0o755)
+	e := New(Config{Home: t.TempDir(), RunnerBinary: runner, RunnerHTTPPort: 10999, RunnerSSHPort: 10022,
+		RunnerLogLevel: "info", InfinibandPath: "/nonexistent/ib", TerminateWait: 5 * time.Second, RunnerDirs: dirs},
+		rt, nil, nil, logging.Discard())
+	t.Cleanup(e.Sync)
+	return e
+}
+
+// The runner dir's filesystem is made while the container is created,
+// and the container starts only once it is there.
+func TestRunnerDirIsMadeBesideCreateAndBeforeStart(t *testing.T) {
+	rt := newStepRuntime()
+	dirs := newGatedDirs(nil)
+	e := gatedEngine(t, rt, dirs)
+	created, releaseCreate := rt.holdAt("create")
+	started, releaseStart := rt.holdAt("start")
+	defer releaseStart()
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	<-dirs.entered
+	select {
+	case <-created: // Docker's create is called while the dir is still being made
+	case <-time.After(5 * time.Second):
+		t.Fatal("create waited for the runner dir")
+	}
+	releaseCreate()
+	select {
+	case <-started:
+		t.Fatal("the container started before its runner dir was made")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(dirs.release)
+	<-started
+	if !dirs.isMade() {
+		t.Fatal("start reached before Make returned")
+	}
+	releaseStart()
+	waitStatus(t, e, "t", api.TaskRunning)
+}
+
+// A dir that cannot be made ends the task as an executor error, and its
+// created container never starts.
+func TestRunnerDirFailureEndsTheTaskUnstarted(t *testing.T) {
+	rt := newStepRuntime()
+	dirs := newGatedDirs(errors.New("no loop device"))
+	close(dirs.release)
+	e := gatedEngine(t, rt, dirs)
+	started, releaseStart := rt.holdAt("start")
+	defer releaseStart()
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	info := waitStatus(t, e, "t", api.TaskTerminated)
+	if info.TerminationReason != api.ReasonExecutorError || !strings.Contains(info.TerminationMessage, "prepare runner dir error: no loop device") {
+		t.Fatalf("%+v", info)
+	}
+	select {
+	case <-started:
+		t.Fatal("the container started without its runner dir")
+	default:
+	}
+}
+
+// A terminate while the dir is being made waits for it: the task ends
+// only after Make returned, so release never races a mount.
+func TestTerminateWhileTheRunnerDirIsMade(t *testing.T) {
+	rt := newStepRuntime()
+	dirs := newGatedDirs(nil)
+	e := gatedEngine(t, rt, dirs)
+	created, releaseCreate := rt.holdAt("create")
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	<-dirs.entered
+	<-created
+	done := make(chan api.TaskInfoResponse, 1)
+	go func() {
+		info, err := e.Terminate(context.Background(), "t", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- info
+	}()
+	releaseCreate()
+	select {
+	case info := <-done:
+		t.Fatalf("terminated while the dir was still being made: %+v", info)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(dirs.release)
+	info := <-done
+	if info.Status != api.TaskTerminated || info.TerminationReason != api.ReasonTerminatedByUser {
+		t.Fatalf("%+v", info)
+	}
+}
+
+// storeRuntime is a stepRuntime with an image store: create refuses an
+// image that is not there, as Docker does, until a pull brings it.
+type storeRuntime struct {
+	*stepRuntime
+	mu                       sync.Mutex
+	present                  map[string]bool
+	inspects, pulls, creates int
+}
+
+func (s *storeRuntime) ImagePresent(_ context.Context, ref string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inspects++
+	return s.present[ref], nil
+}
+
+func (s *storeRuntime) Pull(ctx context.Context, ref string, auth RegistryAuth) (io.ReadCloser, error) {
+	s.mu.Lock()
+	s.pulls++
+	s.present[ref] = true
+	s.mu.Unlock()
+	return s.stepRuntime.Pull(ctx, ref, auth)
+}
+
+func (s *storeRuntime) Create(ctx context.Context, spec ContainerSpec) (string, error) {
+	s.mu.Lock()
+	s.creates++
+	ref, _, _ := imageRef(spec.Image) // img is img:latest, as in Docker
+	ok := s.present[ref]
+	s.mu.Unlock()
+	if !ok {
+		return "", fmt.Errorf("create container %s: %w: No such image: %s", spec.Name, ErrNoImage, spec.Image)
+	}
+	return s.stepRuntime.Create(ctx, spec)
+}
+
+func (s *storeRuntime) counts() (int, int, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.inspects, s.pulls, s.creates
+}
+
+// A tagged image is created from as it is: no inspect before create, no
+// pull when it is there; when it is not, create's refusal brings one pull
+// and a second create.
+func TestLocalImageIsUsedWithoutACheckAndPulledWhenMissing(t *testing.T) {
+	rt := &storeRuntime{stepRuntime: newStepRuntime(), present: map[string]bool{"img:1": true}}
+	e, _ := newEngine(t, rt)
+	if _, err := e.Submit(api.TaskConfig{ID: "here", Name: "here", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "here", api.TaskRunning)
+	if inspects, pulls, creates := rt.counts(); inspects != 0 || pulls != 0 || creates != 1 {
+		t.Fatalf("a present image: %d inspects, %d pulls, %d creates; want 0, 0, 1", inspects, pulls, creates)
+	}
+	if _, err := e.Submit(api.TaskConfig{ID: "missing", Name: "missing", ImageName: "other:2"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "missing", api.TaskRunning)
+	// The pull checks that the image landed (one inspect).
+	if inspects, pulls, creates := rt.counts(); inspects != 1 || pulls != 1 || creates != 3 {
+		t.Fatalf("a missing image: %d inspects, %d pulls, %d creates in all; want 1, 1, 3", inspects, pulls, creates)
+	}
+	// latest is pulled before create, every time.
+	if _, err := e.Submit(api.TaskConfig{ID: "latest", Name: "latest", ImageName: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "latest", api.TaskRunning)
+	if _, pulls, creates := rt.counts(); pulls != 2 || creates != 4 {
+		t.Fatalf("latest: %d pulls, %d creates in all; want 2, 4", pulls, creates)
+	}
+}
