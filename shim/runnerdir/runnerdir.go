@@ -68,7 +68,7 @@ type Dirs struct {
 // took one: its copy and fsync beside Docker's start (which syncs its own
 // metadata) cost that start 3-6 ms, and a burst of starts needs the CPU
 // more than a ready copy it would take at once.
-const refillQuiet = 300 * time.Millisecond
+const refillQuiet = 150 * time.Millisecond
 
 // backgroundLocked runs f in the background unless closed, counted for Close.
 // Called with d.mu held.
