@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -115,6 +116,7 @@ func (d *Dirs) refill(runners string) {
 			case <-time.After(wait):
 			}
 		}
+		lowPriority()
 		p := filepath.Join(runners, fmt.Sprintf("%s%d.ext4", sparePrefix, os.Getpid()))
 		_ = os.Remove(p)
 		tmpl, err := d.template(context.Background(), runners, true)
@@ -133,6 +135,18 @@ func (d *Dirs) refill(runners string) {
 		}
 		d.mu.Unlock()
 	})
+}
+
+// lowPriority gives the calling goroutine a thread of its own at the
+// lowest CPU priority and the idle I/O class, for the rest of its life:
+// the thread is never unlocked, so Go ends it with the goroutine and no
+// other goroutine runs at that priority.
+func lowPriority() {
+	runtime.LockOSThread()
+	tid := unix.Gettid()
+	_ = unix.Setpriority(unix.PRIO_PROCESS, tid, 19)
+	const ioprioWhoProcess, ioprioClassIdle, ioprioClassShift = 1, 3, 13
+	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(tid), ioprioClassIdle<<ioprioClassShift)
 }
 
 // takeSpare moves the ready copy, when there is one beside img, to img.

@@ -237,6 +237,7 @@ type task struct {
 	gpuIDs    []string
 	stopReq   *api.TaskTerminateRequest // set by terminate
 	job       *api.JobStateEvent        // the job's final state, once its runner left it
+	jobLooked time.Time                 // when a GET last looked for it (jobLookEvery)
 	keysAdded bool                      // host keys are in authorized_keys
 	volumes   []string                  // volumes that may be mounted for it
 	released  bool                      // every resource it held given back (resource.go)

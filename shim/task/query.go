@@ -5,6 +5,7 @@ package task
 import (
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 )
@@ -15,14 +16,25 @@ func (e *Engine) Get(id string) (api.TaskInfoResponse, error) {
 	if !ok {
 		return api.TaskInfoResponse{}, ErrNotFound
 	}
+	now := e.now()
 	t.mu.Lock()
-	look := t.job == nil && (t.status == api.TaskRunning || t.status == api.TaskTerminated) && t.contID != ""
+	look := t.job == nil && (t.status == api.TaskRunning || t.status == api.TaskTerminated) && t.contID != "" &&
+		now.Sub(t.jobLooked) >= jobLookEvery
+	if look {
+		t.jobLooked = now
+	}
 	t.mu.Unlock()
 	if look {
 		e.learnJob(t)
 	}
 	return e.info(t), nil
 }
+
+// jobLookEvery spaces a task's GETs' looks for its job's final state in
+// the runner dir: a file open that was a third of a GET's own work, for
+// a state the container's exit reads anyway, and the server polls every
+// few seconds.
+const jobLookEvery = time.Second
 
 // lookup finds a task in the table.
 func (e *Engine) lookup(id string) (*task, bool) {
