@@ -115,6 +115,7 @@ func BenchmarkStartVsDstack(b *testing.B) {
 	start(ours.client, tRunner)
 	start(theirs, dRunner)
 	var t, d []time.Duration
+	var pairs []float64 // each of ours over dstack's beside it
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if i%2 == 0 {
@@ -124,10 +125,14 @@ func BenchmarkStartVsDstack(b *testing.B) {
 			d = append(d, start(theirs, dRunner))
 			t = append(t, start(ours.client, tRunner))
 		}
+		pairs = append(pairs, float64(t[i])/float64(d[i]))
 	}
 	b.StopTimer()
 	b.ReportMetric(median(t), "tandem-to-answer-ms")
 	b.ReportMetric(median(d), "dstack-to-answer-ms")
 	b.ReportMetric(median(t)/median(d), "tandem/dstack-ratio")
-	target(b, "start vs dstack's agents (Debian with sshd)", median(t)/median(d), "<=", 0.85)
+	b.ReportMetric(medianOf(pairs), "paired-ratio")
+	if b.N >= 10 {
+		target(b, "start vs dstack's agents (Debian with sshd, host)", medianOf(pairs), "<=", 0.85)
+	}
 }

@@ -115,8 +115,11 @@ func Run(ctx context.Context, cfg Config) error {
 		lifecycle.Step{Name: "log", Start: a.startLog},
 		lifecycle.Step{Name: "host", Start: a.startHost},
 		lifecycle.Step{Name: "executor", Start: a.startExecutor},
-		lifecycle.Step{Name: "ssh", Start: a.startSSH},
+		// The API first: the server waits for its healthcheck, and the
+		// SSH server's host keys (three files written and synced) are not
+		// needed until a job runs.
 		lifecycle.Step{Name: "api", Start: a.startAPI},
+		lifecycle.Step{Name: "ssh", Start: a.startSSH},
 	); err != nil {
 		return err
 	}
@@ -326,6 +329,12 @@ func (a *agent) noPullExit(ctx context.Context) {
 // listen listens on addr, waiting up to bindWait while the port is taken:
 // the runner of a task that just ended may still be leaving it.
 func listen(addr string) (net.Listener, error) {
+	// localhost is the loopback (RFC 6761): listened on without reading
+	// the resolver's files (resolv.conf, nsswitch.conf, hosts: 1-3 ms of
+	// every start).
+	if host, port, err := net.SplitHostPort(addr); err == nil && strings.EqualFold(host, "localhost") {
+		addr = net.JoinHostPort("127.0.0.1", port)
+	}
 	deadline := time.Now().Add(bindWait)
 	for {
 		ln, err := net.Listen("tcp", addr)

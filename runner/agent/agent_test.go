@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -35,5 +36,21 @@ func TestRunWithoutJob(t *testing.T) {
 	}
 	if !bytes.Equal(b, out.Bytes()) {
 		t.Errorf("console and default.log differ:\n%s\n---\n%s", out.Bytes(), b)
+	}
+}
+
+// localhost is listened on as 127.0.0.1, whatever the resolver's files
+// say (a container's /etc/hosts may map it elsewhere, or be missing).
+func TestListenLocalhostIsTheLoopback(t *testing.T) {
+	for _, host := range []string{"localhost", "LocalHost"} {
+		ln, err := listen(net.JoinHostPort(host, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := ln.Addr().(*net.TCPAddr)
+		ln.Close()
+		if !addr.IP.Equal(net.IPv4(127, 0, 0, 1)) {
+			t.Fatalf("%s: listened on %s, want 127.0.0.1", host, addr)
+		}
 	}
 }
