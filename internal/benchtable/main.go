@@ -1,0 +1,61 @@
+// Command benchtable turns `make bench` output into the README's figures
+// table: every figure that has a target, its verdict, and every metric of
+// every benchmark, dated and with the machine named. It rewrites what lies
+// between the README's markers and nothing else.
+//
+//	go run ./internal/benchtable -log bench.log -readme README.md
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"time"
+)
+
+func main() {
+	logPath := flag.String("log", "bench.log", "make bench's output")
+	readme := flag.String("readme", "README.md", "the file whose marked section is rewritten")
+	flag.Parse()
+	if err := run(*logPath, *readme, time.Now()); err != nil {
+		fmt.Fprintln(os.Stderr, "benchtable:", err)
+		os.Exit(1)
+	}
+}
+
+func run(logPath, readme string, now time.Time) error {
+	f, err := os.Open(logPath)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rep, err := Parse(f)
+	if err != nil {
+		return fmt.Errorf("%s: %w", logPath, err)
+	}
+	old, err := os.ReadFile(readme)
+	if err != nil {
+		return err
+	}
+	out, err := Replace(string(old), Render(rep, now))
+	if err != nil {
+		return fmt.Errorf("%s: %w", readme, err)
+	}
+	if err := writeKeepingMode(readme, []byte(out)); err != nil {
+		return err
+	}
+	fmt.Printf("benchtable: %s: %d figures with targets (%d missed), %d benchmarks\n", readme, len(rep.Targets), rep.Missed(), len(rep.Benchmarks))
+	return nil
+}
+
+func writeKeepingMode(path string, b []byte) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	tmp := path + ".benchtable.tmp"
+	if err := os.WriteFile(tmp, b, fi.Mode().Perm()); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

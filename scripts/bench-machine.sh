@@ -1,0 +1,14 @@
+#!/bin/bash
+# Names the machine a `make bench` ran on, for the README's figures table
+# (internal/benchtable reads the "machine:" line). TANDEM_BENCH_MACHINE
+# names it in words (default: its hostname).
+set -u
+name=${TANDEM_BENCH_MACHINE:-$(hostname)}
+cpu=$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo 2>/dev/null)
+mem=$(awk '/^MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo 2>/dev/null)
+docker=$(docker version --format '{{.Server.Version}}' 2>/dev/null || echo none)
+gpu=none
+if command -v nvidia-smi >/dev/null 2>&1; then
+	gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | sort | uniq -c | awk '{$1=$1" x"; print}' | paste -sd, -)
+fi
+echo "machine: ${name}: ${cpu:-unknown CPU}, $(nproc) cores, ${mem:-? GiB}, Linux $(uname -r), Docker ${docker}, GPU ${gpu:-none}"
