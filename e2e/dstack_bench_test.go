@@ -10,9 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/client"
+
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/shimclient"
 	"github.com/tandem-run/tandem/e2e/testenv"
+	"github.com/tandem-run/tandem/shim/task"
 )
 
 // debianSSHD is Debian 12 with OpenSSH's server, which dstack's runner
@@ -39,7 +43,8 @@ func debianSSHD(b *testing.B) string {
 // BenchmarkStartVsDstack: submit to the runner's healthcheck answering,
 // Tandem's agents beside dstack's (built from their source; the module
 // proxy does not serve it) on one Docker engine, host network, a Debian
-// image with sshd, alternating A B B A. TANDEM_DSTACK_BIN names the
+// image with sshd, alternating A B C, C B A, with bare Docker making our
+// container to the same answer as the floor. TANDEM_DSTACK_BIN names the
 // directory with dstack's `shim` and `runner`; skipped without it.
 func BenchmarkStartVsDstack(b *testing.B) {
 	dbin := os.Getenv("TANDEM_DSTACK_BIN")
@@ -81,6 +86,12 @@ func BenchmarkStartVsDstack(b *testing.B) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
+	dc, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer dc.Close()
+	var shape bareShape // our container, made again by hand: the floor
 	start := func(c *shimclient.Client, runnerPort string) time.Duration {
 		id := randomID("cmp")
 		cfg := api.TaskConfig{ID: id, Name: strings.ToLower(randomID("cmp")), ImageName: img, NetworkMode: "host", ContainerUser: "root"}
@@ -94,6 +105,13 @@ func BenchmarkStartVsDstack(b *testing.B) {
 			b.Fatal(err)
 		}
 		took := time.Since(began)
+		if c == ours.client && shape.cfg == nil {
+			ins, err := dc.ContainerInspect(ctx, task.ContainerName(cfg.Name, cfg.ID))
+			if err != nil {
+				b.Fatal(err)
+			}
+			shape = bareShape{ins.Config, ins.HostConfig}
+		}
 		if _, err := c.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser}); err != nil {
 			b.Fatal(err)
 		}
@@ -111,27 +129,51 @@ func BenchmarkStartVsDstack(b *testing.B) {
 		}
 		return took
 	}
-	// One warm-up each.
-	start(ours.client, tRunner)
-	start(theirs, dRunner)
-	var t, d []time.Duration
-	var pairs []float64 // each of ours over dstack's beside it
+	// Bare Docker, our container's shape, to the same answer: what no agent
+	// that starts the job through Docker's API can beat.
+	bare := func() time.Duration {
+		began := time.Now()
+		answered := make(chan error, 1)
+		go func() { answered <- untilHealthy(tRunner, 60*time.Second) }()
+		id := shape.make(ctx, b, dc, randomID("cmp-bare"), tRunner, "")
+		defer func() { _ = dc.ContainerRemove(ctx, id, container.RemoveOptions{Force: true}) }()
+		if err := dc.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
+			b.Fatal(err)
+		}
+		if err := <-answered; err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(began)
+	}
+	// Warm-ups.
+	for range 2 {
+		start(ours.client, tRunner)
+		start(theirs, dRunner)
+		bare()
+	}
+	var t, d, f []time.Duration
+	var pairs, floor []float64 // ours, and bare Docker, over dstack's beside it
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if i%2 == 0 {
 			t = append(t, start(ours.client, tRunner))
 			d = append(d, start(theirs, dRunner))
+			f = append(f, bare())
 		} else {
+			f = append(f, bare())
 			d = append(d, start(theirs, dRunner))
 			t = append(t, start(ours.client, tRunner))
 		}
 		pairs = append(pairs, float64(t[i])/float64(d[i]))
+		floor = append(floor, float64(f[i])/float64(d[i]))
 	}
 	b.StopTimer()
 	b.ReportMetric(median(t), "tandem-to-answer-ms")
 	b.ReportMetric(median(d), "dstack-to-answer-ms")
+	b.ReportMetric(median(f), "bare-docker-to-answer-ms")
 	b.ReportMetric(median(t)/median(d), "tandem/dstack-ratio")
 	b.ReportMetric(medianOf(pairs), "paired-ratio")
+	b.ReportMetric(medianOf(floor), "bare-docker/dstack-paired-ratio")
 	if b.N >= 10 {
 		target(b, "start vs dstack's agents (Debian with sshd, host)", medianOf(pairs), "<=", 0.85)
 	}
