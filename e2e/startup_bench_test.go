@@ -64,21 +64,27 @@ type taskTiming struct {
 	Record, Prepare, Pull, Create, Start, Forward, Commit, Total time.Duration
 }
 
+// readTimings reads the "task running" lines of the shim's log at path
+// and of its rotated files (path.1, the newer, ...: a bench at debug level
+// writes past a file's bound).
 func readTimings(b *testing.B, path string) map[string]taskTiming {
 	b.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
 	out := map[string]taskTiming{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		var t taskTiming
-		if json.Unmarshal(sc.Bytes(), &t) == nil && t.Msg == "task running" {
-			out[t.TaskID] = t
+	rotated, _ := filepath.Glob(path + ".*")
+	for _, p := range append(rotated, path) {
+		f, err := os.Open(p)
+		if err != nil {
+			b.Fatal(err)
 		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+		for sc.Scan() {
+			var t taskTiming
+			if json.Unmarshal(sc.Bytes(), &t) == nil && t.Msg == "task running" {
+				out[t.TaskID] = t
+			}
+		}
+		f.Close()
 	}
 	return out
 }
@@ -94,7 +100,7 @@ func BenchmarkTaskStartVsDocker(b *testing.B) {
 	bins := testenv.Binaries(b)
 	_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
 	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
-	h := startShimTB(b, bins.Runner, nil, append([]string{"--runner-http-port", httpPort, "--runner-ssh-port", sshPort, "--log-format", "json"}, strings.Fields(os.Getenv("TANDEM_BENCH_SHIM_ARGS"))...)...)
+	h := startShimTB(b, bins.Runner, nil, append([]string{"--runner-http-port", httpPort, "--runner-ssh-port", sshPort, "--log-format", "json", "--shim-log-level", "info"}, strings.Fields(os.Getenv("TANDEM_BENCH_SHIM_ARGS"))...)...)
 	images := []struct{ name, ref string }{{"busybox", h.image}, {"debian-sshd", debianSSHD(b)}}
 	for _, img := range images {
 		for _, network := range []string{"host", "bridge"} {
