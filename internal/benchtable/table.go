@@ -58,11 +58,11 @@ var (
 	benchLog   = regexp.MustCompile(`^--- BENCH: Benchmark(\S+?)(?:-\d+)?\s*$`)
 )
 
-// Parse reads a bench log. A figure checked more than once (a benchmark's
-// b.N=1 probe, then its real run) keeps its last word.
+// Parse reads a bench log. A figure checked more than once by one
+// benchmark (its b.N=1 probe, then its real run) keeps its last word.
 func Parse(r io.Reader) (Report, error) {
 	var rep Report
-	seen := map[string]int{} // target what -> index
+	seen := map[string]int{} // benchmark and target -> index
 	current := ""
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
@@ -97,10 +97,11 @@ func Parse(r io.Reader) (Report, error) {
 			got, _ := strconv.ParseFloat(m[2], 64)
 			want, _ := strconv.ParseFloat(m[4], 64)
 			t := Target{What: m[1], Got: got, Op: m[3], Want: want, OK: m[5] == "ok", Benchmark: current}
-			if i, ok := seen[t.What]; ok {
+			key := t.Benchmark + "\x00" + t.What
+			if i, ok := seen[key]; ok {
 				rep.Targets[i] = t
 			} else {
-				seen[t.What] = len(rep.Targets)
+				seen[key] = len(rep.Targets)
 				rep.Targets = append(rep.Targets, t)
 			}
 		case strings.HasPrefix(trimmed, "FAIL") || strings.HasPrefix(trimmed, "--- FAIL"):
@@ -144,13 +145,13 @@ func Render(r Report, now time.Time) string {
 		fmt.Fprintf(&b, "**That run did not finish cleanly** (%s); the figures below are what it printed.\n\n", strings.Join(r.Failed, "; "))
 	}
 	fmt.Fprintf(&b, "Targets: %d of %d met.\n\n", len(r.Targets)-r.Missed(), len(r.Targets))
-	b.WriteString("| figure | measured | target | |\n| --- | --- | --- | --- |\n")
+	b.WriteString("| figure | benchmark | measured | target | |\n| --- | --- | --- | --- | --- |\n")
 	for _, t := range r.Targets {
 		verdict := "ok"
 		if !t.OK {
 			verdict = "**missed**"
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s %s | %s |\n", escape(t.What), num(t.Got), escape(t.Op), num(t.Want), verdict)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s %s | %s |\n", escape(t.What), escape(t.Benchmark), num(t.Got), escape(t.Op), num(t.Want), verdict)
 	}
 	b.WriteString("\nEvery benchmark's figures (medians unless the name says otherwise):\n\n")
 	b.WriteString("| benchmark | runs | figures |\n| --- | --- | --- |\n")
