@@ -92,7 +92,9 @@ func BenchmarkStartVsDstack(b *testing.B) {
 	}
 	defer dc.Close()
 	var shape bareShape // our container, made again by hand: the floor
-	start := func(c *shimclient.Client, runnerPort string) time.Duration {
+	trace := traceEngine(b, dc)
+	var tSteps, dSteps, fSteps stepTimes
+	start := func(c *shimclient.Client, runnerPort string, steps *stepTimes) time.Duration {
 		id := randomID("cmp")
 		cfg := api.TaskConfig{ID: id, Name: strings.ToLower(randomID("cmp")), ImageName: img, NetworkMode: "host", ContainerUser: "root"}
 		began := time.Now()
@@ -104,7 +106,9 @@ func BenchmarkStartVsDstack(b *testing.B) {
 		if err := <-answered; err != nil {
 			b.Fatal(err)
 		}
-		took := time.Since(began)
+		answeredAt := time.Now()
+		took := answeredAt.Sub(began)
+		steps.add(trace.steps(b, cfg.Name, began, answeredAt))
 		if c == ours.client && shape.cfg == nil {
 			ins, err := dc.ContainerInspect(ctx, task.ContainerName(cfg.Name, cfg.ID))
 			if err != nil {
@@ -135,7 +139,8 @@ func BenchmarkStartVsDstack(b *testing.B) {
 		began := time.Now()
 		answered := make(chan error, 1)
 		go func() { answered <- untilHealthy(tRunner, 60*time.Second) }()
-		id := shape.make(ctx, b, dc, randomID("cmp-bare"), tRunner, "")
+		name := randomID("cmp-bare")
+		id := shape.make(ctx, b, dc, name, tRunner, "")
 		defer func() { _ = dc.ContainerRemove(ctx, id, container.RemoveOptions{Force: true}) }()
 		if err := dc.ContainerStart(ctx, id, container.StartOptions{}); err != nil {
 			b.Fatal(err)
@@ -143,26 +148,29 @@ func BenchmarkStartVsDstack(b *testing.B) {
 		if err := <-answered; err != nil {
 			b.Fatal(err)
 		}
-		return time.Since(began)
+		answeredAt := time.Now()
+		fSteps.add(trace.steps(b, name, began, answeredAt))
+		return answeredAt.Sub(began)
 	}
 	// Warm-ups.
 	for range 2 {
-		start(ours.client, tRunner)
-		start(theirs, dRunner)
+		start(ours.client, tRunner, &stepTimes{})
+		start(theirs, dRunner, &stepTimes{})
 		bare()
 	}
+	fSteps = stepTimes{}
 	var t, d, f []time.Duration
 	var pairs, floor []float64 // ours, and bare Docker, over dstack's beside it
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if i%2 == 0 {
-			t = append(t, start(ours.client, tRunner))
-			d = append(d, start(theirs, dRunner))
+			t = append(t, start(ours.client, tRunner, &tSteps))
+			d = append(d, start(theirs, dRunner, &dSteps))
 			f = append(f, bare())
 		} else {
 			f = append(f, bare())
-			d = append(d, start(theirs, dRunner))
-			t = append(t, start(ours.client, tRunner))
+			d = append(d, start(theirs, dRunner, &dSteps))
+			t = append(t, start(ours.client, tRunner, &tSteps))
 		}
 		pairs = append(pairs, float64(t[i])/float64(d[i]))
 		floor = append(floor, float64(f[i])/float64(d[i]))
@@ -174,6 +182,10 @@ func BenchmarkStartVsDstack(b *testing.B) {
 	b.ReportMetric(median(t)/median(d), "tandem/dstack-ratio")
 	b.ReportMetric(medianOf(pairs), "paired-ratio")
 	b.ReportMetric(medianOf(floor), "bare-docker/dstack-paired-ratio")
+	// Where the time goes, by the engine's clock, for each of the three.
+	tSteps.report(b, "tandem")
+	dSteps.report(b, "dstack")
+	fSteps.report(b, "bare")
 	if b.N >= 10 {
 		target(b, "start vs dstack's agents (Debian with sshd, host)", medianOf(pairs), "<=", 0.85)
 	}

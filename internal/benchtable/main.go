@@ -10,25 +10,31 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"time"
 )
 
 func main() {
 	logPath := flag.String("log", "bench.log", "make bench's output")
 	readme := flag.String("readme", "README.md", "the file whose marked section is rewritten")
 	flag.Parse()
-	if err := run(*logPath, *readme, time.Now()); err != nil {
+	if err := run(*logPath, *readme); err != nil {
 		fmt.Fprintln(os.Stderr, "benchtable:", err)
 		os.Exit(1)
 	}
 }
 
-func run(logPath, readme string, now time.Time) error {
+// run dates the table by when the log was last written: when the bench
+// finished, not when the table was made again from it.
+func run(logPath, readme string) error {
 	f, err := os.Open(logPath)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	now := st.ModTime()
 	rep, err := Parse(f)
 	if err != nil {
 		return fmt.Errorf("%s: %w", logPath, err)
