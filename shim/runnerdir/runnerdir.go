@@ -60,16 +60,39 @@ type Dirs struct {
 	spare    string     // the ready copy's path ("" none)
 	making   bool       // a ready copy is being made
 	closed   bool       // nothing more is made in the background
-	lastTake time.Time  // when a start last took a ready copy
+	lastTake time.Time  // when a start last took a ready copy or ended
+	holds    int        // container starts under way (Hold)
 	quit     chan struct{}
 	bg       sync.WaitGroup
 }
 
 // refillQuiet is how long the next ready copy waits after the last start
-// took one: its copy and fsync beside Docker's start (which syncs its own
-// metadata) cost that start 3-6 ms, and a burst of starts needs the CPU
-// more than a ready copy it would take at once.
+// took one or ended: its copy and fsync beside Docker's start (which syncs
+// its own metadata) cost that start 3-6 ms, and a burst of starts needs the
+// CPU more than a ready copy it would take at once.
 const refillQuiet = 150 * time.Millisecond
+
+// Hold keeps the next ready copy from being made until release is called:
+// a container start is under way. A fixed quiet period alone was not
+// enough: where Docker's start of a bridge container takes most of a
+// second (a slow host, a busy engine) the copy landed in its middle, and
+// its thread's low priority counts for nothing against Docker's processes
+// in other scheduling groups (autogroups, cgroups). release is idempotent;
+// the quiet period counts from it.
+func (d *Dirs) Hold() (release func()) {
+	d.mu.Lock()
+	d.holds++
+	d.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			d.mu.Lock()
+			d.holds--
+			d.lastTake = time.Now()
+			d.mu.Unlock()
+		})
+	}
+}
 
 // backgroundLocked runs f in the background unless closed, counted for Close.
 // Called with d.mu held.
@@ -103,6 +126,9 @@ func (d *Dirs) refill(runners string) {
 		for { // wait for a quiet moment: no start for refillQuiet
 			d.mu.Lock()
 			wait := refillQuiet - time.Since(d.lastTake)
+			if d.holds > 0 {
+				wait = refillQuiet
+			}
 			d.mu.Unlock()
 			if wait <= 0 {
 				break

@@ -240,6 +240,52 @@ func TestImagesAreCopiesOfOneTemplate(t *testing.T) {
 
 // The next ready copy is made only once starts have paused for
 // refillQuiet: its copy and fsync are not done beside a start.
+// A held start keeps the next ready copy from being made however long it
+// takes; the quiet period counts from its release.
+func TestReadyCopyWaitsForHeldStarts(t *testing.T) {
+	d, dir := dirs(t, 16<<20)
+	runners := filepath.Dir(dir)
+	d.Warm(runners)
+	spare := func() string {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.spare
+	}
+	for i := 0; spare() == ""; i++ {
+		if i > 500 {
+			t.Fatal("no ready copy after Warm")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	release := d.Hold()
+	if err := d.Make(context.Background(), dir); err != nil || !d.mounted(dir) {
+		t.Fatalf("make: %v", err)
+	}
+	t.Cleanup(func() { _ = d.Remove(dir) })
+	time.Sleep(3 * refillQuiet)
+	if spare() != "" {
+		t.Fatal("the ready copy was made while a start was held")
+	}
+	release()
+	released := time.Now()
+	release() // idempotent: one hold, one release
+	d.mu.Lock()
+	holds := d.holds
+	d.mu.Unlock()
+	if holds != 0 {
+		t.Fatalf("%d holds after a double release", holds)
+	}
+	for i := 0; spare() == ""; i++ {
+		if i > 500 {
+			t.Fatal("no ready copy after the release")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if gap := time.Since(released); gap < refillQuiet {
+		t.Fatalf("the ready copy came %s after the release, before the quiet period (%s)", gap, refillQuiet)
+	}
+}
+
 func TestReadyCopyWaitsForAQuietMoment(t *testing.T) {
 	d, dir := dirs(t, 16<<20)
 	runners := filepath.Dir(dir)

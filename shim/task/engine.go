@@ -278,6 +278,12 @@ type RunnerDirs interface {
 	Remove(dir string) error
 }
 
+// startHolder is what RunnerDirs may also be: their background work waits
+// from Hold until release, while a task's start is under way.
+type startHolder interface {
+	Hold() (release func())
+}
+
 // plainDirs are runner directories without a bound.
 type plainDirs struct{}
 

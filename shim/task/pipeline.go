@@ -183,6 +183,10 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	// is written into the dir before it is ready (a pull's log waits), the
 	// container starts only then, and start does not return before it is
 	// done, so release never races a mount.
+	if h, ok := e.cfg.RunnerDirs.(startHolder); ok {
+		// The next ready copy waits until this start is over.
+		defer h.Hold()()
+	}
 	dirReady := e.makeRunnerDir(ctx, dir)
 	defer func() { _ = dirReady() }()
 

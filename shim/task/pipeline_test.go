@@ -23,6 +23,23 @@ type gatedDirs struct {
 	err     error
 	mu      sync.Mutex
 	made    bool
+	holds   int // Hold minus release
+	held    int // Hold calls
+}
+
+func (g *gatedDirs) Hold() func() {
+	g.mu.Lock()
+	g.holds++
+	g.held++
+	g.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(func() { g.mu.Lock(); g.holds--; g.mu.Unlock() }) }
+}
+
+func (g *gatedDirs) holding() (now, ever int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.holds, g.held
 }
 
 func newGatedDirs(err error) *gatedDirs {
@@ -86,6 +103,53 @@ func TestRunnerDirIsMadeBesideCreateAndBeforeStart(t *testing.T) {
 	}
 	releaseStart()
 	waitStatus(t, e, "t", api.TaskRunning)
+}
+
+// The dirs' background work (the next ready copy) is held from before the
+// dir is taken until the container's start has returned, and released
+// once, however the start ends.
+func TestStartHoldsTheDirsBackgroundWork(t *testing.T) {
+	rt := newStepRuntime()
+	dirs := newGatedDirs(nil)
+	e := gatedEngine(t, rt, dirs)
+	started, releaseStart := rt.holdAt("start")
+	defer releaseStart()
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	<-dirs.entered
+	if now, _ := dirs.holding(); now != 1 {
+		t.Fatalf("Make ran with %d holds, want 1", now)
+	}
+	close(dirs.release)
+	<-started
+	if now, _ := dirs.holding(); now != 1 {
+		t.Fatalf("Docker's start ran with %d holds, want 1", now)
+	}
+	releaseStart()
+	waitStatus(t, e, "t", api.TaskRunning)
+	for i := 0; ; i++ { // released as the pipeline returns, right after running
+		now, ever := dirs.holding()
+		if now == 0 && ever == 1 {
+			break
+		}
+		if i > 500 {
+			t.Fatalf("after running: %d holds left of %d", now, ever)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// A start that fails releases too.
+	failing := newGatedDirs(errors.New("no loop device"))
+	close(failing.release)
+	e2 := gatedEngine(t, newStepRuntime(), failing)
+	if _, err := e2.Submit(api.TaskConfig{ID: "t2", Name: "n2", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e2, "t2", api.TaskTerminated)
+	if now, ever := failing.holding(); now != 0 || ever != 1 {
+		t.Fatalf("after a failed start: %d holds left of %d", now, ever)
+	}
 }
 
 // A dir that cannot be made ends the task as an executor error, and its
