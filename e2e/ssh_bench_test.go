@@ -35,12 +35,17 @@ func sshOpts(key, port string) []string {
 }
 
 // BenchmarkSSHFirstLogin: from `docker run` of a container whose entrypoint
-// is the runner to the first successful `ssh ... true`.
+// is the runner to the first successful `ssh ... true`. The server is
+// watched for its banner with a dial every millisecond and ssh runs once it
+// shows: a loop of ssh runs that fail until the port opens would add a
+// client start (tens of ms on a slow VM) and its sleep to the figure at
+// random. The same ssh run against the server once it is up is reported
+// beside it: the client's own share.
 func BenchmarkSSHFirstLogin(b *testing.B) {
 	bins := testenv.Binaries(b)
 	img := testenv.Busybox(b)
 	key, pub := sshKey(b)
-	var total, afterStart time.Duration
+	var total, afterStart, toBanner, again []time.Duration
 	for i := 0; i < b.N; i++ {
 		_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
 		_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
@@ -52,6 +57,10 @@ func BenchmarkSSHFirstLogin(b *testing.B) {
 			b.Fatal(err)
 		}
 		started := time.Now() // docker run returned: the runner is exec'd
+		if err := untilBanner(net.JoinHostPort("127.0.0.1", sshPort), 30*time.Second); err != nil {
+			b.Fatal(err)
+		}
+		banner := time.Now()
 		for {
 			if exec.Command("ssh", append(sshOpts(key, sshPort), "root@127.0.0.1", "true")...).Run() == nil {
 				break
@@ -59,17 +68,45 @@ func BenchmarkSSHFirstLogin(b *testing.B) {
 			if time.Since(start) > 30*time.Second {
 				b.Fatal("no ssh login within 30s")
 			}
-			time.Sleep(5 * time.Millisecond)
+			time.Sleep(time.Millisecond)
 		}
-		total += time.Since(start)
-		afterStart += time.Since(started)
+		done := time.Now()
+		if err := exec.Command("ssh", append(sshOpts(key, sshPort), "root@127.0.0.1", "true")...).Run(); err != nil {
+			b.Fatal(err)
+		}
+		total, afterStart = append(total, done.Sub(start)), append(afterStart, done.Sub(started))
+		toBanner, again = append(toBanner, banner.Sub(started)), append(again, time.Since(done))
 		_, _ = testenv.Docker(context.Background(), "rm", "-f", name)
 	}
-	b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "ms-to-first-ssh")
+	b.ReportMetric(median(total), "ms-to-first-ssh")
 	// The runner's share: from the container's start (docker run returned)
 	// to the first login, one ssh client run included.
-	b.ReportMetric(float64(afterStart.Milliseconds())/float64(b.N), "ms-after-container-start")
-	target(b, "first ssh true after the container started, ms", float64(afterStart.Milliseconds())/float64(b.N), "<", 100)
+	b.ReportMetric(median(afterStart), "ms-after-container-start")
+	b.ReportMetric(median(toBanner), "ms-to-banner")
+	b.ReportMetric(median(again), "ssh-true-once-up-ms")
+	target(b, "first ssh true after the container started, ms", median(afterStart), "<", 100)
+}
+
+// untilBanner dials addr every millisecond until an SSH server's version
+// line arrives.
+func untilBanner(addr string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			buf := make([]byte, 8)
+			_, err = io.ReadFull(c, buf)
+			c.Close()
+			if err == nil && string(buf) == "SSH-2.0-" {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no SSH banner at %s within %s: %v", addr, limit, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 var cipherRe = regexp.MustCompile(`kex: server->client cipher: (\S+)`)

@@ -221,6 +221,13 @@ func (a *agent) startSSH(context.Context) error {
 			a.log.Error("ssh server stopped", "err", err)
 		}
 	}()
+	// The keys reach the disk once the server serves: their fsyncs are off
+	// the first login's path.
+	go func() {
+		if err := srv.SaveKeys(); err != nil {
+			a.log.Error("ssh host keys not saved; the next start makes new ones", "err", err)
+		}
+	}()
 	a.OnStop(func() { srv.Close() })
 	a.log.Info("ssh server serving", "addr", ln.Addr().String(), "authorized_keys", len(a.cfg.AuthorizedKeys))
 	return nil

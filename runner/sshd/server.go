@@ -85,6 +85,9 @@ type Server struct {
 	gate *gate
 	// ahead holds the connections' read-ahead buffers (see rawnet).
 	ahead *rawnet.Buffers
+	// signers are the host keys; saveNew writes those New had to make.
+	signers []gssh.Signer
+	saveNew func() error
 }
 
 // Each SSH connection reads up to readAheadBuf per system call from one of
@@ -171,23 +174,15 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// New prepares the server (host keys, handlers) without listening.
+// New prepares the server (host keys, handlers) without listening. Keys
+// it had to make are in memory only until SaveKeys.
 func New(cfg Config, keys *KeySet) (*Server, error) {
 	cfg = cfg.WithDefaults()
-	signers, err := hostKeys(cfg.HostKeyDir)
+	signers, saveNew, err := hostKeys(cfg.HostKeyDir)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.PublicKeysFile != "" {
-		var b []byte
-		for _, s := range signers {
-			b = append(b, gossh.MarshalAuthorizedKey(s.PublicKey())...)
-		}
-		if err := atomicfile.WriteBytes(cfg.PublicKeysFile, b, atomicfile.Options{Perm: 0o644, UID: -1}); err != nil {
-			return nil, fmt.Errorf("host public keys: %w", err)
-		}
-	}
-	s := &Server{cfg: cfg, keys: keys, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns),
+	s := &Server{cfg: cfg, keys: keys, saveNew: saveNew, signers: signers, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns),
 		ahead: rawnet.NewBuffers(readAheadBuf, maxReadAheadBufs)}
 	fw := &forwards{s: s, log: cfg.Log, cp: newCopier(maxBigCopyBufs)}
 	s.srv = &gssh.Server{
@@ -233,6 +228,28 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 		},
 	}
 	return s, nil
+}
+
+// SaveKeys writes the host keys New made (each atomically, fsynced) and
+// then PublicKeysFile. It is meant to run once the server listens: the
+// three fsyncs took ~15 ms of every first login's path on a slow disk, and
+// a runner that dies before they land only makes new keys next time, as
+// on its first start.
+func (s *Server) SaveKeys() error {
+	if err := s.saveNew(); err != nil {
+		return err
+	}
+	if s.cfg.PublicKeysFile == "" {
+		return nil
+	}
+	var b []byte
+	for _, sg := range s.signers {
+		b = append(b, gossh.MarshalAuthorizedKey(sg.PublicKey())...)
+	}
+	if err := atomicfile.WriteBytes(s.cfg.PublicKeysFile, b, atomicfile.Options{Perm: 0o644, UID: -1}); err != nil {
+		return fmt.Errorf("host public keys: %w", err)
+	}
+	return nil
 }
 
 // Serve accepts connections on ln until Close.
@@ -422,12 +439,17 @@ func (s *Server) probe(ctx context.Context, conn *gossh.ServerConn) {
 	}
 }
 
-// hostKeys loads ed25519 and ECDSA host keys from dir, creating them once.
-func hostKeys(dir string) ([]gssh.Signer, error) {
+// hostKeys loads ed25519 and ECDSA host keys from dir, making those it
+// lacks; save writes the ones it made (see SaveKeys).
+func hostKeys(dir string) (signers []gssh.Signer, save func() error, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("host key dir: %w", err)
+		return nil, nil, fmt.Errorf("host key dir: %w", err)
 	}
-	var out []gssh.Signer
+	type pending struct {
+		path string
+		pem  []byte
+	}
+	var made []pending
 	for _, kind := range []string{"ed25519", "ecdsa"} {
 		path := filepath.Join(dir, "ssh_host_"+kind+"_key")
 		b, err := os.ReadFile(path)
@@ -439,24 +461,30 @@ func hostKeys(dir string) ([]gssh.Signer, error) {
 				priv, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 			}
 			if err != nil {
-				return nil, fmt.Errorf("generate %s host key: %w", kind, err)
+				return nil, nil, fmt.Errorf("generate %s host key: %w", kind, err)
 			}
 			blk, err := gossh.MarshalPrivateKey(priv, "")
 			if err != nil {
-				return nil, fmt.Errorf("encode %s host key: %w", kind, err)
+				return nil, nil, fmt.Errorf("encode %s host key: %w", kind, err)
 			}
 			b = pem.EncodeToMemory(blk)
-			if err := atomicfile.WriteBytes(path, b, atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
-				return nil, fmt.Errorf("host key: %w", err)
-			}
+			made = append(made, pending{path, b})
 		} else if err != nil {
-			return nil, fmt.Errorf("read host key: %w", err)
+			return nil, nil, fmt.Errorf("read host key: %w", err)
 		}
 		signer, err := gossh.ParsePrivateKey(b)
 		if err != nil {
-			return nil, fmt.Errorf("parse host key %s: %w", path, err)
+			return nil, nil, fmt.Errorf("parse host key %s: %w", path, err)
 		}
-		out = append(out, signer)
+		signers = append(signers, signer)
 	}
-	return out, nil
+	save = func() error {
+		for _, m := range made {
+			if err := atomicfile.WriteBytes(m.path, m.pem, atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
+				return fmt.Errorf("host key: %w", err)
+			}
+		}
+		return nil
+	}
+	return signers, save, nil
 }

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,14 +19,21 @@ import (
 
 func TestHostKeysPersist(t *testing.T) {
 	dir := t.TempDir()
-	first, err := hostKeys(dir)
+	first, save, err := hostKeys(dir)
 	if err != nil || len(first) != 2 {
 		t.Fatalf("%v %d", err, len(first))
 	}
 	if first[0].PublicKey().Type() != "ssh-ed25519" || first[1].PublicKey().Type() != "ecdsa-sha2-nistp256" {
 		t.Fatalf("key types %s %s", first[0].PublicKey().Type(), first[1].PublicKey().Type())
 	}
-	again, err := hostKeys(dir)
+	// Nothing is on disk before save: a start that dies here makes new keys.
+	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
+		t.Fatalf("written before save: %v", left)
+	}
+	if err := save(); err != nil {
+		t.Fatal(err)
+	}
+	again, saveAgain, err := hostKeys(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,6 +41,45 @@ func TestHostKeysPersist(t *testing.T) {
 		if !bytes.Equal(first[i].PublicKey().Marshal(), again[i].PublicKey().Marshal()) {
 			t.Fatal("a restart must keep the host identity")
 		}
+	}
+	// Keys read from disk are not written again.
+	before, _ := os.Stat(filepath.Join(dir, "ssh_host_ed25519_key"))
+	if err := saveAgain(); err != nil {
+		t.Fatal(err)
+	}
+	if after, _ := os.Stat(filepath.Join(dir, "ssh_host_ed25519_key")); !os.SameFile(before, after) {
+		t.Fatal("a loaded key was written again")
+	}
+}
+
+// The server is made, and can serve, before its keys are saved; SaveKeys
+// writes the keys and then the public keys file, whose lines are the keys
+// it serves with.
+func TestSaveKeysAfterNew(t *testing.T) {
+	dir := t.TempDir()
+	pub := filepath.Join(dir, "host_keys.pub")
+	s, err := New(Config{HostKeyDir: filepath.Join(dir, "keys"), PublicKeysFile: pub, Log: slog.New(slog.DiscardHandler)}, &KeySet{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(pub); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("public keys file before SaveKeys: %v", err)
+	}
+	if err := s.SaveKeys(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sg := range s.signers {
+		if !strings.Contains(string(b), strings.TrimSpace(string(gossh.MarshalAuthorizedKey(sg.PublicKey())))) {
+			t.Fatalf("%s lacks %s", b, sg.PublicKey().Type())
+		}
+	}
+	again, _, err := hostKeys(filepath.Join(dir, "keys"))
+	if err != nil || !bytes.Equal(again[0].PublicKey().Marshal(), s.signers[0].PublicKey().Marshal()) {
+		t.Fatalf("saved keys differ from the served ones: %v", err)
 	}
 }
 
