@@ -13,7 +13,7 @@ export PATH    := /usr/local/go/bin:$(PATH)
 GOBIN          := $(or $(shell go env GOPATH 2>/dev/null),$(HOME)/go)/bin
 export PATH    := $(PATH):$(GOBIN)
 BIN            := $(CURDIR)/bin
-GOTEST_FLAGS   ?= -count=1 -timeout 30m
+GOTEST_FLAGS   ?= -count=1 -timeout 50m
 # urfave/cli's man page and markdown writers are never used (see release.sh).
 GOTAGS         := urfave_cli_no_docs
 # go-nvml's header marks many calls deprecated; we do not use those.
