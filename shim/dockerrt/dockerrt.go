@@ -111,11 +111,22 @@ func (r *Runtime) Create(ctx context.Context, s task.ContainerSpec) (string, err
 	resp, err := r.c.ContainerCreate(ctx, cfg, hc, nil, nil, s.Name)
 	if err != nil {
 		if cerrdefs.IsNotFound(err) && strings.Contains(err.Error(), "No such image") {
-			return "", fmt.Errorf("create container %s: %w: %v", s.Name, task.ErrNoImage, err)
+			return "", fmt.Errorf("create container %s: %w: %w: %v", s.Name, task.ErrNoImage, task.ErrNothingCreated, err)
+		}
+		if nothingCreated(err) {
+			return "", fmt.Errorf("create container %s: %w: %w", s.Name, err, task.ErrNothingCreated)
 		}
 		return "", fmt.Errorf("create container %s: %w", s.Name, err)
 	}
 	return resp.ID, nil
+}
+
+// nothingCreated says a create failed before Docker made anything: the
+// daemon was not reached, or it refused the request as invalid, in
+// conflict (the name is taken), not found or forbidden.
+func nothingCreated(err error) bool {
+	return client.IsErrConnectionFailed(err) || cerrdefs.IsInvalidArgument(err) || cerrdefs.IsConflict(err) ||
+		cerrdefs.IsNotFound(err) || cerrdefs.IsPermissionDenied(err)
 }
 
 // Build turns a spec into Docker's create configuration.

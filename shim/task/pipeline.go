@@ -240,7 +240,16 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	if ctx.Err() != nil {
 		return aborted()
 	}
-	id, err := e.rt.Create(context.WithoutCancel(ctx), spec)
+	create := func() (string, error) {
+		id, err := e.rt.Create(context.WithoutCancel(ctx), spec)
+		if errors.Is(err, ErrNothingCreated) { // remove need not ask Docker
+			t.mu.Lock()
+			t.noContainer = true
+			t.mu.Unlock()
+		}
+		return id, err
+	}
+	id, err := create()
 	if reuse && errors.Is(err, ErrNoImage) {
 		if ctx.Err() != nil {
 			return aborted()
@@ -249,7 +258,10 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 			return f
 		}
 		mark("pull")
-		id, err = e.rt.Create(context.WithoutCancel(ctx), spec)
+		t.mu.Lock()
+		t.noContainer = false
+		t.mu.Unlock()
+		id, err = create()
 	} else if reuse && err == nil {
 		log.Debug("image present, not pulling", "image", ref)
 	}

@@ -280,3 +280,53 @@ func TestLocalImageIsUsedWithoutACheckAndPulledWhenMissing(t *testing.T) {
 		t.Fatalf("latest: %d pulls, %d creates in all; want 2, 4", pulls, creates)
 	}
 }
+
+// downRuntime is Docker unreachable at create (or cut off mid-create,
+// when the error does not say nothing was made), and at remove.
+type downRuntime struct {
+	*stepRuntime
+	createErr error
+	mu        sync.Mutex
+	removes   int
+}
+
+func (d *downRuntime) Create(context.Context, ContainerSpec) (string, error) { return "", d.createErr }
+
+func (d *downRuntime) Remove(context.Context, string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.removes++
+	return errors.New("Cannot connect to the Docker daemon")
+}
+
+// A create that surely made nothing leaves remove nothing to ask Docker;
+// one that may have made a container (a timeout) has remove look for it.
+func TestRemoveAfterAFailedCreate(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		err       error
+		removeErr bool
+	}{
+		{"unreachable", fmt.Errorf("create container n: Cannot connect to the Docker daemon: %w", ErrNothingCreated), false},
+		{"timed out", errors.New("create container n: context deadline exceeded"), true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rt := &downRuntime{stepRuntime: newStepRuntime(), createErr: c.err}
+			e := gatedEngine(t, rt, plainDirs{})
+			if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
+				t.Fatal(err)
+			}
+			info := waitStatus(t, e, "t", api.TaskTerminated)
+			if info.TerminationReason != api.ReasonCreatingContainerError {
+				t.Fatalf("%+v", info)
+			}
+			err := e.Remove(context.Background(), "t")
+			rt.mu.Lock()
+			removes := rt.removes
+			rt.mu.Unlock()
+			if c.removeErr != (err != nil) || c.removeErr != (removes > 0) {
+				t.Fatalf("remove: %v after %d Docker removes", err, removes)
+			}
+		})
+	}
+}

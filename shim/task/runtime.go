@@ -51,6 +51,11 @@ var ErrContainerGone = errors.New("container not found")
 // store: the engine pulls it, then creates again.
 var ErrNoImage = errors.New("image not in the local store")
 
+// ErrNothingCreated marks a create that surely made no container: Docker
+// could not be reached, or refused the request. After any other failure
+// (a timeout, a 500) one may exist, and remove looks for it by name.
+var ErrNothingCreated = errors.New("no container was created")
+
 // ErrNoModeset is a start refused because the NVIDIA hook wants
 // /dev/nvidia-modeset (the display capability) on a headless host; the
 // runtime classifies Docker's message, the engine retries without it.
