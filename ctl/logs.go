@@ -331,6 +331,7 @@ func newShimClient(addr string, dial func(ctx context.Context, network, addr str
 		return nil, err
 	}
 	c.SetToken(token)
+	c.SetFresh(true) // rm and attach act on the job's end as soon as it is written
 	return c, nil
 }
 

@@ -16,7 +16,8 @@ import (
 
 // Client talks to one shim.
 type Client struct {
-	t *transport.Client
+	t     *transport.Client
+	fresh bool // GetTask sends Cache-Control: no-cache
 }
 
 // New returns a client for addr: "host:port", "http://host:port" or
@@ -41,6 +42,12 @@ func (c *Client) BaseURL() string { return c.t.BaseURL }
 // SetToken sends token as a bearer token on every call (a shim started
 // with --api-token).
 func (c *Client) SetToken(token string) { c.t.Token = token }
+
+// SetFresh makes GetTask ask for a fresh answer (Cache-Control: no-cache):
+// the shim looks for the job's final state (Tandem's extension) now,
+// where a plain GET's view of it may be up to a second old. For clients
+// that act on that state; pollers, like dstack's server, leave it off.
+func (c *Client) SetFresh(on bool) { c.fresh = on }
 
 // SetTimeout changes the per-call timeout (default 9 s, as the server's).
 func (c *Client) SetTimeout(d time.Duration) { c.t.Timeout = d }
@@ -120,7 +127,11 @@ func (c *Client) SubmitTask(ctx context.Context, cfg api.TaskConfig) error {
 // GetTask returns one task; unknown → ErrNotFound.
 func (c *Client) GetTask(ctx context.Context, id string) (api.TaskInfoResponse, error) {
 	var out api.TaskInfoResponse
-	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: taskPath(id, "")}, &out)
+	req := transport.Request{Method: http.MethodGet, Path: taskPath(id, "")}
+	if c.fresh {
+		req.Header = http.Header{"Cache-Control": {"no-cache"}}
+	}
+	err := c.t.JSON(ctx, req, &out)
 	return out, err
 }
 

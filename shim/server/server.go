@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -24,6 +25,9 @@ import (
 type Tasks interface {
 	Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error)
 	Get(id string) (api.TaskInfoResponse, error)
+	// GetFresh is Get with the job's final state looked for now (a GET
+	// with Cache-Control: no-cache).
+	GetFresh(id string) (api.TaskInfoResponse, error)
 	List() []api.TaskListItem
 	Terminate(ctx context.Context, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error)
 	Remove(ctx context.Context, id string) error
@@ -301,11 +305,28 @@ func (s *srv) getTask(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	info, err := s.d.Tasks.Get(id)
+	get := s.d.Tasks.Get
+	if noCache(c.Request().Header) {
+		get = s.d.Tasks.GetFresh
+	}
+	info, err := get(id)
 	if err != nil {
 		return toHTTP(err)
 	}
 	return httpapi.JSON(c, info)
+}
+
+// noCache says the request asks for a fresh answer (RFC 9111's no-cache
+// request directive).
+func noCache(h http.Header) bool {
+	for _, v := range h.Values("Cache-Control") {
+		for _, d := range strings.Split(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(d), "no-cache") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (s *srv) terminate(c echo.Context) error {

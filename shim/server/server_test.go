@@ -121,7 +121,10 @@ func (e errTasks) Submit(api.TaskConfig) (api.TaskInfoResponse, error) {
 	return api.TaskInfoResponse{}, e.err
 }
 func (e errTasks) Get(string) (api.TaskInfoResponse, error) { return api.TaskInfoResponse{}, e.err }
-func (e errTasks) List() []api.TaskListItem                 { return nil }
+func (e errTasks) GetFresh(string) (api.TaskInfoResponse, error) {
+	return api.TaskInfoResponse{}, e.err
+}
+func (e errTasks) List() []api.TaskListItem { return nil }
 func (e errTasks) Terminate(context.Context, string, api.TaskTerminateRequest) (api.TaskInfoResponse, error) {
 	return api.TaskInfoResponse{}, e.err
 }
@@ -165,6 +168,18 @@ func TestInternalErrorsAreNotSent(t *testing.T) {
 		}
 		if !strings.Contains(log.String(), "/root/.dstack/tasks/x.json") && !strings.Contains(log.String(), "/var/lib/docker") {
 			t.Errorf("the cause is not in the log: %s", log.String())
+		}
+	}
+}
+
+func TestNoCacheDirective(t *testing.T) {
+	for v, want := range map[string]bool{"no-cache": true, "max-age=0, No-Cache": true, "no-store": false, "": false, "no-cache-please": false} {
+		h := http.Header{}
+		if v != "" {
+			h.Set("Cache-Control", v)
+		}
+		if got := noCache(h); got != want {
+			t.Errorf("%q: %v, want %v", v, got, want)
 		}
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 )
@@ -124,5 +125,37 @@ func TestReadHostKeys(t *testing.T) {
 	}
 	if _, err := readHostKeys(fifo); err == nil {
 		t.Fatal("read a FIFO")
+	}
+}
+
+// A GET's look for the job's final state is spaced out (pollers); a fresh
+// GET looks at once, so a client acting on the job's end sees it as soon
+// as the runner wrote it.
+func TestGetFreshSeesTheJobEndAtOnce(t *testing.T) {
+	rt := newStepRuntime()
+	e := gatedEngine(t, rt, plainDirs{})
+	at := time.Unix(1_800_000_000, 0)
+	e.now = func() time.Time { return at } // no second passes between GETs
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "t", api.TaskRunning)
+	if info, _ := e.Get("t"); info.Tandem != nil && info.Tandem.Job != nil {
+		t.Fatalf("a job state before the runner wrote one: %+v", info.Tandem.Job)
+	}
+	tk, _ := e.lookup("t")
+	dir, err := e.runnerDir(tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, jobFinalFile), []byte(`{"state":"failed","timestamp":1700000000000,"exit_status":3}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := e.Get("t"); info.Tandem != nil && info.Tandem.Job != nil {
+		t.Fatal("a plain GET looked again within jobLookEvery")
+	}
+	info, err := e.GetFresh("t")
+	if err != nil || info.Tandem == nil || info.Tandem.Job == nil || info.Tandem.Job.State != api.JobFailed {
+		t.Fatalf("fresh GET: %+v %v", info.Tandem, err)
 	}
 }

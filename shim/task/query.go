@@ -10,8 +10,15 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-// Get returns one task.
-func (e *Engine) Get(id string) (api.TaskInfoResponse, error) {
+// Get returns one task. Its job's final state (Tandem's extension) is
+// looked for in the runner dir at most every jobLookEvery.
+func (e *Engine) Get(id string) (api.TaskInfoResponse, error) { return e.get(id, false) }
+
+// GetFresh is Get that looks for the job's final state now: for a client
+// that acts on it (tandem rm right after the job ended), not a poller.
+func (e *Engine) GetFresh(id string) (api.TaskInfoResponse, error) { return e.get(id, true) }
+
+func (e *Engine) get(id string, fresh bool) (api.TaskInfoResponse, error) {
 	t, ok := e.lookup(id)
 	if !ok {
 		return api.TaskInfoResponse{}, ErrNotFound
@@ -19,7 +26,7 @@ func (e *Engine) Get(id string) (api.TaskInfoResponse, error) {
 	now := e.now()
 	t.mu.Lock()
 	look := t.job == nil && (t.status == api.TaskRunning || t.status == api.TaskTerminated) && t.contID != "" &&
-		now.Sub(t.jobLooked) >= jobLookEvery
+		(fresh || now.Sub(t.jobLooked) >= jobLookEvery)
 	if look {
 		t.jobLooked = now
 	}
@@ -33,7 +40,7 @@ func (e *Engine) Get(id string) (api.TaskInfoResponse, error) {
 // jobLookEvery spaces a task's GETs' looks for its job's final state in
 // the runner dir: a file open that was a third of a GET's own work, for
 // a state the container's exit reads anyway, and the server polls every
-// few seconds.
+// few seconds. A GET with Cache-Control: no-cache looks at once.
 const jobLookEvery = time.Second
 
 // lookup finds a task in the table.

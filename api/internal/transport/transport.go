@@ -106,6 +106,8 @@ type Request struct {
 	ContentType string
 	// Timeout overrides the client's for this call; negative means none.
 	Timeout time.Duration
+	// Header is added to the request's headers.
+	Header http.Header
 }
 
 // Do performs the call. On a 2xx answer the response is returned open; the
@@ -135,6 +137,9 @@ func (c *Client) Do(ctx context.Context, r Request) (*http.Response, context.Can
 	if err != nil {
 		cancel()
 		return nil, nil, fmt.Errorf("build %s %s: %w", r.Method, r.Path, err)
+	}
+	for k, v := range r.Header {
+		req.Header[k] = v
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
