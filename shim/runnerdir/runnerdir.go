@@ -1,6 +1,7 @@
 // Package runnerdir makes each task's runner directory a filesystem of its
 // own, of a fixed size: an ext4 image beside it (sparse: it takes only what
-// is written), attached to a loop device and mounted nosuid,nodev. The job
+// is written), attached to a loop device and mounted nosuid,nodev,discard
+// (what the job frees goes back to the host's disk). The job
 // runs as root and writes straight into its runner directory (bound into
 // the container at /tmp/runner); with a filesystem of its own it meets
 // ENOSPC there, in its own space, and the shim home's disk, which other
@@ -495,13 +496,20 @@ func (d *Dirs) mounted(dir string) bool {
 // any) and mounts it on dir.
 func (d *Dirs) mount(img, dir string) error {
 	if dev, ok := d.backing(img); ok {
-		if err := unix.Mount(dev, dir, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+		if err := unix.Mount(dev, dir, "ext4", unix.MS_NOSUID|unix.MS_NODEV, mountData); err != nil {
 			return fmt.Errorf("mount %s on %s: %w", dev, dir, err)
 		}
 		return nil
 	}
 	return attachAndMount(img, dir)
 }
+
+// mountData mounts each runner dir with online discard: what the job frees
+// in its filesystem is punched out of the sparse image at the next journal
+// commit, so the host's disk gets it back at once. Without it the image
+// keeps every block it ever held: a job log that rotated under its cap
+// held 20-25 MB more of a 128 MiB shim home from one run to the next.
+const mountData = "discard"
 
 // attachAndMount attaches img to a new loop device and mounts it on dir.
 func attachAndMount(img, dir string) error {
@@ -512,7 +520,7 @@ func attachAndMount(img, dir string) error {
 	// The loop device clears itself when its last user goes: the mount,
 	// once this descriptor is closed.
 	defer loop.Close()
-	if err := unix.Mount(loop.Name(), dir, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+	if err := unix.Mount(loop.Name(), dir, "ext4", unix.MS_NOSUID|unix.MS_NODEV, mountData); err != nil {
 		return fmt.Errorf("mount %s on %s: %w", loop.Name(), dir, err)
 	}
 	return nil

@@ -339,3 +339,58 @@ func TestReadyCopyWaitsForAQuietMoment(t *testing.T) {
 		}
 	}
 }
+
+// What the job frees in its runner dir goes back to the host: the image
+// shrinks by it once the filesystem has committed.
+func TestFreedSpaceLeavesTheImage(t *testing.T) {
+	d, dir := dirs(t, 64<<20)
+	if err := d.Make(context.Background(), dir); err != nil || !d.mounted(dir) {
+		t.Fatalf("make: %v", err)
+	}
+	t.Cleanup(func() { _ = d.Remove(dir) })
+	allocated := func() int64 {
+		var st unix.Stat_t
+		if err := unix.Stat(imagePath(dir), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	syncDir := func() {
+		f, err := os.Open(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if err := unix.Syncfs(int(f.Fd())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	empty := allocated()
+	big := make([]byte, 16<<20)
+	for i := range big {
+		big[i] = byte(i)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "log"), big, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	syncDir()
+	full := allocated()
+	if full < empty+15<<20 {
+		t.Fatalf("16 MiB written: image %d -> %d bytes", empty, full)
+	}
+	if err := os.Remove(filepath.Join(dir, "log")); err != nil {
+		t.Fatal(err)
+	}
+	syncDir()
+	var after int64
+	for i := 0; ; i++ { // the discard follows the commit
+		if after = allocated(); after < empty+4<<20 {
+			break
+		}
+		if i > 200 {
+			t.Fatalf("16 MiB freed in the runner dir: the image still holds %d bytes (%d empty, %d full)", after, empty, full)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("image: empty %d, with 16 MiB %d, after its removal %d bytes", empty, full, after)
+}
