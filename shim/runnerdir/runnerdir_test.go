@@ -238,32 +238,38 @@ func TestImagesAreCopiesOfOneTemplate(t *testing.T) {
 	}
 }
 
-// The next ready copy is made only once starts have paused for
-// refillQuiet: its copy and fsync are not done beside a start.
+// spareOf is d's ready copy ("" none).
+func spareOf(d *Dirs) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.spare
+}
+
+// waitSpare waits up to 5 s for d's ready copy.
+func waitSpare(t *testing.T, d *Dirs, when string) {
+	t.Helper()
+	for i := 0; spareOf(d) == ""; i++ {
+		if i > 500 {
+			t.Fatal("no ready copy " + when)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // A held start keeps the next ready copy from being made however long it
 // takes; the quiet period counts from its release.
 func TestReadyCopyWaitsForHeldStarts(t *testing.T) {
 	d, dir := dirs(t, 16<<20)
 	runners := filepath.Dir(dir)
 	d.Warm(runners)
-	spare := func() string {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return d.spare
-	}
-	for i := 0; spare() == ""; i++ {
-		if i > 500 {
-			t.Fatal("no ready copy after Warm")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitSpare(t, d, "after Warm")
 	release := d.Hold()
 	if err := d.Make(context.Background(), dir); err != nil || !d.mounted(dir) {
 		t.Fatalf("make: %v", err)
 	}
 	t.Cleanup(func() { _ = d.Remove(dir) })
 	time.Sleep(3 * refillQuiet)
-	if spare() != "" {
+	if spareOf(d) != "" {
 		t.Fatal("the ready copy was made while a start was held")
 	}
 	release()
@@ -275,45 +281,27 @@ func TestReadyCopyWaitsForHeldStarts(t *testing.T) {
 	if holds != 0 {
 		t.Fatalf("%d holds after a double release", holds)
 	}
-	for i := 0; spare() == ""; i++ {
-		if i > 500 {
-			t.Fatal("no ready copy after the release")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitSpare(t, d, "after the release")
 	if gap := time.Since(released); gap < refillQuiet {
 		t.Fatalf("the ready copy came %s after the release, before the quiet period (%s)", gap, refillQuiet)
 	}
 }
 
+// The next ready copy is made only once starts have paused for
+// refillQuiet: its copy and fsync are not done beside a start.
 func TestReadyCopyWaitsForAQuietMoment(t *testing.T) {
 	d, dir := dirs(t, 16<<20)
 	runners := filepath.Dir(dir)
 	d.Warm(runners)
-	spare := func() string {
-		d.mu.Lock()
-		defer d.mu.Unlock()
-		return d.spare
-	}
-	for i := 0; spare() == ""; i++ {
-		if i > 500 {
-			t.Fatal("no ready copy after Warm")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitSpare(t, d, "after Warm")
 	took := time.Now()
 	if err := d.Make(context.Background(), dir); err != nil || !d.mounted(dir) {
 		t.Fatalf("make: %v", err)
 	}
-	if spare() != "" {
+	if spareOf(d) != "" {
 		t.Fatal("the ready copy was made again at once, beside the start")
 	}
-	for i := 0; spare() == ""; i++ {
-		if i > 500 {
-			t.Fatal("no ready copy after the quiet period")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitSpare(t, d, "after the quiet period")
 	if gap := time.Since(took); gap < refillQuiet {
 		t.Fatalf("the ready copy came %s after the start, before the quiet period (%s)", gap, refillQuiet)
 	}
