@@ -211,8 +211,16 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 	if err == nil || killed {
 		return res, killed, err
 	}
-	// The runner is gone: the shim knows why.
+	// The runner is gone: the shim knows why. A runner ends before its
+	// container is seen stopped (a stop's grace, Docker's own pace), so the
+	// shim may still say running for a while: its word is awaited.
 	info, gerr := retry(ctx, r.o.Clock, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.shim.GetTask(ctx, r.id) })
+	if gerr == nil && info.Status != api.TaskTerminated {
+		_ = poll(ctx, r.o.Clock, 200*time.Millisecond, runnerGoneWait, func() (bool, error) {
+			info, gerr = r.shim.GetTask(ctx, r.id)
+			return errors.Is(gerr, api.ErrNotFound) || gerr == nil && info.Status == api.TaskTerminated, nil
+		})
+	}
 	switch {
 	case errors.Is(gerr, api.ErrNotFound):
 		res.State = api.JobTerminated
@@ -223,6 +231,10 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 	}
 	return res, false, err
 }
+
+// runnerGoneWait is how long a run whose runner went away waits for the
+// shim to see its task end before it reports the runner's error as is.
+const runnerGoneWait = 15 * time.Second
 
 // Remove terminates the task (with a 5 s grace, none when now) and
 // removes it; a task already gone is fine.

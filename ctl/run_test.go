@@ -3,9 +3,11 @@ package ctl
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/tandem-run/tandem/api"
@@ -64,5 +66,36 @@ func TestPrepareJobConflictOnHostNetwork(t *testing.T) {
 		if hinted := HintOf(err) == HintBridgeNetwork; hinted != (network == "host") {
 			t.Errorf("%s: %v has hint %v", network, err, HintOf(err))
 		}
+	}
+}
+
+// A runner that went away while the shim still says its task runs (the
+// container's stop is under way) is explained by the shim's word once it
+// comes: here the task is removed after three more looks.
+func TestFollowAwaitsTheShimsWordWhenTheRunnerIsGone(t *testing.T) {
+	var gets atomic.Int32
+	shimSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if gets.Add(1) <= 3 {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"t1","status":"running"}`))
+			return
+		}
+		http.Error(w, `{"detail":{"code":"not_found","msg":"no such task"}}`, http.StatusNotFound)
+	}))
+	defer shimSrv.Close()
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close() // the runner's port: connection refused
+	o := RunOptions{Shim: shimSrv.URL, Commands: []string{"true"}, Out: io.Discard}
+	r, err := NewRun(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.id = "t1"
+	if r.runner, err = runnerclient.New(strings.TrimPrefix(gone.URL, "http://")); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = r.Follow(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "removed by someone else") || gets.Load() < 4 {
+		t.Fatalf("after %d shim looks: %v", gets.Load(), err)
 	}
 }
