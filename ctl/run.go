@@ -214,13 +214,12 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 	// The runner is gone: the shim knows why. A runner ends before its
 	// container is seen stopped (a stop's grace, Docker's own pace), so the
 	// shim may still say running for a while: its word is awaited.
-	info, gerr := retry(ctx, r.o.Clock, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.shim.GetTask(ctx, r.id) })
-	if gerr == nil && info.Status != api.TaskTerminated {
-		_ = poll(ctx, r.o.Clock, 200*time.Millisecond, runnerGoneWait, func() (bool, error) {
-			info, gerr = r.shim.GetTask(ctx, r.id)
-			return errors.Is(gerr, api.ErrNotFound) || gerr == nil && info.Status == api.TaskTerminated, nil
-		})
-	}
+	var info api.TaskInfoResponse
+	var gerr error
+	_ = poll(ctx, r.o.Clock, 200*time.Millisecond, runnerGoneWait, func() (bool, error) {
+		info, gerr = retry(ctx, r.o.Clock, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.shim.GetTask(ctx, r.id) })
+		return gerr != nil || info.Status == api.TaskTerminated, nil
+	})
 	switch {
 	case errors.Is(gerr, api.ErrNotFound):
 		res.State = api.JobTerminated

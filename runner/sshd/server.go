@@ -85,9 +85,10 @@ type Server struct {
 	gate *gate
 	// ahead holds the connections' read-ahead buffers (see rawnet).
 	ahead *rawnet.Buffers
-	// signers are the host keys; saveNew writes those New had to make.
+	// signers are the host keys; newKeys, those New had to make, are
+	// written by SaveKeys.
 	signers []gssh.Signer
-	saveNew func() error
+	newKeys []keyFile
 }
 
 // Each SSH connection reads up to readAheadBuf per system call from one of
@@ -178,11 +179,11 @@ func (c Config) WithDefaults() Config {
 // it had to make are in memory only until SaveKeys.
 func New(cfg Config, keys *KeySet) (*Server, error) {
 	cfg = cfg.WithDefaults()
-	signers, saveNew, err := hostKeys(cfg.HostKeyDir)
+	signers, newKeys, err := hostKeys(cfg.HostKeyDir)
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, keys: keys, saveNew: saveNew, signers: signers, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns),
+	s := &Server{cfg: cfg, keys: keys, newKeys: newKeys, signers: signers, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns),
 		ahead: rawnet.NewBuffers(readAheadBuf, maxReadAheadBufs)}
 	fw := &forwards{s: s, log: cfg.Log, cp: newCopier(maxBigCopyBufs)}
 	s.srv = &gssh.Server{
@@ -236,7 +237,7 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 // a runner that dies before they land only makes new keys next time, as
 // on its first start.
 func (s *Server) SaveKeys() error {
-	if err := s.saveNew(); err != nil {
+	if err := saveKeyFiles(s.newKeys); err != nil {
 		return err
 	}
 	if s.cfg.PublicKeysFile == "" {
@@ -439,17 +440,28 @@ func (s *Server) probe(ctx context.Context, conn *gossh.ServerConn) {
 	}
 }
 
+// keyFile is a host key made in memory, to be written to path.
+type keyFile struct {
+	path string
+	pem  []byte
+}
+
+// saveKeyFiles writes each key, atomically and fsynced.
+func saveKeyFiles(keys []keyFile) error {
+	for _, k := range keys {
+		if err := atomicfile.WriteBytes(k.path, k.pem, atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
+			return fmt.Errorf("host key: %w", err)
+		}
+	}
+	return nil
+}
+
 // hostKeys loads ed25519 and ECDSA host keys from dir, making those it
-// lacks; save writes the ones it made (see SaveKeys).
-func hostKeys(dir string) (signers []gssh.Signer, save func() error, err error) {
+// lacks; made are those, for saveKeyFiles (see SaveKeys).
+func hostKeys(dir string) (signers []gssh.Signer, made []keyFile, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("host key dir: %w", err)
 	}
-	type pending struct {
-		path string
-		pem  []byte
-	}
-	var made []pending
 	for _, kind := range []string{"ed25519", "ecdsa"} {
 		path := filepath.Join(dir, "ssh_host_"+kind+"_key")
 		b, err := os.ReadFile(path)
@@ -468,7 +480,7 @@ func hostKeys(dir string) (signers []gssh.Signer, save func() error, err error) 
 				return nil, nil, fmt.Errorf("encode %s host key: %w", kind, err)
 			}
 			b = pem.EncodeToMemory(blk)
-			made = append(made, pending{path, b})
+			made = append(made, keyFile{path, b})
 		} else if err != nil {
 			return nil, nil, fmt.Errorf("read host key: %w", err)
 		}
@@ -478,13 +490,5 @@ func hostKeys(dir string) (signers []gssh.Signer, save func() error, err error) 
 		}
 		signers = append(signers, signer)
 	}
-	save = func() error {
-		for _, m := range made {
-			if err := atomicfile.WriteBytes(m.path, m.pem, atomicfile.Options{Perm: 0o600, UID: -1}); err != nil {
-				return fmt.Errorf("host key: %w", err)
-			}
-		}
-		return nil
-	}
-	return signers, save, nil
+	return signers, made, nil
 }

@@ -19,21 +19,21 @@ import (
 
 func TestHostKeysPersist(t *testing.T) {
 	dir := t.TempDir()
-	first, save, err := hostKeys(dir)
+	first, made, err := hostKeys(dir)
 	if err != nil || len(first) != 2 {
 		t.Fatalf("%v %d", err, len(first))
 	}
 	if first[0].PublicKey().Type() != "ssh-ed25519" || first[1].PublicKey().Type() != "ecdsa-sha2-nistp256" {
 		t.Fatalf("key types %s %s", first[0].PublicKey().Type(), first[1].PublicKey().Type())
 	}
-	// Nothing is on disk before save: a start that dies here makes new keys.
+	// Nothing is on disk before the save: a start that dies here makes new keys.
 	if left, _ := filepath.Glob(filepath.Join(dir, "*")); len(left) != 0 {
 		t.Fatalf("written before save: %v", left)
 	}
-	if err := save(); err != nil {
+	if err := saveKeyFiles(made); err != nil {
 		t.Fatal(err)
 	}
-	again, saveAgain, err := hostKeys(dir)
+	again, madeAgain, err := hostKeys(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func TestHostKeysPersist(t *testing.T) {
 	}
 	// Keys read from disk are not written again.
 	before, _ := os.Stat(filepath.Join(dir, "ssh_host_ed25519_key"))
-	if err := saveAgain(); err != nil {
+	if err := saveKeyFiles(madeAgain); err != nil {
 		t.Fatal(err)
 	}
 	if after, _ := os.Stat(filepath.Join(dir, "ssh_host_ed25519_key")); !os.SameFile(before, after) {

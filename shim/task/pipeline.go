@@ -229,7 +229,6 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	}
 	t.mu.Lock()
 	gpuIDs := slices.Clone(t.gpuIDs)
-	t.noContainer = false // from here a container may exist: remove looks for it by name
 	t.mu.Unlock()
 	spec := e.containerSpec(t, dir, gpuIDs)
 	// Create must not be cut off halfway by a terminate: we want the id, so
@@ -240,9 +239,14 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	if ctx.Err() != nil {
 		return aborted()
 	}
+	// From each create call on a container may exist, and remove looks for
+	// it by name, unless the create surely made nothing.
 	create := func() (string, error) {
+		t.mu.Lock()
+		t.noContainer = false
+		t.mu.Unlock()
 		id, err := e.rt.Create(context.WithoutCancel(ctx), spec)
-		if errors.Is(err, ErrNothingCreated) { // remove need not ask Docker
+		if errors.Is(err, ErrNothingCreated) {
 			t.mu.Lock()
 			t.noContainer = true
 			t.mu.Unlock()
@@ -258,9 +262,6 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 			return f
 		}
 		mark("pull")
-		t.mu.Lock()
-		t.noContainer = false
-		t.mu.Unlock()
 		id, err = create()
 	} else if reuse && err == nil {
 		log.Debug("image present, not pulling", "image", ref)
