@@ -115,9 +115,11 @@ func Run(ctx context.Context, cfg Config) error {
 		lifecycle.Step{Name: "log", Start: a.startLog},
 		lifecycle.Step{Name: "host", Start: a.startHost},
 		lifecycle.Step{Name: "executor", Start: a.startExecutor},
-		// The API first: the server waits for its healthcheck, and the
-		// SSH server's host keys (three files written and synced) are not
-		// needed until a job runs.
+		// The SSH port is bound before the API answers, so a healthy
+		// runner never refuses an SSH connection (it waits in the
+		// backlog); the SSH server itself comes after the API, which the
+		// server's healthcheck waits for.
+		lifecycle.Step{Name: "ssh-port", Start: a.bindSSH},
 		lifecycle.Step{Name: "api", Start: a.startAPI},
 		lifecycle.Step{Name: "ssh", Start: a.startSSH},
 	); err != nil {
@@ -138,6 +140,7 @@ type agent struct {
 	canSet   bool // the runner may switch users
 	keys     *sshd.KeySet
 	tracker  *sshd.Tracker
+	sshLn    net.Listener // bound by bindSSH, served by startSSH
 	x        *executor.Executor
 
 	lifecycle.Stack // what started, stopped in reverse by Run
@@ -196,7 +199,18 @@ func (a *agent) startExecutor(context.Context) error {
 	return nil
 }
 
-// startSSH serves SSH: the limits, policy and ciphers come from the flags;
+// bindSSH binds the SSH port.
+func (a *agent) bindSSH(context.Context) error {
+	ln, err := listen(net.JoinHostPort(a.cfg.SSHAddress, strconv.Itoa(a.cfg.SSHPort)))
+	if err != nil {
+		return fmt.Errorf("ssh listen :%d: %w", a.cfg.SSHPort, err)
+	}
+	a.sshLn = ln
+	a.OnStop(func() { ln.Close() })
+	return nil
+}
+
+// startSSH serves SSH on the bound port: the limits, policy and ciphers come from the flags;
 // sessions start from the executor's environment.
 func (a *agent) startSSH(context.Context) error {
 	self, err := os.Executable()
@@ -212,10 +226,7 @@ func (a *agent) startSSH(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("ssh server: %w", err)
 	}
-	ln, err := listen(net.JoinHostPort(a.cfg.SSHAddress, strconv.Itoa(a.cfg.SSHPort)))
-	if err != nil {
-		return fmt.Errorf("ssh listen :%d: %w", a.cfg.SSHPort, err)
-	}
+	ln := a.sshLn
 	go func() {
 		if err := srv.Serve(ln); err != nil {
 			a.log.Error("ssh server stopped", "err", err)

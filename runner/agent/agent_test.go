@@ -1,13 +1,17 @@
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -52,5 +56,57 @@ func TestListenLocalhostIsTheLoopback(t *testing.T) {
 		if !addr.IP.Equal(net.IPv4(127, 0, 0, 1)) {
 			t.Fatalf("%s: listened on %s, want 127.0.0.1", host, addr)
 		}
+	}
+}
+
+// freePort is a port nothing listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Once the API answers, the SSH port takes connections: a client that saw
+// the runner healthy is never refused (the port is bound before the API
+// serves; the connection waits in the backlog for the server).
+func TestSSHPortIsBoundBeforeTheAPIAnswers(t *testing.T) {
+	t.Setenv("HOME", os.Getenv("HOME"))
+	dir := t.TempDir()
+	httpPort, sshPort := freePort(t), freePort(t)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(context.Background(), Config{TempDir: dir, DstackDir: filepath.Join(dir, "dstack"), HTTPAddress: "127.0.0.1", HTTPPort: httpPort,
+			SSHAddress: "127.0.0.1", SSHPort: sshPort, LogLevel: slog.LevelError, SSHLogLevel: slog.LevelError,
+			StartTimeout: 3 * time.Second, Stdout: io.Discard})
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(httpPort)))
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the API never listened: %v", err)
+		}
+		// No sleep: the dial right after the API's first answer is the
+		// one a gap would refuse.
+	}
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(sshPort)))
+	if err != nil {
+		t.Fatalf("the API listens but SSH refused: %v", err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	banner, err := bufio.NewReader(c).ReadString('\n')
+	c.Close()
+	if !strings.HasPrefix(banner, "SSH-2.0-") {
+		t.Fatalf("banner %q (%v)", banner, err)
+	}
+	if err := <-done; !errors.Is(err, ErrNoJob) {
+		t.Fatalf("Run: %v", err)
 	}
 }
