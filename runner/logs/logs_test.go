@@ -112,6 +112,18 @@ func TestStoreAfterAndCap(t *testing.T) {
 	if err != nil || more || len(evs) != 7 || string(evs[0].Data) != "event-04" {
 		t.Fatalf("after 3: %d %v %v", len(evs), more, err)
 	}
+	// The events share one read: each holds its own bytes, and growing one
+	// never writes into the next.
+	evs[0].Data = append(evs[0].Data, '!')
+	for k, e := range evs {
+		want := fmt.Sprintf("event-%02d", k+4)
+		if k == 0 {
+			want += "!"
+		}
+		if string(e.Data) != want || e.Timestamp != int64(k+4) {
+			t.Fatalf("event %d: %d %q, want %q", k, e.Timestamp, e.Data, want)
+		}
+	}
 	evs, more, _ = s.After(0, 100, 20)
 	if !more || len(evs) != 2 {
 		t.Fatalf("cap: %d %v", len(evs), more)
@@ -169,11 +181,39 @@ func TestHistoryFollowAndSince(t *testing.T) {
 func screenRunes(s *Stripper) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := len(s.lines)
+	n := len(s.lines) + cap(s.out) // settled text: bytes, at least its runes
 	for _, l := range s.lines {
 		n += cap(l)
 	}
 	return n
+}
+
+// FuzzStripperPlainLinesMatchTheScreen: plain lines skip the screen, yet
+// what comes out is what the screen alone makes of the same bytes, in the
+// same writes, whatever cursor moves, clears and redraws come between
+// (the budget is out of reach, so both flush only at Close).
+func FuzzStripperPlainLinesMatchTheScreen(f *testing.F) {
+	f.Add([]byte("a: 1\r\nb: 1\r\n\x1b[2Aa: 2\r\nb: 2\r\n"), uint8(7))
+	f.Add([]byte("log line\r\n 10%|#    |\r\n\x1b[A\r 20%|##   |\r\nnext\r\n\x1b[5A\x1b[2Kx\n"), uint8(3))
+	f.Add([]byte("one\r\ntwo\r\n\x1b[Hthree\r\n\x1b[2Jfour\nfive  \r\n"), uint8(64))
+	f.Add([]byte("caf\xc3\xa9\r\nabc\r\n\x1b[2Ax\r\n\x1b[3;2Hy\n\t\r\n"), uint8(1))
+	f.Fuzz(func(t *testing.T, b []byte, split uint8) {
+		run := func(screenOnly bool) string {
+			var out strings.Builder
+			s := NewStripper(func(p []byte) { out.Write(p) })
+			s.IdleFlush, s.ForceFlush, s.MaxBuffer = time.Hour, time.Hour, 1<<30
+			s.screenOnly = screenOnly
+			step := int(split%64) + 1
+			for i := 0; i < len(b); i += step {
+				_, _ = s.Write(b[i:min(i+step, len(b))])
+			}
+			s.Close()
+			return out.String()
+		}
+		if got, want := run(false), run(true); got != want {
+			t.Fatalf("plain lines gave %q, the screen %q", got, want)
+		}
+	})
 }
 
 // FuzzStripper asserts the memory bound, not only "no panic": whatever the

@@ -166,26 +166,49 @@ func (s *Store) After(after, upTo int64, maxBytes int) (evs []Event, more bool, 
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	i := sort.Search(len(s.index), func(i int) bool { return s.index[i].ts > after })
-	total := 0
-	for ; i < len(s.index) && s.index[i].ts <= upTo; i++ {
-		e := s.index[i]
-		n := s.sizeOf(e)
+	j, total := i, 0
+	for ; j < len(s.index) && s.index[j].ts <= upTo; j++ {
+		n := s.sizeOf(s.index[j])
 		if total > 0 && total+n > maxBytes {
-			return evs, true, nil
+			more = true
+			break
 		}
-		var buf []byte
-		if e.n == markerEntry {
-			buf = s.marker()
-		} else {
-			buf = make([]byte, e.n)
-			if _, err := s.f.ReadAt(buf, e.off); err != nil {
-				return nil, false, fmt.Errorf("log store: %w", err)
-			}
-		}
-		evs = append(evs, Event{Timestamp: e.ts, Data: buf})
 		total += n
 	}
-	return evs, false, nil
+	if j == i {
+		return nil, more, nil
+	}
+	// Events written one after another lie one after another in the file:
+	// each such run is one read into one buffer that the events share (a
+	// read per event was most of a pull's system time).
+	buf := make([]byte, 0, total)
+	evs = make([]Event, 0, j-i)
+	for k := i; k < j; {
+		e := s.index[k]
+		if e.n == markerEntry {
+			m := s.marker()
+			start := len(buf)
+			buf = append(buf, m...)
+			evs = append(evs, Event{Timestamp: e.ts, Data: buf[start:len(buf):len(buf)]})
+			k++
+			continue
+		}
+		end, size := k+1, int64(e.n)
+		for ; end < j && s.index[end].n != markerEntry && s.index[end].off == e.off+size; end++ {
+			size += int64(s.index[end].n)
+		}
+		start := len(buf)
+		buf = buf[:start+int(size)]
+		if _, err := s.f.ReadAt(buf[start:], e.off); err != nil {
+			return nil, false, fmt.Errorf("log store: %w", err)
+		}
+		for ; k < end; k++ {
+			n := int(s.index[k].n)
+			evs = append(evs, Event{Timestamp: s.index[k].ts, Data: buf[start : start+n : start+n]})
+			start += n
+		}
+	}
+	return evs, more, nil
 }
 
 // Sizes returns the (timestamp, size) pairs after ts up to upTo, without data.
