@@ -106,13 +106,21 @@ func OK(c echo.Context) error {
 }
 
 // JSON writes v as a JSON object followed by a newline.
+// The encoder marshals into its pooled buffer and writes that once:
+// nothing is written when v does not encode (the error handler answers),
+// and a big answer (a runner's 1 MiB log page) is not copied out twice more
+// (Marshal's copy, then the newline's), garbage that made the runner's GC
+// run under its memory limit at every page.
 func JSON(c echo.Context, v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("encode response: %w", err)
+	r := c.Response()
+	r.Header().Set(echo.HeaderContentType, "application/json")
+	if err := json.NewEncoder(r).Encode(v); err != nil {
+		if !r.Committed {
+			return fmt.Errorf("encode response: %w", err)
+		}
+		return err
 	}
-	c.Response().Header().Set(echo.HeaderContentType, "application/json")
-	return c.Blob(http.StatusOK, "application/json", append(b, '\n'))
+	return nil
 }
 
 func writeText(c echo.Context, status int, msg string) error {
