@@ -275,7 +275,7 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 	mb := mbEnv("TANDEM_BENCH_LOG_MB", 100)
 	// Each run measures the raw reader right before the runner, and the
 	// medians are reported: this VM's speed drifts between runs.
-	var pipeline, raws, ratios, delivered, peaks []float64
+	var pipeline, raws, ratios, delivered, peaks, cpus []float64
 	reader := rawReader(b)
 	for i := 0; i < b.N; i++ {
 		c, pid, name, end := benchRunner(b)
@@ -306,6 +306,7 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 				}
 			}
 		}()
+		cpu0 := processCPU(pid)
 		if err := c.Submit(ctx, job("/bin/cat", "/tmp/big")); err != nil {
 			b.Fatal(err)
 		}
@@ -320,6 +321,7 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 		got, _ := pullAll(b, c, start, 0, ended)
 		<-ended
 		deliveredIn := time.Since(start)
+		cpu := processCPU(pid) - cpu0
 		close(stop)
 		if want := int64(mb << 20); got < want {
 			b.Fatalf("delivered %d bytes, want %d", got, want)
@@ -336,6 +338,7 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 		ratios = append(ratios, float64(mb)/jobEnd.Seconds()/raw)
 		delivered = append(delivered, float64(mb)/deliveredIn.Seconds())
 		peaks = append(peaks, float64(peak)/1024)
+		cpus = append(cpus, float64(cpu.Microseconds())/float64(mb))
 	}
 	// The pipeline's pace is the job's: cat ends when the runner has read
 	// (and stored) its last byte.
@@ -345,6 +348,10 @@ func BenchmarkRunnerLogThroughput(b *testing.B) {
 	b.ReportMetric(medianOf(ratios), "ratio-vs-raw-pty")
 	b.ReportMetric(medianOf(delivered), "delivered-MiB/s")
 	b.ReportMetric(slices.Max(peaks), "peak-rss-MiB")
+	// The runner's own CPU time per MiB carried (reading, storing,
+	// stripping, serving the pulls): unlike the pace, a busy machine
+	// hardly moves it.
+	b.ReportMetric(medianOf(cpus), "runner-cpu-us-per-MiB")
 	target(b, "ratio vs the raw pty reader", medianOf(ratios), ">=", 0.67)
 	target(b, "runner peak RSS MiB", slices.Max(peaks), "<", 30)
 }
