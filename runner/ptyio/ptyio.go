@@ -80,12 +80,12 @@ func (r *Reader) Read(buf []byte) (int, error) {
 	err := r.rc.Read(func(fd uintptr) bool {
 		if first {
 			first = false
-			// The count and a read of what it counted do not wait, so
-			// they go to the kernel as raw calls: the runtime does not
-			// mark the P as in a system call, and its monitor, with the
-			// runner's one P busy in such calls at every pty read, was
-			// waking every 20 µs to take it (a seventh of the runner's
-			// CPU time while a job printed, in context switches).
+			// The count and a read of what it counted never wait, so
+			// they go to the kernel as raw calls: a marked system call
+			// wakes the runtime's monitor from its deep sleep, and a
+			// woken monitor polls every 20 µs for a while (its wake-ups
+			// were a seventh of the runner's CPU samples in a log flood;
+			// the other marked calls, writes and pulls, still wake it).
 			var avail int32
 			if _, _, e := unix.RawSyscall(unix.SYS_IOCTL, fd, unix.TIOCINQ, uintptr(unsafe.Pointer(&avail))); e == 0 {
 				if avail == 0 {
