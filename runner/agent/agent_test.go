@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
 // TestRunWithoutJob runs the whole runner: it serves, and when no job
@@ -59,24 +61,13 @@ func TestListenLocalhostIsTheLoopback(t *testing.T) {
 	}
 }
 
-// freePort is a port nothing listens on now.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // Once the API answers, the SSH port takes connections: a client that saw
 // the runner healthy is never refused (the port is bound before the API
 // serves; the connection waits in the backlog for the server).
 func TestSSHPortIsBoundBeforeTheAPIAnswers(t *testing.T) {
 	t.Setenv("HOME", os.Getenv("HOME"))
 	dir := t.TempDir()
-	httpPort, sshPort := freePort(t), freePort(t)
+	httpPort, sshPort := testenv.FreePort(t), testenv.FreePort(t)
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(context.Background(), Config{TempDir: dir, DstackDir: filepath.Join(dir, "dstack"), HTTPAddress: "127.0.0.1", HTTPPort: httpPort,
