@@ -62,8 +62,9 @@ func OpenHistoryRetained(path string, now func() time.Time, r Retention) (*Histo
 	return &History{now: now, f: f, size: fi.Size(), changed: make(chan struct{}), trim: newTrim(r), written: fi.Size()}, nil
 }
 
-// historyTail is the write-behind size: a few dozen pty reads per write.
-const historyTail = 64 << 10
+// historyTail is the write-behind size: dozens of pty reads per write, each
+// write a system call that woke the runtime's monitor (16 -> 4 per MiB).
+const historyTail = 256 << 10
 
 // flushLocked moves the tail into the file, then gives back the middle of
 // the file past its retention.

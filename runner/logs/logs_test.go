@@ -181,7 +181,7 @@ func TestHistoryFollowAndSince(t *testing.T) {
 func screenRunes(s *Stripper) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := len(s.lines) + cap(s.out) // settled text: bytes, at least its runes
+	n := len(s.lines) + cap(s.out)/4 // settled text: bytes, a quarter of a rune's room
 	for _, l := range s.lines {
 		n += cap(l)
 	}
