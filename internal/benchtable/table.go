@@ -39,6 +39,10 @@ type Report struct {
 	Targets    []Target
 	Benchmarks []Benchmark
 	Failed     []string // FAIL lines: a bench that did not finish
+	// Truncated names the benchmarks whose log go test cut (it keeps ten
+	// lines): a target of theirs may be the warm-up run's word, the real
+	// run's line having been cut.
+	Truncated []string
 }
 
 // Missed counts the targets missed.
@@ -104,6 +108,10 @@ func Parse(r io.Reader) (Report, error) {
 				seen[key] = len(rep.Targets)
 				rep.Targets = append(rep.Targets, t)
 			}
+		case trimmed == "... [output truncated]":
+			if !contains(rep.Truncated, current) {
+				rep.Truncated = append(rep.Truncated, current)
+			}
 		case strings.HasPrefix(trimmed, "FAIL") || strings.HasPrefix(trimmed, "--- FAIL"):
 			rep.Failed = append(rep.Failed, trimmed)
 		}
@@ -143,6 +151,9 @@ func Render(r Report, now time.Time) string {
 	b.WriteString(".\n\n")
 	if len(r.Failed) > 0 {
 		fmt.Fprintf(&b, "**That run did not finish cleanly** (%s); the figures below are what it printed.\n\n", strings.Join(r.Failed, "; "))
+	}
+	if len(r.Truncated) > 0 {
+		fmt.Fprintf(&b, "**go test cut the log of %s**: a target of theirs below may be the warm-up run's, not the real run's (their metrics are the real run's).\n\n", strings.Join(r.Truncated, ", "))
 	}
 	fmt.Fprintf(&b, "Targets: %d of %d met.\n\n", len(r.Targets)-r.Missed(), len(r.Targets))
 	b.WriteString("| figure | benchmark | measured | target | |\n| --- | --- | --- | --- | --- |\n")

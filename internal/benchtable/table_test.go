@@ -136,3 +136,28 @@ func TestRunRewritesTheReadme(t *testing.T) {
 		t.Fatalf("changed: %q", b)
 	}
 }
+
+// A log that go test cut is named in the table: a target of that
+// benchmark may be its warm-up run's word.
+func TestRenderNamesATruncatedLog(t *testing.T) {
+	log := `BenchmarkSSH-2   	20	5 ns/op	0.98 ratio
+--- BENCH: BenchmarkSSH-2
+    ssh_test.go:1: target ssh down: 1.16 (want >= 1.00): ok
+	... [output truncated]
+BenchmarkOther-2   	20	5 ns/op	1 x
+`
+	rep, err := Parse(strings.NewReader(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Truncated) != 1 || rep.Truncated[0] != "SSH" {
+		t.Fatalf("truncated: %q", rep.Truncated)
+	}
+	if out := Render(rep, time.Unix(0, 0)); !strings.Contains(out, "go test cut the log of SSH") {
+		t.Fatalf("render does not say so:\n%s", out)
+	}
+	clean, _ := Parse(strings.NewReader(sampleLog))
+	if out := Render(clean, time.Unix(0, 0)); strings.Contains(out, "cut the log") || len(clean.Truncated) != 0 {
+		t.Fatal("a whole log is said to be cut")
+	}
+}
