@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tandem-run/tandem/runner/rawnet"
 )
 
 // Reader reads a pty master only once the terminal holds input.
@@ -87,15 +89,13 @@ func (r *Reader) Read(buf []byte) (int, error) {
 			// were a seventh of the runner's CPU samples in a log flood;
 			// the other marked calls, writes and pulls, still wake it).
 			var avail int32
-			if _, _, e := unix.RawSyscall(unix.SYS_IOCTL, fd, unix.TIOCINQ, uintptr(unsafe.Pointer(&avail))); e == 0 {
+			if _, _, e := unix.RawSyscall(unix.SYS_IOCTL, fd, unix.TIOCINQ, uintptr(unsafe.Pointer(&avail))); e == 0 && len(buf) > 0 {
 				if avail == 0 {
 					return false // wait for the poller
 				}
-				k, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(buf))), uintptr(len(buf)))
-				if e != 0 {
-					n, rerr = 0, e
-				} else {
-					n = int(k)
+				var errno syscall.Errno
+				if n, errno = rawnet.RawRead(fd, buf); errno != 0 {
+					rerr = errno
 				}
 				return rerr != unix.EAGAIN
 			}

@@ -103,7 +103,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		if !own { // all in use: straight into p
 			dst = p
 		}
-		n, errno = rawRead(fd, dst)
+		n, errno = RawRead(fd, dst)
 		switch {
 		case errno == syscall.EAGAIN:
 			if own {
@@ -140,7 +140,7 @@ func (c *Conn) read(p []byte) (int, error) {
 	var n int
 	var errno syscall.Errno
 	err := c.rc.Read(func(fd uintptr) bool {
-		n, errno = rawRead(fd, p)
+		n, errno = RawRead(fd, p)
 		return errno != syscall.EAGAIN
 	})
 	return c.readResult(n, err, errno)
@@ -159,9 +159,10 @@ func (c *Conn) readResult(n int, err error, errno syscall.Errno) (int, error) {
 	return n, nil
 }
 
-// rawRead is one read(2) of fd into p (len(p) > 0), retried on EINTR,
-// that keeps the P: fd is non-blocking.
-func rawRead(fd uintptr, p []byte) (int, syscall.Errno) {
+// RawRead is one read(2) of fd into p (len(p) > 0), retried on EINTR,
+// that keeps the P: fd is non-blocking (a socket here; the runner's pty
+// reader too, once the terminal says it holds input).
+func RawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	for {
 		r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 		if e != syscall.EINTR {
