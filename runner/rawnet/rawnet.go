@@ -174,6 +174,22 @@ func RawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 	}
 }
 
+// QuickAck makes the kernel acknowledge what c's socket received at once
+// (TCP_QUICKACK) instead of holding the acknowledgement up to 40 ms for a
+// reply to carry it. The setting does not last: Linux goes back to delayed
+// acknowledgements once the socket answers quickly, so a caller sets it
+// after each read where it matters. A client with Nagle's algorithm on
+// (OpenSSH's ssh before its session is interactive) holds a small packet
+// written behind an unacknowledged one until that acknowledgement comes:
+// twice in an SSH key exchange (KEXINIT then ECDH_INIT; NEWKEYS then the
+// service request), 80 ms of every login on Linux. Anything but a TCP
+// socket is left alone; the result is advisory.
+func (c *Conn) QuickAck() {
+	_ = c.rc.Control(func(fd uintptr) {
+		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)
+	})
+}
+
 // Buffers is a bounded set of same-sized buffers shared by connections
 // (read-ahead here, the forwards' burst buffers in sshd): a user that
 // finds none free goes on without one (for read-ahead: reads straight into

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // tcpPair returns both ends of a loopback TCP connection.
@@ -305,5 +307,59 @@ func TestBuffersBound(t *testing.T) {
 	b.Put(nil)
 	if b.made != 2 || len(b.free) != 2 {
 		t.Fatalf("made %d, free %d", b.made, len(b.free))
+	}
+}
+
+// quickAckOn reads TCP_QUICKACK: 1 while the kernel acknowledges at once,
+// 0 while it delays acknowledgements for a reply to carry them.
+func quickAckOn(t *testing.T, c *net.TCPConn) int {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var gerr error
+	if err := rc.Control(func(fd uintptr) {
+		v, gerr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return v
+}
+
+// TestQuickAckEndsDelayedAcks: a socket the kernel has in its delayed
+// acknowledgement mode (what a request/response exchange such as an SSH
+// key exchange puts it in) acknowledges at once after QuickAck, so a
+// client holding a small packet behind its last one (Nagle) sends it now
+// rather than after the 40 ms delayed-ACK timer.
+func TestQuickAckEndsDelayedAcks(t *testing.T) {
+	client, server := tcpPair(t)
+	rc, err := server.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0) // into delayed mode
+	}); err != nil || quickAckOn(t, server) != 0 {
+		t.Fatalf("could not put the socket in delayed-ACK mode: %v", err)
+	}
+	c, ok := Wrap(server).(*Conn)
+	if !ok {
+		t.Fatal("a TCP connection was not wrapped")
+	}
+	if _, err := client.Write([]byte("KEXINIT")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 16)
+	if _, err := c.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	c.QuickAck()
+	if got := quickAckOn(t, server); got != 1 {
+		t.Fatalf("TCP_QUICKACK after QuickAck = %d, want 1", got)
 	}
 }

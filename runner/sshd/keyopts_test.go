@@ -3,6 +3,7 @@ package sshd
 import (
 	"net"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -114,3 +115,42 @@ type addrConn struct {
 }
 
 func (c addrConn) RemoteAddr() net.Addr { return c.remote }
+
+// ackCounter is a connection that counts QuickAck calls.
+type ackCounter struct {
+	addrConn
+	acks atomic.Int32
+}
+
+func (c *ackCounter) QuickAck() { c.acks.Add(1) }
+
+// TestGateAcksAtOnceUntilAuthenticated: every read of an unauthenticated
+// connection asks for an immediate acknowledgement (a Nagle client's key
+// exchange otherwise waits 40 ms twice on the delayed one); once the
+// connection authenticated, reads are left alone.
+func TestGateAcksAtOnceUntilAuthenticated(t *testing.T) {
+	g := newGate(time.Minute, 3, 2, 10)
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	c := &ackCounter{addrConn: addrConn{Conn: a, remote: &net.TCPAddr{IP: net.ParseIP("10.0.0.1"), Port: 1}}}
+	gc, _ := g.admit(c)
+	read := func() {
+		t.Helper()
+		go func() { _, _ = b.Write([]byte("x")) }()
+		if _, err := gc.Read(make([]byte, 4)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read()
+	read()
+	if n := c.acks.Load(); n != 2 {
+		t.Fatalf("%d immediate acknowledgements for 2 reads before authentication", n)
+	}
+	if _, ok := g.authenticated(c.RemoteAddr(), nil); !ok {
+		t.Fatal("authentication refused")
+	}
+	read()
+	if n := c.acks.Load(); n != 2 {
+		t.Fatalf("a read after authentication asked for an immediate acknowledgement (%d in all)", n)
+	}
+}

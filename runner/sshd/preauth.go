@@ -140,6 +140,25 @@ func (c *gatedConn) SetDeadline(t time.Time) error {
 	return c.Conn.SetDeadline(t)
 }
 
+// quickAcker is a connection that can acknowledge received data at once
+// (rawnet.Conn on TCP).
+type quickAcker interface{ QuickAck() }
+
+// Read acknowledges what it read at once until authentication: the
+// client's key exchange and service request otherwise wait on this side's
+// delayed acknowledgement (see rawnet.Conn.QuickAck). After it, reads are
+// left as they are: an interactive client turns Nagle off itself, and a
+// forward's bulk data should not pay a system call per read.
+func (c *gatedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.authed.Load() {
+		if q, ok := c.Conn.(quickAcker); ok {
+			q.QuickAck()
+		}
+	}
+	return n, err
+}
+
 // closed releases gc's place and returns its close bookkeeping.
 func (g *gate) closed(gc *gatedConn) (done func()) {
 	g.mu.Lock()
