@@ -5,9 +5,9 @@ package main
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"runtime/debug"
 
+	"github.com/tandem-run/tandem/common/procs"
 	"github.com/tandem-run/tandem/runner/cli"
 )
 
@@ -21,23 +21,9 @@ func main() {
 		debug.SetMemoryLimit(18 << 20)
 		debug.SetGCPercent(400)
 	}
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(procs(runtime.GOMAXPROCS(0)))
-	}
+	procs.Set(os.Getenv) // one P per four CPUs, 1 to 4 (common/procs)
 	if err := cli.App().Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "dstack-runner:", err)
 		os.Exit(1)
 	}
 }
-
-// procs is the runner's GOMAXPROCS for the CPUs it may use (Go's default,
-// which follows the container's CPU limit): one per four CPUs, 1 to 4.
-// The runner's hot paths hand data from goroutine to goroutine (pty ->
-// pipe, SSH packet -> mux -> channel -> socket); with a second P idle,
-// every hand-off wakes a thread, which cost more than the work itself. On
-// 2 vCPUs one P took SSH -L from 265 to 348 MiB/s with a third of the
-// context switches per GiB, and the log pipeline from 0.73-0.77 to
-// 0.84-0.86 of a raw pty reader (three alternating rounds). Bigger hosts
-// keep a few Ps for concurrent connections. GOMAXPROCS in the environment
-// wins.
-func procs(cpus int) int { return min(max(cpus/4, 1), 4) }

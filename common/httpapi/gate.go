@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tandem-run/tandem/common/rawnet"
 )
 
 // Admission is the verdict on one accepted connection.
@@ -176,6 +178,12 @@ func (g *Gate) acceptLoop() {
 			return
 		}
 		backoff = 0
+		// Raw reads and writes (common/rawnet): a request's read and its
+		// response's write keep the P, so sysmon finds no P in a system
+		// call to take, stops waking every 20 µs, and no thread is woken
+		// to run what the call left behind. On 2 vCPUs that took the
+		// shim's CPU per GET /api/tasks/{id} from 90 to 50-60 µs.
+		c = rawnet.Wrap(c)
 		select {
 		case g.pending <- c:
 		case <-g.done:

@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/tandem-run/tandem/runner/rawnet"
+	"github.com/tandem-run/tandem/common/rawnet"
 )
 
 // Reader reads a pty master only once the terminal holds input.

@@ -6,7 +6,7 @@ import (
 	"net"
 	"sync"
 
-	"github.com/tandem-run/tandem/runner/rawnet"
+	"github.com/tandem-run/tandem/common/rawnet"
 	gossh "golang.org/x/crypto/ssh"
 )
 

@@ -28,7 +28,7 @@ import (
 
 	"github.com/tandem-run/tandem/common/atomicfile"
 	"github.com/tandem-run/tandem/runner/account"
-	"github.com/tandem-run/tandem/runner/rawnet"
+	"github.com/tandem-run/tandem/common/rawnet"
 )
 
 // Config is how the server runs.

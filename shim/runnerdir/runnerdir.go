@@ -164,14 +164,18 @@ func (d *Dirs) refill(runners string) {
 	})
 }
 
-// lowPriority gives the calling goroutine a thread of its own at the
-// lowest CPU priority and the idle I/O class, for the rest of its life:
-// the thread is never unlocked, so Go ends it with the goroutine and no
-// other goroutine runs at that priority.
+// lowPriority gives the calling goroutine a thread of its own in the idle
+// I/O class, for the rest of its life: the thread is never unlocked, so Go
+// ends it with the goroutine and no other goroutine runs in that class. Its
+// CPU priority is left alone: the shim runs Go code on one P on small
+// hosts (common/procs), and a nice-19 thread that the kernel preempts
+// while it holds that P stalls every goroutine of the shim, the API's
+// included, until a busy host gives it the CPU again. The copy's work is
+// the kernel's (copy_file_range, fsync), done in system calls that hand
+// the P on.
 func lowPriority() {
 	runtime.LockOSThread()
 	tid := unix.Gettid()
-	_ = unix.Setpriority(unix.PRIO_PROCESS, tid, 19)
 	const ioprioWhoProcess, ioprioClassIdle, ioprioClassShift = 1, 3, 13
 	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(tid), ioprioClassIdle<<ioprioClassShift)
 }

@@ -1,5 +1,6 @@
 // Package rawnet reads and writes sockets without handing the Go
-// scheduler's P away during the system call.
+// scheduler's P away during the system call: the runner's SSH connections
+// and both agents' HTTP APIs (httpapi.Gate) use it.
 //
 // The net package enters every read and write through the runtime's
 // syscall gate: a P whose goroutine sits in a system call longer than the
