@@ -27,8 +27,8 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/tandem-run/tandem/common/atomicfile"
-	"github.com/tandem-run/tandem/runner/account"
 	"github.com/tandem-run/tandem/common/rawnet"
+	"github.com/tandem-run/tandem/runner/account"
 )
 
 // Config is how the server runs.
