@@ -183,8 +183,9 @@ func RawRead(fd uintptr, p []byte) (int, syscall.Errno) {
 // (OpenSSH's ssh before its session is interactive) holds a small packet
 // written behind an unacknowledged one until that acknowledgement comes:
 // twice in an SSH key exchange (KEXINIT then ECDH_INIT; NEWKEYS then the
-// service request), 80 ms of every login on Linux. Anything but a TCP
-// socket is left alone; the result is advisory.
+// service request), 80 ms of every login on Linux. On anything but a TCP
+// socket the kernel refuses the option, and that is ignored: the call is
+// advisory.
 func (c *Conn) QuickAck() {
 	_ = c.rc.Control(func(fd uintptr) {
 		_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUICKACK, 1)

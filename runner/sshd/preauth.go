@@ -30,6 +30,9 @@ type gatedConn struct {
 	net.Conn
 	g      *gate
 	source string
+	// acker acknowledges received data at once (nil: the connection
+	// cannot); Read uses it until authentication.
+	acker quickAcker
 	// authed is set under g.mu (with the counts) and read without it by
 	// SetDeadline, on every packet.
 	authed atomic.Bool
@@ -55,6 +58,7 @@ func sourceOf(a net.Addr) string {
 // its login deadline set, plus the connections it evicted (to close).
 func (g *gate) admit(c net.Conn) (*gatedConn, []*gatedConn) {
 	gc := &gatedConn{Conn: c, g: g, source: sourceOf(c.RemoteAddr())}
+	gc.acker, _ = c.(quickAcker)
 	gc.deadline = g.now().Add(g.loginGrace)
 	_ = c.SetDeadline(gc.deadline)
 	g.mu.Lock()
@@ -151,10 +155,8 @@ type quickAcker interface{ QuickAck() }
 // forward's bulk data should not pay a system call per read.
 func (c *gatedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if n > 0 && !c.authed.Load() {
-		if q, ok := c.Conn.(quickAcker); ok {
-			q.QuickAck()
-		}
+	if n > 0 && c.acker != nil && !c.authed.Load() {
+		c.acker.QuickAck()
 	}
 	return n, err
 }
