@@ -3,6 +3,7 @@
 package runnerclient
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -26,6 +28,8 @@ const UploadTimeout = 60 * time.Second
 // Client talks to one runner.
 type Client struct {
 	t *transport.Client
+	// pages holds pull answer buffers between calls.
+	pages sync.Pool
 }
 
 // New returns a client for addr: "host:port", "http://host:port" or
@@ -110,20 +114,44 @@ func (c *Client) Run(ctx context.Context) (out api.RunResponse, ok bool, err err
 
 // Pull returns every state and log event newer than timestamp.
 func (c *Client) Pull(ctx context.Context, timestamp int64) (api.PullResponse, error) {
-	var out api.PullResponse
-	path := "/api/pull?timestamp=" + strconv.FormatInt(timestamp, 10)
-	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: path}, &out)
-	return out, err
+	return c.pull(ctx, "/api/pull?timestamp="+strconv.FormatInt(timestamp, 10))
 }
 
 // Peek is Pull without counting as the logs' collection (a Tandem
 // runner finishes only after a real pull; dstack's ignores the flag).
 func (c *Client) Peek(ctx context.Context, timestamp int64) (api.PullResponse, error) {
-	var out api.PullResponse
-	path := "/api/pull?peek=1&timestamp=" + strconv.FormatInt(timestamp, 10)
-	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: path}, &out)
-	return out, err
+	return c.pull(ctx, "/api/pull?peek=1&timestamp="+strconv.FormatInt(timestamp, 10))
 }
+
+// pull reads the answer into a pooled buffer (a page is up to ~1.4 MB of
+// JSON; growing a fresh one per call cost page faults and GC) and decodes
+// it with api.DecodePull, which copies what it keeps.
+func (c *Client) pull(ctx context.Context, path string) (api.PullResponse, error) {
+	buf, _ := c.pages.Get().(*bytes.Buffer)
+	if buf == nil {
+		buf = new(bytes.Buffer)
+	}
+	defer func() {
+		// A buffer grown by an unusually large answer (dstack's runner
+		// sends its whole history at once) is not kept.
+		if buf.Cap() <= keptPage {
+			buf.Reset()
+			c.pages.Put(buf)
+		}
+	}()
+	if err := c.t.Read(ctx, transport.Request{Method: http.MethodGet, Path: path}, buf); err != nil {
+		return api.PullResponse{}, err
+	}
+	out, err := api.DecodePull(buf.Bytes())
+	if err != nil {
+		return api.PullResponse{}, fmt.Errorf("GET %s: decode answer: %w", path, err)
+	}
+	return out, nil
+}
+
+// keptPage is the largest pull buffer kept for the next call: a Tandem
+// runner's page is at most 1 MiB of logs, ~1.4 MB as JSON.
+const keptPage = 4 << 20
 
 // Stop asks the runner to stop the job gracefully.
 func (c *Client) Stop(ctx context.Context) error {

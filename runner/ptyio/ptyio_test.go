@@ -104,3 +104,62 @@ func TestReaderPlainAfterHangup(t *testing.T) {
 		t.Fatalf("plain read: %q %v", buf[:n], err)
 	}
 }
+
+// After a read that took the line discipline's whole buffer the next Read
+// goes to the kernel without asking for the count first; when the
+// terminal turns out to be empty it must still wait for input, not spin
+// or report an end.
+func TestReaderWaitsAfterAFullRead(t *testing.T) {
+	master, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	defer tty.Close()
+	r := NewReader(master)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := tty.Write(bytes.Repeat([]byte("x"), 3*ldiscBuf))
+		wrote <- err
+	}()
+	buf := make([]byte, 32<<10)
+	got, full := 0, false
+	for got < 3*ldiscBuf {
+		n, err := r.Read(buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+		full = full || r.full
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+	if !full {
+		t.Fatal("no read of a busy terminal counted as a full buffer")
+	}
+	r.full = true // as if the last read had been full, and the terminal is empty
+	type result struct {
+		b   string
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := r.Read(buf)
+		done <- result{string(buf[:n]), err}
+	}()
+	select {
+	case res := <-done:
+		t.Fatalf("Read on an empty terminal returned %q %v", res.b, res.err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	_, _ = tty.Write([]byte("tail"))
+	select {
+	case res := <-done:
+		if res.err != nil || res.b != "tail" {
+			t.Fatalf("after the wait: %q %v", res.b, res.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("input after a full read did not wake the reader")
+	}
+}

@@ -186,6 +186,31 @@ func (c *Client) JSON(ctx context.Context, r Request, out any) error {
 	return nil
 }
 
+// Read performs the call and appends the JSON answer's bytes to buf, under
+// the same checks and bound as JSON; for answers decoded by hand.
+func (c *Client) Read(ctx context.Context, r Request, buf *bytes.Buffer) error {
+	resp, cancel, err := c.Do(ctx, r)
+	if err != nil {
+		return err
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	if !IsJSON(resp) {
+		return fmt.Errorf("%s %s: expected a JSON answer, got %q: is %s a dstack agent?", r.Method, r.Path, resp.Header.Get("Content-Type"), c.BaseURL)
+	}
+	if n := resp.ContentLength; n > 0 && n <= MaxAnswer {
+		buf.Grow(int(n))
+	}
+	body := &capped{r: resp.Body, left: MaxAnswer}
+	if _, err := buf.ReadFrom(body); err != nil {
+		if body.over {
+			return fmt.Errorf("%s %s: the answer is larger than %d bytes: refused", r.Method, r.Path, MaxAnswer)
+		}
+		return fmt.Errorf("%s %s: read answer: %w", r.Method, r.Path, err)
+	}
+	return nil
+}
+
 // capped reads at most left bytes, then fails.
 type capped struct {
 	r    io.Reader
