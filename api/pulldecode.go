@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -173,6 +174,28 @@ func (d *pullDecoder) plainString() ([]byte, bool) {
 	return nil, false
 }
 
+// base64String reads a string that can only be base64, finding its end
+// with one vector search: base64 decoding refuses a backslash (so an
+// escaped quote or any escape goes the slow way) and every control
+// character but \r and \n, which it skips and JSON forbids raw, so those
+// two are looked for here.
+func (d *pullDecoder) base64String() ([]byte, bool) {
+	if !d.take('"') {
+		return nil, false
+	}
+	rest := d.b[d.i:]
+	end := bytes.IndexByte(rest, '"')
+	if end < 0 {
+		return nil, false
+	}
+	s := rest[:end]
+	if bytes.IndexByte(s, '\n') >= 0 || bytes.IndexByte(s, '\r') >= 0 {
+		return nil, false
+	}
+	d.i += end + 1
+	return s, true
+}
+
 // int64 reads an integer literal (JSON's grammar: no leading zeros, no
 // fraction or exponent, which json refuses for an int64 anyway).
 func (d *pullDecoder) int64() (int64, error) {
@@ -299,7 +322,7 @@ func (d *pullDecoder) event() (LogEvent, error) {
 				return e, errSlow
 			}
 			seenMsg = true
-			s, ok := d.plainString()
+			s, ok := d.base64String()
 			if !ok {
 				return e, errSlow
 			}

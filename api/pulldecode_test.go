@@ -84,7 +84,9 @@ func TestDecodePullMatchesEncodingJSON(t *testing.T) {
 		`{"job_states":[{"state":"done","timestamp":5,"termination_reason":"","termination_message":"\"]"}]}`,
 		`{"job_states":[}`, `{"job_states":[{"state":"x"}]]}`, `{"job_states":"x"}`, `{"job_states":[`,
 		`{"job_logs":[]}x`, `{"job_logs":[],}`, `{"job_logs":[,]}`, `{"job_logs":[{"message":"aGk=",}]}`,
-		"{\"job_logs\":[{\"message\":\"a\tGk=\"}]}", `{"job_logs":[{"message":"aGk="}]`,
+		"{\"job_logs\":[{\"message\":\"a\tGk=\"}]}", // raw control characters: invalid JSON
+		"{\"job_logs\":[{\"message\":\"aG\nk=\"}]}", "{\"job_logs\":[{\"message\":\"aG\rk=\"}]}",
+		`{"job_logs":[{"message":"aGk\"="}]}`, `{"job_logs":[{"message":"aGk=\n"}]}`, `{"job_logs":[{"message":"aGk=`, `{"job_logs":[{"message":"aGk="}]`,
 		`{"no_connections_secs":0,"has_more":false,"runner_logs":[{"timestamp":1}]}`,
 	} {
 		samePull(t, []byte(in))

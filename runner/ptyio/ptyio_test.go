@@ -122,7 +122,9 @@ func TestReaderWaitsAfterAFullRead(t *testing.T) {
 		_, err := tty.Write(bytes.Repeat([]byte("x"), 3*ldiscBuf))
 		wrote <- err
 	}()
-	buf := make([]byte, 32<<10)
+	// A buffer of one line-discipline buffer: each full read ends a Read
+	// with the flag set.
+	buf := make([]byte, ldiscBuf)
 	got, full := 0, false
 	for got < 3*ldiscBuf {
 		n, err := r.Read(buf)
