@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"reflect"
 	"slices"
 	"testing"
@@ -93,6 +94,38 @@ func TestDecodePullMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// AppendPull writes json.Encoder's bytes: nil and empty lists and
+// messages, escapes in the states, extreme numbers.
+func TestAppendPullIsEncodingJSON(t *testing.T) {
+	for _, p := range []PullResponse{
+		{},
+		{JobStates: []JobStateEvent{}, JobLogs: []LogEvent{}, RunnerLogs: []LogEvent{}},
+		{JobStates: []JobStateEvent{{State: JobFailed, Timestamp: -1, TerminationReason: "x<y>&", TerminationMessage: "\"\x00\u2028\xff"}},
+			JobLogs:    []LogEvent{{}, {Message: []byte{}}, {Message: []byte("\x1b[31mred\r\n"), Timestamp: 1<<63 - 1}},
+			RunnerLogs: []LogEvent{{Message: []byte{0, 1, 2}, Timestamp: -1 << 63}}, LastUpdated: 7, NoConnectionsSecs: -3, HasMore: true},
+	} {
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(p); err != nil {
+			t.Fatal(err)
+		}
+		got, err := AppendPull([]byte("prefix"), p)
+		if err != nil || string(got) != "prefix"+want.String() {
+			t.Fatalf("%+v: %v\n got %q\nwant %q", p, err, got, want.String())
+		}
+		if n := PullSize(p); n < len(got)-len("prefix") {
+			t.Fatalf("PullSize %d under the %d bytes written", n, len(got)-len("prefix"))
+		}
+	}
+	page := pullPage(t, 40, 4096)
+	p, err := DecodePull(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := AppendPull(nil, p); !bytes.Equal(got, page) {
+		t.Fatal("the runner's page does not encode back to itself")
+	}
+}
+
 func TestDecodePullRefusesWhatJSONRefuses(t *testing.T) {
 	for _, in := range []string{`{"job_logs":[{"message":"aGk"}]}`, `{"job_logs":[]}x`, `{"last_updated":1.5}`, `{`} {
 		if _, err := samePull(t, []byte(in)); err == nil {
@@ -109,6 +142,15 @@ func FuzzDecodePull(f *testing.F) {
 		got, err := samePull(t, b)
 		if err != nil {
 			return
+		}
+		// What decoded encodes back byte for byte as json.Encoder would.
+		var want bytes.Buffer
+		if err := json.NewEncoder(&want).Encode(got); err != nil {
+			t.Fatal(err)
+		}
+		enc, err := AppendPull(nil, got)
+		if err != nil || !bytes.Equal(enc, want.Bytes()) {
+			t.Fatalf("AppendPull: %v\n got %q\nwant %q", err, enc, want.Bytes())
 		}
 		// Decoded messages never exceed the answer that carried them.
 		total := 0
@@ -129,6 +171,27 @@ func BenchmarkDecodePull(b *testing.B) {
 		b.SetBytes(int64(len(page)))
 		for b.Loop() {
 			if _, err := DecodePull(page); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	p, err := DecodePull(page)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("AppendPull", func(b *testing.B) {
+		b.SetBytes(int64(len(page)))
+		buf := make([]byte, 0, PullSize(p))
+		for b.Loop() {
+			if buf, err = AppendPull(buf[:0], p); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("json.Encoder", func(b *testing.B) {
+		b.SetBytes(int64(len(page)))
+		for b.Loop() {
+			if err := json.NewEncoder(io.Discard).Encode(p); err != nil {
 				b.Fatal(err)
 			}
 		}

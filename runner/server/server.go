@@ -10,6 +10,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gorilla/websocket"
@@ -38,7 +39,12 @@ type Deps struct {
 	PingInterval time.Duration
 }
 
-type srv struct{ d Deps }
+type srv struct {
+	d Deps
+	// pages holds /api/pull answer buffers between pulls (a page is up
+	// to ~1.4 MB of JSON).
+	pages sync.Pool
+}
 
 // New returns the echo instance serving the runner API.
 func New(d Deps) *echo.Echo {
@@ -184,8 +190,34 @@ func (s *srv) pull(c echo.Context) error {
 	if err != nil {
 		return toHTTP(err)
 	}
-	return httpapi.JSON(c, resp)
+	// Encoded by hand into a kept buffer (json.Encoder's bytes, see
+	// api.AppendPull) and sent with its length.
+	buf, _ := s.pages.Get().(*[]byte)
+	if buf == nil {
+		buf = new([]byte)
+	}
+	if need := api.PullSize(resp); cap(*buf) < need {
+		*buf = make([]byte, 0, need)
+	}
+	out, err := api.AppendPull((*buf)[:0], resp)
+	if err != nil {
+		return httpapi.Internal("encode the answer", err)
+	}
+	h := c.Response().Header()
+	h.Set(echo.HeaderContentType, "application/json")
+	h.Set(echo.HeaderContentLength, strconv.Itoa(len(out)))
+	c.Response().WriteHeader(http.StatusOK)
+	_, werr := c.Response().Write(out)
+	if cap(out) <= keptPage {
+		*buf = out[:0]
+		s.pages.Put(buf)
+	}
+	return werr
 }
+
+// keptPage is the largest pull buffer kept for the next pull: a page
+// carries at most PullCap (1 MiB) of logs, ~1.4 MB as JSON.
+const keptPage = 4 << 20
 
 func (s *srv) stop(c echo.Context) error {
 	s.d.Executor.Stop()
