@@ -10,7 +10,8 @@ import (
 
 // DecodePull decodes a GET /api/pull answer with exactly json.Unmarshal's
 // result and errors, in one pass for the shape both runners send: keys
-// spelled as on the wire, each once, and messages as plain base64 strings.
+// spelled as on the wire and messages as plain base64 strings (a repeated
+// key keeps its last value, as in json).
 // Every message is decoded straight into one buffer shared by the page
 // (each slice capped at its own length, so an append cannot reach the
 // next). Anything else (an escape, an unknown key, a null, a syntax error)
@@ -44,84 +45,61 @@ type pullDecoder struct {
 
 func (d *pullDecoder) response() (PullResponse, bool) {
 	var out PullResponse
-	const (
-		seenStates = 1 << iota
-		seenJobLogs
-		seenRunnerLogs
-		seenLast
-		seenNoConn
-		seenMore
-	)
-	seen := 0
-	once := func(bit int) bool {
-		if seen&bit != 0 {
+	d.space()
+	ok := d.object(func(key []byte) bool {
+		var err error
+		switch string(key) {
+		case "job_states":
+			err = d.states(&out.JobStates)
+		case "job_logs":
+			out.JobLogs, err = d.logs()
+		case "runner_logs":
+			out.RunnerLogs, err = d.logs()
+		case "last_updated":
+			out.LastUpdated, err = d.int64()
+		case "no_connections_secs":
+			out.NoConnectionsSecs, err = d.int64()
+		case "has_more":
+			out.HasMore, err = d.bool()
+		default:
 			return false
 		}
-		seen |= bit
-		return true
-	}
-	d.space()
+		return err == nil
+	})
+	return out, ok && d.end()
+}
+
+// object reads one object, calling member with each key (aliasing b) once
+// the reader stands on its value; member reads the value, or returns false
+// for anything it does not take. A key met twice is read twice and the
+// last value stays, as json does.
+func (d *pullDecoder) object(member func(key []byte) bool) bool {
 	if !d.take('{') {
-		return out, false
+		return false
 	}
 	d.space()
 	if d.take('}') {
-		return out, d.end()
+		return true
 	}
 	for {
 		key, ok := d.plainString()
 		if !ok {
-			return out, false
+			return false
 		}
 		d.space()
 		if !d.take(':') {
-			return out, false
+			return false
 		}
 		d.space()
-		var err error
-		switch string(key) {
-		case "job_states":
-			if !once(seenStates) {
-				return out, false
-			}
-			err = d.states(&out.JobStates)
-		case "job_logs":
-			if !once(seenJobLogs) {
-				return out, false
-			}
-			out.JobLogs, err = d.logs()
-		case "runner_logs":
-			if !once(seenRunnerLogs) {
-				return out, false
-			}
-			out.RunnerLogs, err = d.logs()
-		case "last_updated":
-			if !once(seenLast) {
-				return out, false
-			}
-			out.LastUpdated, err = d.int64()
-		case "no_connections_secs":
-			if !once(seenNoConn) {
-				return out, false
-			}
-			out.NoConnectionsSecs, err = d.int64()
-		case "has_more":
-			if !once(seenMore) {
-				return out, false
-			}
-			out.HasMore, err = d.bool()
-		default:
-			return out, false
-		}
-		if err != nil {
-			return out, false
+		if !member(key) {
+			return false
 		}
 		d.space()
 		if d.take('}') {
-			return out, d.end()
+			return true
 		}
 		if !d.take(',') {
-			return out, false
+			return false
 		}
 		d.space()
 	}
@@ -298,61 +276,27 @@ func (d *pullDecoder) logs() ([]LogEvent, error) {
 
 func (d *pullDecoder) event() (LogEvent, error) {
 	var e LogEvent
-	if !d.take('{') {
-		return e, errSlow
-	}
-	d.space()
-	if d.take('}') {
-		return e, nil
-	}
-	var seenMsg, seenTS bool
-	for {
-		key, ok := d.plainString()
-		if !ok {
-			return e, errSlow
-		}
-		d.space()
-		if !d.take(':') {
-			return e, errSlow
-		}
-		d.space()
+	ok := d.object(func(key []byte) bool {
 		switch string(key) {
 		case "message":
-			if seenMsg {
-				return e, errSlow
-			}
-			seenMsg = true
 			s, ok := d.base64String()
 			if !ok {
-				return e, errSlow
+				return false
 			}
 			m, err := d.decode64(s)
-			if err != nil {
-				return e, err
-			}
 			e.Message = m
+			return err == nil
 		case "timestamp":
-			if seenTS {
-				return e, errSlow
-			}
-			seenTS = true
 			v, err := d.int64()
-			if err != nil {
-				return e, err
-			}
 			e.Timestamp = v
-		default:
-			return e, errSlow
+			return err == nil
 		}
-		d.space()
-		if d.take('}') {
-			return e, nil
-		}
-		if !d.take(',') {
-			return e, errSlow
-		}
-		d.space()
+		return false
+	})
+	if !ok {
+		return e, errSlow
 	}
+	return e, nil
 }
 
 // decode64 decodes s into the page's arena. Its first use sizes the arena

@@ -79,7 +79,9 @@ func TestDecodePullMatchesEncodingJSON(t *testing.T) {
 		`{"job_logs":[{"message":"aGk=","message":"aGk="}]}`, // duplicate key: the last wins
 		`{"Job_Logs":[{"Message":"aGk="}]}`,                  // json matches keys without case
 		`{"job_logs":[{"message":"aGk=","extra":[1,{"a":"]"}]}]}`,
-		`{"last_updated":12,"last_updated":13}`, `{"last_updated":1.5}`, `{"last_updated":1e3}`,
+		`{"last_updated":12,"last_updated":13}`, `{"job_logs":[{"message":"aGk=","message":"eW8=","timestamp":1}]}`,
+		`{"job_logs":[{"message":"aGk="}],"job_logs":[]}`, `{"job_logs":[],"job_logs":[{"message":"aGk="}]}`,
+		`{"job_states":[{"state":"done"}],"job_states":[]}`, `{"has_more":true,"has_more":false}`, `{"last_updated":1.5}`, `{"last_updated":1e3}`,
 		`{"last_updated":01}`, `{"last_updated":-}`, `{"last_updated":9223372036854775808}`,
 		`{"last_updated":-9223372036854775808}`, `{"has_more":true}`, `{"has_more":tru}`, `{"has_more":null}`,
 		`{"job_states":[{"state":"done","timestamp":5,"termination_reason":"","termination_message":"\"]"}]}`,
