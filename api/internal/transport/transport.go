@@ -173,15 +173,12 @@ func (c *Client) JSON(ctx context.Context, r Request, out any) error {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		return nil
 	}
-	if !IsJSON(resp) {
-		return fmt.Errorf("%s %s: expected a JSON answer, got %q: is %s a dstack agent?", r.Method, r.Path, resp.Header.Get("Content-Type"), c.BaseURL)
+	body, err := c.jsonBody(r, resp)
+	if err != nil {
+		return err
 	}
-	body := &capped{r: resp.Body, left: MaxAnswer}
 	if err := json.NewDecoder(body).Decode(out); err != nil {
-		if body.over {
-			return fmt.Errorf("%s %s: the answer is larger than %d bytes: refused", r.Method, r.Path, MaxAnswer)
-		}
-		return fmt.Errorf("%s %s: decode answer: %w", r.Method, r.Path, err)
+		return body.failed(r, "decode answer", err)
 	}
 	return nil
 }
@@ -195,20 +192,26 @@ func (c *Client) Read(ctx context.Context, r Request, buf *bytes.Buffer) error {
 	}
 	defer cancel()
 	defer resp.Body.Close()
-	if !IsJSON(resp) {
-		return fmt.Errorf("%s %s: expected a JSON answer, got %q: is %s a dstack agent?", r.Method, r.Path, resp.Header.Get("Content-Type"), c.BaseURL)
+	body, err := c.jsonBody(r, resp)
+	if err != nil {
+		return err
 	}
 	if n := resp.ContentLength; n > 0 && n <= MaxAnswer {
 		buf.Grow(int(n))
 	}
-	body := &capped{r: resp.Body, left: MaxAnswer}
 	if _, err := buf.ReadFrom(body); err != nil {
-		if body.over {
-			return fmt.Errorf("%s %s: the answer is larger than %d bytes: refused", r.Method, r.Path, MaxAnswer)
-		}
-		return fmt.Errorf("%s %s: read answer: %w", r.Method, r.Path, err)
+		return body.failed(r, "read answer", err)
 	}
 	return nil
+}
+
+// jsonBody refuses an answer that is not JSON and returns its body capped
+// at MaxAnswer.
+func (c *Client) jsonBody(r Request, resp *http.Response) (*capped, error) {
+	if !IsJSON(resp) {
+		return nil, fmt.Errorf("%s %s: expected a JSON answer, got %q: is %s a dstack agent?", r.Method, r.Path, resp.Header.Get("Content-Type"), c.BaseURL)
+	}
+	return &capped{r: resp.Body, left: MaxAnswer}, nil
 }
 
 // capped reads at most left bytes, then fails.
@@ -216,6 +219,15 @@ type capped struct {
 	r    io.Reader
 	left int64
 	over bool
+}
+
+// failed is the call's error for err, met while doing what with the
+// body: the refusal when the answer ran past the cap.
+func (c *capped) failed(r Request, what string, err error) error {
+	if c.over {
+		return fmt.Errorf("%s %s: the answer is larger than %d bytes: refused", r.Method, r.Path, MaxAnswer)
+	}
+	return fmt.Errorf("%s %s: %s: %w", r.Method, r.Path, what, err)
 }
 
 func (c *capped) Read(p []byte) (int, error) {
