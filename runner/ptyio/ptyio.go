@@ -38,8 +38,9 @@ import (
 // moves it over within the read), which took a system call off every 4
 // KiB: the runner's CPU per MiB fell from ~12.3 to ~10.8 ms and the
 // pipeline went from ~0.52 to ~0.60 of the raw reader (log bench, three
-// alternating rounds of three). An empty terminal then answers EAGAIN and
-// the Read waits on the poller as before.
+// alternating rounds of three). An empty terminal then answers EAGAIN (the
+// descriptor is non-blocking, see NewReader) and the Read waits on the
+// poller as before.
 //
 // A waiting Read wakes on the poller's edge for new input or the hang-up;
 // the runtime drops an edge that comes between two Reads, which for input
@@ -60,10 +61,22 @@ type Reader struct {
 // line discipline holds 4 KiB and hands over 4095 bytes of it at a time.
 const ldiscBuf = 4095
 
-// NewReader returns a Reader of the pty master f.
+// NewReader returns a Reader of the pty master f. It makes f's descriptor
+// non-blocking: the raw reads must never sleep in the kernel, as a raw
+// call keeps the scheduler's P (with one P the whole process, and at a
+// garbage collection's stop-the-world every goroutine, would wait for the
+// job's next output). creack/pty's Open leaves the master blocking (it
+// takes the descriptor with os.File.Fd, which does that), and so would any
+// later Fd: the owner reaches the descriptor through SyscallConn only.
+// Without a non-blocking descriptor the Reader makes plain reads.
 func NewReader(f *os.File) *Reader {
 	r := &Reader{f: f}
-	if rc, err := f.SyscallConn(); err == nil {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return r
+	}
+	var nerr error
+	if err := rc.Control(func(fd uintptr) { nerr = unix.SetNonblock(int(fd), true) }); err == nil && nerr == nil {
 		r.rc = rc
 	}
 	return r
@@ -104,15 +117,18 @@ func (r *Reader) Read(buf []byte) (int, error) {
 			// woken monitor polls every 20 µs for a while (its wake-ups
 			// were a seventh of the runner's CPU samples in a log flood;
 			// the other marked calls, writes and pulls, still wake it).
-			var avail int32 = 1
-			e := syscall.Errno(0)
-			if !r.full {
-				_, _, e = unix.RawSyscall(unix.SYS_IOCTL, fd, unix.TIOCINQ, uintptr(unsafe.Pointer(&avail)))
-			}
-			if e == 0 && len(buf) > 0 {
-				if avail == 0 {
+			raw := len(buf) > 0
+			if raw && !r.full { // after a full read, more is queued: no count
+				var avail int32
+				_, _, e := unix.RawSyscall(unix.SYS_IOCTL, fd, unix.TIOCINQ, uintptr(unsafe.Pointer(&avail)))
+				switch {
+				case e != 0:
+					raw = false // no count: a plain read below
+				case avail == 0:
 					return false // wait for the poller
 				}
+			}
+			if raw {
 				var errno syscall.Errno
 				if n, errno = rawnet.RawRead(fd, buf); errno != 0 {
 					rerr = errno

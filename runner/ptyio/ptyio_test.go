@@ -2,12 +2,48 @@ package ptyio
 
 import (
 	"bytes"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 )
+
+// control runs fn on f's descriptor without os.File.Fd, which would make
+// it blocking again.
+func control(t *testing.T, f *os.File, fn func(fd int) (int, error)) int {
+	t.Helper()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { v, ferr = fn(int(fd)) }); err != nil || ferr != nil {
+		t.Fatal(err, ferr)
+	}
+	return v
+}
+
+// pty.Open hands over a blocking master (it takes the descriptor with
+// os.File.Fd); a Reader must make it non-blocking, or a raw read of a
+// quiet terminal after a full read sleeps in the kernel holding the
+// scheduler's P: the whole process waits at the next stop-the-world.
+func TestNewReaderMakesTheMasterNonBlocking(t *testing.T) {
+	master, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	defer tty.Close()
+	flags := func(fd int) (int, error) { return unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0) }
+	t.Logf("pty.Open's master is non-blocking: %v", control(t, master, flags)&unix.O_NONBLOCK != 0)
+	_ = NewReader(master)
+	if control(t, master, flags)&unix.O_NONBLOCK == 0 {
+		t.Fatal("the master is still blocking after NewReader")
+	}
+}
 
 // Reader delivers what the terminal's other side writes, in order,
 // whether it was there before the read or came while the reader waited,
@@ -127,10 +163,7 @@ func TestReaderWaitsAfterAFullRead(t *testing.T) {
 	// the flag.
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		avail, err := unix.IoctlGetInt(int(master.Fd()), unix.TIOCINQ)
-		if err != nil {
-			t.Fatal(err)
-		}
+		avail := control(t, master, func(fd int) (int, error) { return unix.IoctlGetInt(fd, unix.TIOCINQ) })
 		if avail >= ldiscBuf {
 			break
 		}

@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
 )
 
 // Spec is a process to start.
@@ -113,6 +114,13 @@ func Start(spec Spec) (*Proc, error) {
 			return nil, fmt.Errorf("open pty: %w", err)
 		}
 		p.master, tty = master, t
+		// pty.Open took the master's descriptor with Fd, which left it
+		// blocking: make it non-blocking again (see control).
+		if err := p.control(func(fd int) error { return unix.SetNonblock(fd, true) }); err != nil {
+			master.Close()
+			t.Close()
+			return nil, fmt.Errorf("pty: %w", err)
+		}
 		if spec.Size != nil {
 			_ = p.Resize(*spec.Size)
 		}
@@ -174,7 +182,9 @@ func (p *Proc) Resize(s Size) error {
 	if p.master == nil {
 		return errors.New("no terminal")
 	}
-	return pty.Setsize(p.master, &pty.Winsize{Rows: s.Rows, Cols: s.Cols})
+	return p.control(func(fd int) error {
+		return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Row: s.Rows, Col: s.Cols})
+	})
 }
 
 // Signal sends sig to the process's group (its job control group: with a

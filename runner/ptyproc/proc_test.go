@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/tandem-run/tandem/runner/ptyio"
 )
 
@@ -58,6 +60,53 @@ func TestStartTTY(t *testing.T) {
 		t.Fatalf("output %q: want a terminal of 33x101 and the environment", out)
 	}
 	p.Close() // idempotent
+}
+
+// The job's output reader makes raw reads of the master, which must never
+// sleep in the kernel: the master is non-blocking from Start on and stays
+// so through everything the runner does with it (a resize, Ctrl-C, the
+// count of unread output, the foreground group), none of which may take
+// the descriptor with os.File.Fd (that makes it blocking again).
+func TestTerminalStaysNonBlocking(t *testing.T) {
+	p, err := Start(Spec{Path: "sh", Args: []string{"sh", "-c", "read x"},
+		Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", TTY: true, Size: &Size{Rows: 24, Cols: 80}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	nonblocking := func(when string) {
+		t.Helper()
+		rc, err := p.Terminal().SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var flags int
+		var ferr error
+		if err := rc.Control(func(fd uintptr) { flags, ferr = unix.FcntlInt(fd, unix.F_GETFL, 0) }); err != nil || ferr != nil {
+			t.Fatal(err, ferr)
+		}
+		if flags&unix.O_NONBLOCK == 0 {
+			t.Fatalf("the master is blocking %s", when)
+		}
+	}
+	nonblocking("after Start")
+	if err := p.Resize(Size{Rows: 40, Cols: 120}); err != nil {
+		t.Fatal(err)
+	}
+	nonblocking("after Resize")
+	if _, err := p.Unread(); err != nil {
+		t.Fatal(err)
+	}
+	nonblocking("after Unread")
+	if _, err := p.ForegroundGroup(); err != nil {
+		t.Fatal(err)
+	}
+	nonblocking("after ForegroundGroup")
+	if err := p.Interrupt(); err != nil {
+		t.Fatal(err)
+	}
+	nonblocking("after Interrupt")
+	p.Wait() // Ctrl-C ends the read
 }
 
 func TestStartErrorsAreShellCodes(t *testing.T) {

@@ -2,6 +2,7 @@ package ptyproc
 
 import (
 	"errors"
+	"fmt"
 
 	"golang.org/x/sys/unix"
 )
@@ -18,7 +19,12 @@ func (p *Proc) ForegroundGroup() (int, error) {
 	if p.master == nil {
 		return 0, errNoTerminal
 	}
-	return unix.IoctlGetInt(int(p.master.Fd()), unix.TIOCGPGRP)
+	var pgrp int
+	err := p.control(func(fd int) (err error) {
+		pgrp, err = unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+		return err
+	})
+	return pgrp, err
 }
 
 // Interrupt types the terminal's interrupt character (Ctrl-C unless the
@@ -29,9 +35,13 @@ func (p *Proc) Interrupt() error {
 		return errNoTerminal
 	}
 	intr := byte(3)
-	if t, err := unix.IoctlGetTermios(int(p.master.Fd()), unix.TCGETS); err == nil && t.Cc[unix.VINTR] != 0 {
-		intr = t.Cc[unix.VINTR]
-	}
+	_ = p.control(func(fd int) error {
+		t, err := unix.IoctlGetTermios(fd, unix.TCGETS)
+		if err == nil && t.Cc[unix.VINTR] != 0 {
+			intr = t.Cc[unix.VINTR]
+		}
+		return err
+	})
 	_, err := p.master.Write([]byte{intr})
 	return err
 }
@@ -42,5 +52,29 @@ func (p *Proc) Unread() (int, error) {
 	if p.master == nil {
 		return 0, errNoTerminal
 	}
-	return unix.IoctlGetInt(int(p.master.Fd()), unix.TIOCINQ)
+	var n int
+	err := p.control(func(fd int) (err error) {
+		n, err = unix.IoctlGetInt(fd, unix.TIOCINQ)
+		return err
+	})
+	return n, err
+}
+
+// control runs fn on the master's descriptor. The descriptor is never
+// taken with Fd: Fd puts it back into blocking mode (creack/pty's Open and
+// Setsize do so), and the job's output reader (ptyio) makes raw reads of
+// it that must never sleep in the kernel: a raw call keeps the scheduler's
+// P, so a blocking read of a quiet terminal would stop the whole runner
+// (with one P, or at the next garbage collection's stop-the-world) until
+// the job printed again.
+func (p *Proc) control(fn func(fd int) error) error {
+	rc, err := p.master.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("terminal: %w", err)
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) { ferr = fn(int(fd)) }); err != nil {
+		return fmt.Errorf("terminal: %w", err)
+	}
+	return ferr
 }
