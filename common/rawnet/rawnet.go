@@ -13,6 +13,11 @@
 // call cannot block; when the socket has no data or no room the goroutine
 // waits on the runtime's poller exactly as net.Conn does (deadlines and
 // Close included, through syscall.RawConn).
+//
+// WrapBuffered adds what the SSH server wants on top: reads that take up to
+// a buffer's worth per system call (read-ahead) and writes that queue bulk
+// data for one goroutine to write in batches (write-behind), each from a
+// bounded set of shared buffers held only while they hold data.
 package rawnet
 
 import (
@@ -32,10 +37,11 @@ type Conn struct {
 	net.Conn
 	rc syscall.RawConn
 
-	ahead *Buffers   // nil: no read-ahead
-	mu    sync.Mutex // serializes read-ahead Reads; guards buf, r, w
-	buf   []byte     // read ahead; non-nil exactly while r < w
-	r, w  int        // buf[r:w] is unread
+	ahead  *Buffers   // nil: no read-ahead
+	behind *behind    // nil: writes go straight to the socket
+	mu     sync.Mutex // serializes read-ahead Reads; guards buf, r, w
+	buf    []byte     // read ahead; non-nil exactly while r < w
+	r, w   int        // buf[r:w] is unread
 }
 
 // Wrap returns c with raw reads and writes, or c itself when it has no
@@ -71,9 +77,29 @@ func Wrap(c net.Conn) net.Conn {
 // x/crypto/ssh does, 4 KiB) makes one system call per many packets instead
 // of two per packet.
 func WrapReadAhead(c net.Conn, bufs *Buffers) net.Conn {
+	return WrapBuffered(c, bufs, nil)
+}
+
+// WrapBuffered is WrapReadAhead (with ahead; none when nil) whose writes
+// are written behind (with behind; straight when nil): a Write copies into
+// a buffer taken from behind and returns, and a goroutine writes what
+// queued up while the socket took the last batch in one system call. A
+// sender that writes a packet per call (x/crypto/ssh writes and flushes
+// each 32 KiB packet of a channel) then costs one system call per batch
+// (up to behind's buffer size) instead of one per packet; a lone small
+// write goes out as soon as the writer yields, with no timer. A Write
+// waits only while the connection's batch is full; when every shared
+// buffer is in use it waits for its queue to empty and writes directly.
+// A failed batch fails every later Write (the bytes queued with it are
+// lost, as in a socket's own buffer when the connection breaks); Close
+// first waits, at most closeFlushWait, for what is queued to go out.
+func WrapBuffered(c net.Conn, ahead, behind *Buffers) net.Conn {
 	w := Wrap(c)
 	if rc, ok := w.(*Conn); ok {
-		rc.ahead = bufs
+		rc.ahead = ahead
+		if behind != nil {
+			rc.behind = newBehind(behind)
+		}
 	}
 	return w
 }
@@ -233,8 +259,16 @@ func (b *Buffers) Put(buf []byte) {
 }
 
 // Write writes all of p, waiting on the poller while the socket has no
-// room.
+// room; with write-behind (WrapBuffered) it may return once p is queued.
 func (c *Conn) Write(p []byte) (int, error) {
+	if c.behind != nil {
+		return c.writeBehind(p)
+	}
+	return c.writeNow(p)
+}
+
+// writeNow writes all of p to the socket before it returns.
+func (c *Conn) writeNow(p []byte) (int, error) {
 	var n int
 	var errno syscall.Errno
 	err := c.rc.Write(func(fd uintptr) bool {
@@ -265,6 +299,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // Close closes the connection and gives back a read-ahead buffer it still
 // held (a connection closed with data unread).
 func (c *Conn) Close() error {
+	if c.behind != nil {
+		_ = c.drainBehind(true)
+	}
 	err := c.Conn.Close()
 	if c.ahead != nil {
 		c.mu.Lock() // a Read waiting on the poller holds no buffer and returns now
@@ -278,11 +315,17 @@ func (c *Conn) Close() error {
 }
 
 // CloseWrite shuts the write side down when the wrapped connection can
-// (TCP, Unix stream): a forward passes a half-close on with it.
+// (TCP, Unix stream): a forward passes a half-close on with it. What was
+// written behind goes out first.
 func (c *Conn) CloseWrite() error {
 	cw, ok := c.Conn.(interface{ CloseWrite() error })
 	if !ok {
 		return c.opError("close-write", syscall.ENOTSUP)
+	}
+	if c.behind != nil {
+		if err := c.drainBehind(false); err != nil {
+			return err
+		}
 	}
 	return cw.CloseWrite()
 }

@@ -83,8 +83,9 @@ type Server struct {
 	keys *KeySet
 	srv  *gssh.Server
 	gate *gate
-	// ahead holds the connections' read-ahead buffers (see rawnet).
-	ahead *rawnet.Buffers
+	// ahead holds the connections' read-ahead buffers, behind their
+	// write-behind ones (see rawnet.WrapBuffered).
+	ahead, behind *rawnet.Buffers
 	// signers are the host keys; newKeys, those New had to make, are
 	// written by SaveKeys.
 	signers []gssh.Signer
@@ -97,6 +98,14 @@ type Server struct {
 const (
 	readAheadBuf     = 256 << 10
 	maxReadAheadBufs = 16
+)
+
+// Each SSH connection writes up to writeBehindBuf per system call from
+// maxWriteBehindBufs shared buffers (8 MiB; a bulk stream holds two: one
+// being written, one filling), held only while data waits to go out.
+const (
+	writeBehindBuf     = 256 << 10
+	maxWriteBehindBufs = 32
 )
 
 // authKey is one authorized_keys line: the key and its options.
@@ -184,7 +193,7 @@ func New(cfg Config, keys *KeySet) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, keys: keys, newKeys: newKeys, signers: signers, gate: newGate(cfg.LoginGrace, cfg.MaxStartups, cfg.PerSource, cfg.MaxConns),
-		ahead: rawnet.NewBuffers(readAheadBuf, maxReadAheadBufs)}
+		ahead: rawnet.NewBuffers(readAheadBuf, maxReadAheadBufs), behind: rawnet.NewBuffers(writeBehindBuf, maxWriteBehindBufs)}
 	fw := &forwards{s: s, log: cfg.Log, cp: newCopier(maxBigCopyBufs)}
 	s.srv = &gssh.Server{
 		Addr:                          cfg.Addr,
@@ -271,7 +280,7 @@ func (s *Server) Tracker() *Tracker { return s.cfg.Tracker }
 // onConn admits a new connection into the login window (see gate); the
 // oldest unauthenticated connections past the caps are dropped.
 func (s *Server) onConn(_ gssh.Context, c net.Conn) net.Conn {
-	gc, evicted := s.gate.admit(rawnet.WrapReadAhead(c, s.ahead))
+	gc, evicted := s.gate.admit(rawnet.WrapBuffered(c, s.ahead, s.behind))
 	for _, e := range evicted {
 		s.cfg.Log.Info("ssh: dropping an unauthenticated connection to make room", "remote", e.RemoteAddr().String())
 		e.Close()
