@@ -45,25 +45,8 @@ func TestWriteBehindStream(t *testing.T) {
 		bufs := NewBuffers(4096, max)
 		w := WrapBuffered(d, nil, bufs)
 		r := Wrap(a)
-		want := make([]byte, 4<<20)
-		rng := rand.New(rand.NewPCG(5, uint64(max)))
-		for i := range want {
-			want[i] = byte(rng.Uint32())
-		}
-		werr := make(chan error, 1)
-		go func() {
-			rest := want
-			for len(rest) > 0 {
-				n := min(1+rng.IntN(20<<10), len(rest))
-				m, err := w.Write(rest[:n])
-				if err != nil || m != n {
-					werr <- errors.Join(err, errors.New("short write"))
-					return
-				}
-				rest = rest[n:]
-			}
-			werr <- w.(*Conn).CloseWrite()
-		}()
+		want := randomBytes(4<<20, uint64(max))
+		werr := sendInPieces(w, want, 20<<10, 5)
 		got, err := io.ReadAll(r)
 		if err != nil {
 			t.Fatal(err)
@@ -140,14 +123,21 @@ func TestWriteBehindConcurrentWritesStayWhole(t *testing.T) {
 	waitAllBack(t, bufs)
 }
 
-// Close sends what was written before it: the peer reads every byte, then
-// the end.
-func TestWriteBehindCloseSendsWhatWasWritten(t *testing.T) {
+// behindPair is a loopback connection with small socket buffers whose
+// dialing end writes behind with two 64 KiB buffers.
+func behindPair(t *testing.T) (*Conn, *net.TCPConn, *Buffers) {
+	t.Helper()
 	d, a := tcpPair(t)
 	_ = d.SetWriteBuffer(32 << 10)
 	_ = a.SetReadBuffer(32 << 10)
 	bufs := NewBuffers(64<<10, 2)
-	w := WrapBuffered(d, nil, bufs)
+	return WrapBuffered(d, nil, bufs).(*Conn), a, bufs
+}
+
+// Close sends what was written before it: the peer reads every byte, then
+// the end.
+func TestWriteBehindCloseSendsWhatWasWritten(t *testing.T) {
+	w, a, bufs := behindPair(t)
 	want := bytes.Repeat([]byte("0123456789abcdef"), 64<<10) // 1 MiB
 	got := make(chan []byte, 1)
 	go func() {
@@ -170,11 +160,7 @@ func TestWriteBehindCloseSendsWhatWasWritten(t *testing.T) {
 // most closeWait, a Write waiting for room then fails, and the buffers
 // come back.
 func TestWriteBehindCloseIsBounded(t *testing.T) {
-	d, a := tcpPair(t)
-	_ = d.SetWriteBuffer(32 << 10)
-	_ = a.SetReadBuffer(32 << 10)
-	bufs := NewBuffers(64<<10, 2)
-	w := WrapBuffered(d, nil, bufs).(*Conn)
+	w, _, bufs := behindPair(t)
 	w.behind.closeWait = 100 * time.Millisecond
 	werr := make(chan error, 1)
 	go func() {

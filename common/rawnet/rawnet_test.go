@@ -40,6 +40,36 @@ func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
 	return d.(*net.TCPConn), a.(*net.TCPConn)
 }
 
+// randomBytes returns n pseudo-random bytes, the same for the same seed.
+func randomBytes(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(rng.Uint32())
+	}
+	return b
+}
+
+// sendInPieces writes want to w in writes of 1 to most bytes (sizes drawn
+// from seed), then half-closes w; the outcome comes on the channel.
+func sendInPieces(w net.Conn, want []byte, most int, seed uint64) <-chan error {
+	werr := make(chan error, 1)
+	rng := rand.New(rand.NewPCG(seed, 2))
+	go func() {
+		for rest := want; len(rest) > 0; {
+			n := min(1+rng.IntN(most), len(rest))
+			m, err := w.Write(rest[:n])
+			if err != nil || m != n {
+				werr <- errors.Join(err, errors.New("short write"))
+				return
+			}
+			rest = rest[n:]
+		}
+		werr <- w.(*Conn).CloseWrite()
+	}()
+	return werr
+}
+
 // TestStreamWithSmallBuffers moves 8 MiB through socket buffers far
 // smaller than it (so writes meet EAGAIN and wait on the poller) in
 // random-sized writes and reads, with and without read-ahead.
@@ -53,25 +83,8 @@ func TestStreamWithSmallBuffers(t *testing.T) {
 		if ahead {
 			r = WrapReadAhead(a, NewBuffers(1500, 1))
 		}
-		want := make([]byte, 8<<20)
-		rng := rand.New(rand.NewPCG(1, 2))
-		for i := range want {
-			want[i] = byte(rng.Uint32())
-		}
-		werr := make(chan error, 1)
-		go func() {
-			rest := want
-			for len(rest) > 0 {
-				n := min(1+rng.IntN(300<<10), len(rest))
-				m, err := w.Write(rest[:n])
-				if err != nil || m != n {
-					werr <- errors.Join(err, errors.New("short write"))
-					return
-				}
-				rest = rest[n:]
-			}
-			werr <- w.(*Conn).CloseWrite()
-		}()
+		want := randomBytes(8<<20, 1)
+		werr := sendInPieces(w, want, 300<<10, 2)
 		var got bytes.Buffer
 		buf := make([]byte, 64<<10)
 		rr := rand.New(rand.NewPCG(3, 4))
