@@ -71,28 +71,26 @@ func Wrap(c net.Conn) net.Conn {
 	return &Conn{Conn: c, rc: rc}
 }
 
-// WrapReadAhead is Wrap whose small reads are served from a buffer
-// filled by one system call (taken from bufs while it holds data): a
-// reader that takes a header and then a body through a small bufio (as
-// x/crypto/ssh does, 4 KiB) makes one system call per many packets instead
-// of two per packet.
-func WrapReadAhead(c net.Conn, bufs *Buffers) net.Conn {
-	return WrapBuffered(c, bufs, nil)
-}
-
-// WrapBuffered is WrapReadAhead (with ahead; none when nil) whose writes
-// are written behind (with behind; straight when nil): a Write copies into
-// a buffer taken from behind and returns, and a goroutine writes what
-// queued up while the socket took the last batch in one system call. A
-// sender that writes a packet per call (x/crypto/ssh writes and flushes
-// each 32 KiB packet of a channel) then costs one system call per batch
-// (up to behind's buffer size) instead of one per packet; a lone small
-// write goes out as soon as the writer yields, with no timer. A Write
-// waits only while the connection's batch is full; when every shared
-// buffer is in use it waits for its queue to empty and writes directly.
-// A failed batch fails every later Write (the bytes queued with it are
-// lost, as in a socket's own buffer when the connection breaks); Close
-// first waits, at most closeFlushWait, for what is queued to go out.
+// WrapBuffered is Wrap with buffered reads (ahead; none when nil) and
+// writes (behind; straight to the socket when nil), each buffer taken from
+// its bounded set only while it holds data.
+//
+// Read-ahead: small reads are served from a buffer filled by one system
+// call, so a reader that takes a header and then a body through a small
+// bufio (as x/crypto/ssh does, 4 KiB) makes one system call per many
+// packets instead of two per packet.
+//
+// Write-behind: a Write copies into a buffer and returns, and a goroutine
+// writes what queued up while the socket took the last batch in one system
+// call. A sender that writes a packet per call (x/crypto/ssh writes and
+// flushes each 32 KiB packet of a channel) then costs one system call per
+// batch (up to behind's buffer size) instead of one per packet; a small
+// write to an idle connection goes straight out. A Write waits only while
+// the connection's batch is full; when every shared buffer is in use it
+// waits for its queue to empty and writes directly. A failed batch fails
+// every later Write (the bytes queued with it are lost, as in a socket's
+// own buffer when the connection breaks); Close first waits, at most
+// closeFlushWait, for what is queued to go out.
 func WrapBuffered(c net.Conn, ahead, behind *Buffers) net.Conn {
 	w := Wrap(c)
 	if rc, ok := w.(*Conn); ok {

@@ -81,7 +81,7 @@ func TestStreamWithSmallBuffers(t *testing.T) {
 		w := Wrap(d)
 		r := Wrap(a)
 		if ahead {
-			r = WrapReadAhead(a, NewBuffers(1500, 1))
+			r = WrapBuffered(a, NewBuffers(1500, 1), nil)
 		}
 		want := randomBytes(8<<20, 1)
 		werr := sendInPieces(w, want, 300<<10, 2)
@@ -153,7 +153,7 @@ func TestDeadlinesAndClose(t *testing.T) {
 		_ = a.SetReadBuffer(64 << 10)
 		w, r := Wrap(d), Wrap(a)
 		if ahead {
-			r = WrapReadAhead(a, NewBuffers(1024, 1))
+			r = WrapBuffered(a, NewBuffers(1024, 1), nil)
 		}
 		_ = r.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		_, err := r.Read(make([]byte, 10))
@@ -223,7 +223,7 @@ func TestReadAheadBuffersBounded(t *testing.T) {
 	}
 	d1, a1 := tcpPair(t)
 	d2, a2 := tcpPair(t)
-	c1, c2 := WrapReadAhead(a1, bufs), WrapReadAhead(a2, bufs)
+	c1, c2 := WrapBuffered(a1, bufs, nil), WrapBuffered(a2, bufs, nil)
 
 	// A Read waiting for data holds no buffer.
 	got := make(chan []byte, 1)
@@ -283,7 +283,7 @@ func TestWrapWithoutDescriptor(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	if Wrap(a) != a || WrapReadAhead(b, NewBuffers(10, 1)) != b {
+	if Wrap(a) != a || WrapBuffered(b, NewBuffers(10, 1), nil) != b {
 		t.Fatal("a pipe was wrapped")
 	}
 	d, blocking := tcpPair(t)

@@ -94,7 +94,7 @@ type Server struct {
 
 // Each SSH connection reads up to readAheadBuf per system call from one of
 // maxReadAheadBufs shared buffers (4 MiB), held only while it holds unread
-// data (see rawnet.WrapReadAhead).
+// data (see rawnet.WrapBuffered).
 const (
 	readAheadBuf     = 256 << 10
 	maxReadAheadBufs = 16
