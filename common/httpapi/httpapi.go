@@ -5,6 +5,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -144,7 +145,13 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 			log.Debug("error after response was committed", "path", c.Path(), "err", err)
 			return
 		}
-		status, msg := Status(err), ""
+		status, msg := StatusFor(c, err), ""
+		if status == StatusCallerLeft {
+			// Nobody reads an answer: a caller that gives up (dstack's
+			// server after 9 s) is not the agent's internal error.
+			log.Info("the caller left before the answer", "method", c.Request().Method, "path", c.Request().URL.Path, "err", err)
+			return
+		}
 		var apiErr *Error
 		var echoErr *echo.HTTPError
 		switch {
@@ -178,6 +185,19 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 			log.Debug("write error response", "err", werr)
 		}
 	}
+}
+
+// StatusCallerLeft is the status a request whose caller went away is
+// counted under (nginx's 499): it is never written, nobody reads it.
+const StatusCallerLeft = 499
+
+// StatusFor is Status for a request: a context error once the request's
+// own context is done is its caller leaving (StatusCallerLeft).
+func StatusFor(c echo.Context, err error) int {
+	if c.Request().Context().Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return StatusCallerLeft
+	}
+	return Status(err)
 }
 
 // Status is the HTTP status ErrorHandler writes for err: an API error's,

@@ -1,8 +1,12 @@
 package httpapi
 
 import (
+	"bytes"
+	"context"
 	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -93,6 +97,38 @@ func TestServerConventions(t *testing.T) {
 				t.Fatal("405 must carry Allow")
 			}
 		})
+	}
+}
+
+// A request whose caller left (dstack's server gives up after 9 s) ends
+// in its context's error: that is logged as the caller leaving, at info,
+// not as the agent's internal error, and nothing is written. The same
+// error while the caller still waits is a 500.
+func TestCallerLeftIsNotAnInternalError(t *testing.T) {
+	var logged bytes.Buffer
+	e := NewEcho(slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	e.POST("/api/stop", func(c echo.Context) error {
+		<-c.Request().Context().Done()
+		return Internal("failed to stop", fmt.Errorf("stop: %w", c.Request().Context().Err()))
+	})
+	e.POST("/api/cancelled", func(echo.Context) error { return Internal("x", context.Canceled) })
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rec := httptest.NewRecorder()
+	e.ServeHTTP(rec, httptest.NewRequest("POST", "/api/stop", nil).WithContext(ctx))
+	if rec.Body.Len() != 0 || strings.Contains(logged.String(), "level=ERROR") || !strings.Contains(logged.String(), `level=INFO msg="the caller left before the answer"`) {
+		t.Fatalf("caller gone: wrote %d %q, logged %s", rec.Code, rec.Body, logged.String())
+	}
+	if got := StatusFor(e.NewContext(httptest.NewRequest("GET", "/", nil).WithContext(ctx), rec), context.Canceled); got != StatusCallerLeft {
+		t.Fatalf("StatusFor a caller that left: %d", got)
+	}
+
+	logged.Reset()
+	rec = httptest.NewRecorder()
+	e.ServeHTTP(rec, httptest.NewRequest("POST", "/api/cancelled", nil))
+	if rec.Code != http.StatusInternalServerError || !strings.Contains(logged.String(), "level=ERROR") {
+		t.Fatalf("a cancelled call inside, caller waiting: %d, logged %s", rec.Code, logged.String())
 	}
 }
 

@@ -131,7 +131,7 @@ func (m *Metrics) Middleware() echo.MiddlewareFunc {
 			}
 			code := c.Response().Status
 			if err != nil {
-				code = httpapi.Status(err)
+				code = httpapi.StatusFor(c, err)
 			}
 			m.requests.add(1, route, strconv.Itoa(code))
 			m.requestSeconds.observe(time.Since(start).Seconds(), route)

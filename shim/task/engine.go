@@ -196,6 +196,7 @@ type Engine struct {
 	tasks      map[string]*task
 	tombstones map[string]time.Time // removed ids (tombstone.go)
 	wg         sync.WaitGroup       // pipelines
+	stops      sync.WaitGroup       // terminates, which outlive a caller that left (stop.go)
 	recs       *records             // nil: tasks are not persisted
 	writers    writerCount          // background record writers (persist.go)
 	resources  []resource           // host resources in acquire order (resource.go)
@@ -418,4 +419,4 @@ func (e *Engine) Shutdown() { e.shutdown() }
 
 // Wait blocks until every pipeline has returned (for tests and shutdown of
 // tests; the shim itself never stops containers on exit).
-func (e *Engine) Wait() { e.wg.Wait(); e.retries.Wait() }
+func (e *Engine) Wait() { e.stops.Wait(); e.wg.Wait(); e.retries.Wait() }

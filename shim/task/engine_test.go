@@ -115,6 +115,9 @@ func (r *stepRuntime) Wait(ctx context.Context, id string) (int, error) {
 
 // Stop takes a name or an id, as Docker does.
 func (r *stepRuntime) Stop(ctx context.Context, id string, _ time.Duration) error {
+	if err := r.step(ctx, "stop"); err != nil {
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if byName, ok := r.names[id]; ok {
@@ -239,6 +242,56 @@ func TestTerminateDuringPullAndStart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A caller that gives up on a terminate (dstack's server: 9 s) gets its
+// context's error at once, and the stop it asked for still runs to its
+// end: Docker's stop is not cancelled half way, and the next call (and
+// Remove) find the task terminated.
+func TestTerminateOutlivesItsCaller(t *testing.T) {
+	rt := newStepRuntime()
+	e, _ := newEngine(t, rt)
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "t", api.TaskRunning)
+	reached, release := rt.holdAt("stop")
+	defer release()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.Terminate(ctx, "t", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, TerminationMessage: "bye"})
+		errc <- err
+	}()
+	<-reached // Docker's stop is under way
+	cancel()  // and the caller leaves
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the caller that left: %v, want its context's error", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Terminate kept a caller that left waiting for the stop")
+	}
+	if info, _ := e.Get("t"); info.Status == api.TaskTerminated {
+		t.Fatalf("terminated before Docker's stop returned: %+v", info)
+	}
+	// Docker's stop returns: with nobody asking again, the task ends (a
+	// stop tied to the caller would have seen a cancelled context and left
+	// the container running).
+	release()
+	info := waitStatus(t, e, "t", api.TaskTerminated)
+	if info.TerminationReason != api.ReasonTerminatedByUser || info.TerminationMessage != "bye" {
+		t.Fatalf("after the stop ran on: %+v, want the caller's reason", info)
+	}
+	again, err := e.Terminate(context.Background(), "t", api.TaskTerminateRequest{TerminationReason: api.ReasonContainerExitedWithError})
+	if err != nil || again.TerminationReason != api.ReasonTerminatedByUser {
+		t.Fatalf("terminate again: %+v, %v", again, err)
+	}
+	if err := e.Remove(context.Background(), "t"); err != nil {
+		t.Fatal(err)
+	}
+	e.Wait()
 }
 
 func TestGPUReleasedExactlyOnce(t *testing.T) {

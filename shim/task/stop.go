@@ -21,13 +21,51 @@ func (e *StopError) Unwrap() error { return e.Err }
 // Terminate stops a task. It returns once the task is terminated and its
 // resources released (or after TerminateWait if the pipeline is stuck).
 // Terminating a terminated task keeps its first reason.
+//
+// Once asked, the stop is the task's, not the caller's: a caller that
+// leaves (dstack's server gives up on every call after 9 s, and 64
+// containers stopping at once on a busy host take longer) gets its
+// context's error at once, while the stop and the wind-down go on to their
+// end under their own bound and the task's op lock. Cancelling Docker's
+// stop half way would leave the task running with its stop recorded, to be
+// asked again; now the next call finds it terminated.
 func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error) {
 	t, err := e.lockOp(id)
 	if err != nil {
 		return api.TaskInfoResponse{}, err
 	}
-	defer t.op.Unlock()
+	bound := time.Duration(req.Timeout)*time.Second + e.cfg.TerminateWait + dockerCallTimeout
+	own, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+	unhook := context.AfterFunc(e.life, cancel) // the shim's shutdown ends it
+	type result struct {
+		info api.TaskInfoResponse
+		err  error
+	}
+	res := make(chan result, 1)
+	e.stops.Add(1)
+	go func() {
+		defer e.stops.Done()
+		defer cancel()
+		defer unhook()
+		defer t.op.Unlock()
+		info, err := e.terminateLocked(own, t, id, req)
+		if err != nil && ctx.Err() != nil {
+			e.log.Warn("a terminate whose caller left failed", "task_id", id, "err", err)
+		}
+		res <- result{info, err}
+	}()
+	select {
+	case r := <-res:
+		return r.info, r.err
+	case <-ctx.Done():
+		e.log.Info("terminate goes on after its caller left", "task_id", id, "err", ctx.Err())
+		return api.TaskInfoResponse{}, ctx.Err()
+	}
+}
 
+// terminateLocked is Terminate's work, with t.op held; ctx is the stop's
+// own (see Terminate).
+func (e *Engine) terminateLocked(ctx context.Context, t *task, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error) {
 	t.mu.Lock()
 	if t.status == api.TaskTerminated {
 		info := e.infoLocked(t)
