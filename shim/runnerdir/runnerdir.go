@@ -53,6 +53,7 @@ type Dirs struct {
 	// a millisecond, no process) rather than a mkfs of its own (a fork and
 	// exec, 4-8 ms of CPU: 64 of them at once took the CPU from the API).
 	tmplMu sync.Mutex // one template made at a time
+	loopMu sync.Mutex // one loop attach at a time (attachLoop)
 
 	// One copy is kept ready (copied and synced in the background after
 	// each use): a start renames it into place, and its mount does not
@@ -347,7 +348,7 @@ func (d *Dirs) create(ctx context.Context, dir string) error {
 		// A new image: no loop device can back it yet, so the search
 		// through every loop device's backing file (1 ms with 64 of them)
 		// is skipped.
-		err = attachAndMount(img, dir)
+		err = d.attachAndMount(img, dir)
 	}
 	if err != nil {
 		_ = os.Remove(img)
@@ -505,7 +506,7 @@ func (d *Dirs) mount(img, dir string) error {
 		}
 		return nil
 	}
-	return attachAndMount(img, dir)
+	return d.attachAndMount(img, dir)
 }
 
 // mountData mounts each runner dir with online discard: what the job frees
@@ -516,8 +517,8 @@ func (d *Dirs) mount(img, dir string) error {
 const mountData = "discard"
 
 // attachAndMount attaches img to a new loop device and mounts it on dir.
-func attachAndMount(img, dir string) error {
-	loop, err := attachLoop(img)
+func (d *Dirs) attachAndMount(img, dir string) error {
+	loop, err := d.attachLoop(img)
 	if err != nil {
 		return err
 	}
@@ -552,7 +553,15 @@ func (d *Dirs) backing(img string) (string, bool) {
 
 // attachLoop binds img to a free loop device, which clears itself when
 // no longer used; the returned file holds it until closed.
-func attachLoop(img string) (*os.File, error) {
+//
+// The kernel names the same free device to every attach that asks before
+// one binds it, and the others get EBUSY: a burst of task starts did, and
+// with a fixed 16 tries the 17th in line fell back to an unbounded
+// directory. This shim's attaches take turns (loopMu), and one that
+// another process beats tries again after a growing pause, for about 2 s.
+func (d *Dirs) attachLoop(img string) (*os.File, error) {
+	d.loopMu.Lock()
+	defer d.loopMu.Unlock()
 	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("loop devices: %w", err)
@@ -563,7 +572,15 @@ func attachLoop(img string) (*os.File, error) {
 		return nil, err
 	}
 	defer backing.Close()
-	for range 16 { // another attach may take the free device first
+	pause := time.Millisecond
+	for try := 0; ; try++ {
+		if try > 0 { // another process took the free device first
+			if try == loopTries {
+				break
+			}
+			time.Sleep(pause)
+			pause = min(2*pause, 100*time.Millisecond)
+		}
 		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
 		if err != nil {
 			return nil, fmt.Errorf("free loop device: %w", err)
@@ -593,8 +610,11 @@ func attachLoop(img string) (*os.File, error) {
 		}
 		return loop, nil
 	}
-	return nil, errors.New("no free loop device")
+	return nil, fmt.Errorf("no free loop device after %d tries: each one was taken first", loopTries)
 }
+
+// loopTries bounds attachLoop's tries: about 2 s of pauses.
+const loopTries = 28
 
 func (d *Dirs) log() *slog.Logger {
 	if d.Log == nil {

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -381,4 +383,52 @@ func TestFreedSpaceLeavesTheImage(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("image: empty %d, with 16 MiB %d, after its removal %d bytes", empty, full, after)
+}
+
+// A burst of task starts attaches loop devices at once: the kernel hands
+// each the same free device and all but one get EBUSY. Every directory
+// must still be bounded (a directory that fell back to the shim home's
+// disk is one a job can fill).
+func TestConcurrentMakesAreAllBounded(t *testing.T) {
+	needRoot(t)
+	const n = 32
+	root := filepath.Join(t.TempDir(), "runners")
+	d := &Dirs{Size: 16 << 20}
+	t.Cleanup(d.Close)
+	paths := make([]string, n)
+	for i := range paths {
+		paths[i] = filepath.Join(root, "task-"+strconv.Itoa(i))
+		t.Cleanup(func() {
+			for range 4 {
+				_ = unix.Unmount(paths[i], unix.MNT_DETACH)
+			}
+		})
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range paths {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = d.Make(context.Background(), paths[i])
+		}()
+	}
+	wg.Wait()
+	unbounded := 0
+	for i, p := range paths {
+		if errs[i] != nil {
+			t.Errorf("%s: %v", p, errs[i])
+		}
+		if !d.mounted(p) {
+			unbounded++
+		}
+	}
+	if unbounded > 0 {
+		t.Fatalf("%d of %d runner dirs made at once are not filesystems of their own", unbounded, n)
+	}
+	for _, p := range paths {
+		if err := d.Remove(p); err != nil {
+			t.Error(err)
+		}
+	}
 }
