@@ -214,7 +214,7 @@ type Engine struct {
 // this task (they wait, never crash, on each other). Status moves only
 // through Engine.transition.
 type task struct {
-	op sync.Mutex
+	op opLock
 
 	cfg       api.TaskConfig
 	submitted time.Time // when Submit accepted it (zero for restored tasks)

@@ -276,6 +276,16 @@ func TestTerminateOutlivesItsCaller(t *testing.T) {
 	if info, _ := e.Get("t"); info.Status == api.TaskTerminated {
 		t.Fatalf("terminated before Docker's stop returned: %+v", info)
 	}
+	// Calls that come meanwhile wait for the stop, but only as long as
+	// their own callers do.
+	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancelShort()
+	if err := e.Remove(short, "t"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("remove while the stop runs: %v, want its deadline", err)
+	}
+	if _, err := e.Terminate(short, "t", api.TaskTerminateRequest{}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("terminate while the stop runs: %v, want its deadline", err)
+	}
 	// Docker's stop returns: with nobody asking again, the task ends (a
 	// stop tied to the caller would have seen a cancelled context and left
 	// the container running).

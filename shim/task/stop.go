@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -30,7 +31,7 @@ func (e *StopError) Unwrap() error { return e.Err }
 // stop half way would leave the task running with its stop recorded, to be
 // asked again; now the next call finds it terminated.
 func (e *Engine) Terminate(ctx context.Context, id string, req api.TaskTerminateRequest) (api.TaskInfoResponse, error) {
-	t, err := e.lockOp(id)
+	t, err := e.lockOp(ctx, id)
 	if err != nil {
 		return api.TaskInfoResponse{}, err
 	}
@@ -114,7 +115,7 @@ func (e *Engine) terminateLocked(ctx context.Context, t *task, id string, req ap
 
 // Remove forgets a terminated task, removing its container and runner dir.
 func (e *Engine) Remove(ctx context.Context, id string) error {
-	t, err := e.lockOp(id)
+	t, err := e.lockOp(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -172,16 +173,45 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 }
 
 // lockOp takes the task's op lock, then checks the task still exists (a
-// concurrent remove may have won the lock first).
-func (e *Engine) lockOp(id string) (*task, error) {
+// concurrent remove may have won the lock first). A caller whose context
+// ends while another holds it (a stop that outlived its caller, up to the
+// stop's bound) leaves with its context's error.
+func (e *Engine) lockOp(ctx context.Context, id string) (*task, error) {
 	t, ok := e.lookup(id)
 	if !ok {
 		return nil, ErrNotFound
 	}
-	t.op.Lock()
+	if err := t.op.Lock(ctx); err != nil {
+		return nil, err
+	}
 	if cur, ok := e.lookup(id); !ok || cur != t {
 		t.op.Unlock()
 		return nil, ErrNotFound
 	}
 	return t, nil
 }
+
+// opLock is a mutex whose waiters can give up (their context ends). Its
+// zero value is unlocked.
+type opLock struct {
+	once sync.Once
+	ch   chan struct{} // holds a value while locked
+}
+
+func (l *opLock) slot() chan struct{} {
+	l.once.Do(func() { l.ch = make(chan struct{}, 1) })
+	return l.ch
+}
+
+// Lock takes the lock, or returns ctx's error once ctx ends first.
+func (l *opLock) Lock(ctx context.Context) error {
+	select {
+	case l.slot() <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Unlock gives the lock back; it must be held.
+func (l *opLock) Unlock() { <-l.slot() }
