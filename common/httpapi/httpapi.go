@@ -14,6 +14,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"os"
 
 	"github.com/labstack/echo/v4"
 )
@@ -91,6 +92,14 @@ func decodeError(err error) *Error {
 		return Errorf(http.StatusBadRequest, "Request body contains badly-formed JSON")
 	case errors.As(err, &typeErr):
 		return Errorf(http.StatusBadRequest, "Request body contains an invalid value for the %q field (at position %d)", typeErr.Field, typeErr.Offset)
+	}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) || errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
+		// The connection, not the JSON: a body cut off by its deadline or
+		// by the gate evicting a slow one. The cause is kept (the error
+		// handler logs a closed connection quietly), and the client is
+		// not told this host's addresses.
+		return &Error{Status: http.StatusBadRequest, Message: "Request body could not be read", Err: err}
 	}
 	// Custom UnmarshalJSON errors and the like: still the client's fault.
 	return &Error{Status: http.StatusBadRequest, Message: "Request body is invalid: " + err.Error()}

@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 
@@ -129,6 +131,37 @@ func TestCallerLeftIsNotAnInternalError(t *testing.T) {
 	e.ServeHTTP(rec, httptest.NewRequest("POST", "/api/cancelled", nil))
 	if rec.Code != http.StatusInternalServerError || !strings.Contains(logged.String(), "level=ERROR") {
 		t.Fatalf("a cancelled call inside, caller waiting: %d, logged %s", rec.Code, logged.String())
+	}
+}
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// A body the connection lost (the gate evicted it, its deadline passed)
+// is a 400 that keeps its cause, so the error handler logs a closed
+// connection quietly, and says nothing of this host's addresses.
+func TestBodyLostWithTheConnection(t *testing.T) {
+	for _, cause := range []error{
+		&net.OpError{Op: "read", Net: "tcp", Source: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 33023}, Err: net.ErrClosed},
+		fmt.Errorf("read: %w", os.ErrDeadlineExceeded),
+	} {
+		req := httptest.NewRequest("POST", "/", io.MultiReader(strings.NewReader(`{"id":`), errReader{cause}))
+		err := DecodeJSON(req, httptest.NewRecorder(), &payload{})
+		var apiErr *Error
+		if !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest || !errors.Is(err, cause) ||
+			apiErr.Message != "Request body could not be read" {
+			t.Fatalf("%v: got %#v", cause, err)
+		}
+	}
+	var logged bytes.Buffer
+	e := NewEcho(slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	e.POST("/api/thing", func(c echo.Context) error { return Bind(c, &payload{}) })
+	req := httptest.NewRequest("POST", "/api/thing", errReader{&net.OpError{Op: "read", Net: "tcp", Err: net.ErrClosed}})
+	e.ServeHTTP(httptest.NewRecorder(), req)
+	if logged.Len() != 0 {
+		t.Fatalf("an evicted body logged above debug: %s", logged.String())
 	}
 }
 
