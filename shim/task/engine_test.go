@@ -149,6 +149,19 @@ func (r *stepRuntime) Remove(ctx context.Context, idOrName string) error {
 func (r *stepRuntime) LogTail(ctx context.Context, id string, n int) (string, error) { return "", nil }
 func (r *stepRuntime) GPUMode(context.Context) (string, error)                       { return "hook", nil }
 
+// running counts the containers that were started and have not exited.
+func (r *stepRuntime) running() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for id := range r.created {
+		if r.state(id).Running && !r.idle[id] {
+			n++
+		}
+	}
+	return n
+}
+
 func (r *stepRuntime) live() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()

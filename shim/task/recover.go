@@ -222,6 +222,9 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 			e.mustSave(t)
 			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", gpus)
 			e.follow(t, log)
+			if c.Running {
+				e.resumeStop(t, log)
+			}
 		}
 	}
 	// 7: labelled containers nobody has a record of.
@@ -232,6 +235,26 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		e.adopt(c) // decides again under the lock: the task table may have moved
 	}
 	return nil
+}
+
+// resumeStop carries on a terminate asked before the restart whose stop
+// had not ended (the shim died during it): the task still runs, and the
+// server, which may have been told nothing, need not ask again.
+func (e *Engine) resumeStop(t *task, log *slog.Logger) {
+	t.mu.Lock()
+	req := t.stopReq
+	t.mu.Unlock()
+	if req == nil {
+		return
+	}
+	log.Info("resuming a terminate asked before the restart", "reason", req.TerminationReason)
+	e.stops.Add(1)
+	go func() {
+		defer e.stops.Done()
+		if _, err := e.Terminate(e.life, t.cfg.ID, *req); err != nil && e.life.Err() == nil {
+			log.Warn("resuming a terminate asked before the restart", "err", err)
+		}
+	}()
 }
 
 // settleProbed moves a probed task whose container started to running: the

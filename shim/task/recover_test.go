@@ -67,6 +67,47 @@ func TestRestoreRelocksGPUsAndNeverDoubleAllocates(t *testing.T) {
 	}
 }
 
+// A shim that dies while a terminate's stop runs (the stop asked, the
+// container still up) finishes that stop once restarted, with the first
+// call's reason: nobody has to ask again.
+func TestRestartResumesAStopUnderWay(t *testing.T) {
+	rt := newStepRuntime()
+	e1, _ := newEngine(t, rt)
+	if _, err := e1.Submit(api.TaskConfig{ID: "a", Name: "a", ImageName: "img"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e1, "a", api.TaskRunning)
+	reached, release := rt.holdAt("stop")
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		_, _ = e1.Terminate(ctx, "a", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, TerminationMessage: "asked before"})
+	}()
+	<-reached
+	cancel()
+	e1.Shutdown() // the shim dies: its stop's context ends with it
+	e1.stops.Wait()
+	e1.Sync()
+	release()
+	if info, _ := e1.Get("a"); info.Status != api.TaskRunning {
+		t.Fatalf("the stop ran although the shim died: %+v", info)
+	}
+
+	e2 := New(e1.cfg, rt, gpu.NewLocks(nil), nil, logging.Discard())
+	t.Cleanup(e2.Sync)
+	if err := e2.Restore(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	info := waitStatus(t, e2, "a", api.TaskTerminated)
+	if info.TerminationReason != api.ReasonTerminatedByUser || info.TerminationMessage != "asked before" {
+		t.Fatalf("after the restart: %+v", info)
+	}
+	if rt.running() != 0 {
+		t.Fatal("the task's container still runs")
+	}
+	e2.Shutdown()
+	e2.stops.Wait()
+}
+
 // TestResubmitWithRegistryAuthAfterRestart: the record keeps only a salted
 // hash of the registry password; the server's identical re-submit after a
 // restart is still idempotent, a different password still conflicts, and
