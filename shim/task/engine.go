@@ -234,7 +234,8 @@ type task struct {
 	message   string
 	contID    string
 	ports     []api.PortMapping
-	hostKeys  []string // the runner's SSH host keys, once read
+	hostKeys  []string  // the runner's SSH host keys, once read
+	keysLook  time.Time // when learnHostKeys last looked for them
 	gpuIDs    []string
 	stopReq   *api.TaskTerminateRequest // set by terminate
 	job       *api.JobStateEvent        // the job's final state, once its runner left it

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -157,5 +158,64 @@ func TestGetFreshSeesTheJobEndAtOnce(t *testing.T) {
 	info, err := e.GetFresh("t")
 	if err != nil || info.Tandem == nil || info.Tandem.Job == nil || info.Tandem.Job.State != api.JobFailed {
 		t.Fatalf("fresh GET: %+v %v", info.Tandem, err)
+	}
+}
+
+// Host keys the runner has not written yet are looked for at most every
+// hostKeysRelook by plain GETs (pollers), at once by a fresh one (a client
+// waiting to trust the runner), and kept once found.
+func TestHostKeysLookIsSpacedOut(t *testing.T) {
+	rt := newStepRuntime()
+	e := gatedEngine(t, rt, plainDirs{})
+	at := time.Unix(1_800_000_000, 0)
+	var mu sync.Mutex
+	e.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return at }
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "t", api.TaskRunning)
+	keysOf := func(info api.TaskInfoResponse) []string {
+		if info.Tandem == nil {
+			return nil
+		}
+		return info.Tandem.HostKeys
+	}
+	if info, _ := e.Get("t"); keysOf(info) != nil {
+		t.Fatalf("keys before the runner wrote any: %v", keysOf(info))
+	}
+	tk, _ := e.lookup("t")
+	dir, err := e.runnerDir(tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC8yVbSqjrvTJsNrx0BHW0YaJvTxdnsM3I1dTKdJjLKu"
+	if err := os.WriteFile(filepath.Join(dir, api.RunnerHostKeysFile), []byte(key+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := e.Get("t"); keysOf(info) != nil {
+		t.Fatal("a plain GET looked again within hostKeysRelook")
+	}
+	mu.Lock()
+	at = at.Add(hostKeysRelook)
+	mu.Unlock()
+	if info, _ := e.Get("t"); len(keysOf(info)) != 1 || keysOf(info)[0] != key {
+		t.Fatalf("a GET hostKeysRelook later: %v", keysOf(info))
+	}
+
+	// A fresh GET looks at once.
+	if _, err := e.Submit(api.TaskConfig{ID: "u", Name: "m", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "u", api.TaskRunning)
+	_, _ = e.Get("u")
+	tu, _ := e.lookup("u")
+	if dir, err = e.runnerDir(tu); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, api.RunnerHostKeysFile), []byte(key+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := e.GetFresh("u"); len(keysOf(info)) != 1 {
+		t.Fatalf("a fresh GET: %v", keysOf(info))
 	}
 }

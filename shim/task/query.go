@@ -34,6 +34,7 @@ func (e *Engine) get(id string, fresh bool) (api.TaskInfoResponse, error) {
 	if look {
 		e.learnJob(t)
 	}
+	e.learnHostKeys(t, fresh)
 	return e.info(t), nil
 }
 
@@ -78,7 +79,6 @@ func (e *Engine) GPUIDs(id string) ([]string, error) {
 
 // info is what the API answers for t.
 func (e *Engine) info(t *task) api.TaskInfoResponse {
-	e.learnHostKeys(t)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return e.infoLocked(t)
