@@ -295,6 +295,28 @@ func (r *Runtime) Containers(ctx context.Context) ([]task.ContainerState, error)
 	return out, nil
 }
 
+// ContainerRefs lists the shim's labelled containers, stopped ones too,
+// as the list shows them: one call, no inspect of each (the reconcile
+// loop's tick; see task.Engine.Reconcile).
+func (r *Runtime) ContainerRefs(ctx context.Context) ([]task.ContainerRef, error) {
+	list, err := r.c.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", task.LabelIsTask+"=true"))})
+	if err != nil {
+		return nil, fmt.Errorf("list containers: %w", err)
+	}
+	out := make([]task.ContainerRef, 0, len(list))
+	for _, c := range list {
+		ref := task.ContainerRef{ID: c.ID, TaskID: c.Labels[task.LabelTaskID], ShimHome: c.Labels[task.LabelShimHome]}
+		for _, n := range c.Names { // its own name, not a link's alias ("/a/b")
+			if n = strings.TrimPrefix(n, "/"); !strings.Contains(n, "/") {
+				ref.Name = n
+				break
+			}
+		}
+		out = append(out, ref)
+	}
+	return out, nil
+}
+
 // Inspect returns a container's state for recovery.
 func (r *Runtime) Inspect(ctx context.Context, id string) (task.ContainerState, error) {
 	ins, err := r.c.ContainerInspect(ctx, id)

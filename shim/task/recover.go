@@ -146,9 +146,7 @@ func (e *Engine) restored(l loaded) *task {
 // containers Docker has (cases 3–5, 7). It is idempotent; the shim calls it
 // at start and on every tick until Docker answers.
 func (e *Engine) Reconcile(ctx context.Context) error {
-	lctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
-	conts, err := e.rt.Containers(lctx)
-	cancel()
+	conts, err := e.reconcileView(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -328,6 +326,71 @@ func (e *Engine) adopt(c ContainerState) {
 	e.mustSave(t)
 	log.Info("adopted a running task container", "gpus", c.GPUIDs)
 	e.follow(t, log)
+}
+
+// ContainerRef is a labelled container as Docker's list shows it.
+type ContainerRef struct {
+	ID, Name, TaskID string
+	ShimHome         string // LabelShimHome ("" if unknown)
+}
+
+// refLister is a runtime that lists its labelled containers without
+// inspecting each.
+type refLister interface {
+	ContainerRefs(ctx context.Context) ([]ContainerRef, error)
+}
+
+// reconcileView is the containers Reconcile decides on. From a runtime
+// that lists cheaply, only those a decision needs are inspected: the
+// containers of tasks not watched yet, and labelled ones no task of this
+// shim has (strays that are not another shim's and not just removed). A
+// settled host's tick is then one list call: it was an inspect of every
+// task's container every 5 s (64 a tick with 64 tasks, queued with the
+// starts of a burst in Docker).
+func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, error) {
+	lctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
+	defer cancel()
+	l, ok := e.rt.(refLister)
+	if !ok {
+		return e.rt.Containers(lctx)
+	}
+	refs, err := l.ContainerRefs(lctx)
+	if err != nil {
+		return nil, err
+	}
+	ids, names := map[string]bool{}, map[string]bool{}
+	var need []string
+	e.mu.RLock()
+	for _, t := range e.tasks {
+		t.mu.Lock()
+		if (t.status == api.TaskRunning || t.probing && t.status != api.TaskTerminated) && !t.watched {
+			if t.contID != "" {
+				ids[t.contID] = true
+			}
+			names[t.name] = true
+		}
+		t.mu.Unlock()
+	}
+	for _, r := range refs {
+		_, known := e.tasks[r.TaskID]
+		stray := r.TaskID != "" && !known && !e.buried(r.TaskID) && (r.ShimHome == "" || r.ShimHome == e.cfg.Home)
+		if stray || ids[r.ID] || names[r.Name] {
+			need = append(need, r.ID)
+		}
+	}
+	e.mu.RUnlock()
+	out := make([]ContainerState, 0, len(need))
+	for _, id := range need {
+		st, err := e.rt.Inspect(lctx, id)
+		if errors.Is(err, ErrContainerGone) {
+			continue // removed between the list and the inspect
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, st)
+	}
+	return out, nil
 }
 
 // ReconcileLoop retries Reconcile every interval until ctx ends: it settles

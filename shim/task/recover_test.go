@@ -145,6 +145,95 @@ func TestResubmitWithRegistryAuthAfterRestart(t *testing.T) {
 	}
 }
 
+// refRuntime lists cheaply (ContainerRefs) and counts inspects; taskOf
+// labels containers with a task id (strays), homeOf with a shim home.
+type refRuntime struct {
+	*stepRuntime
+	mu       sync.Mutex
+	taskOf   map[string]string
+	homeOf   map[string]string
+	inspects int
+}
+
+func (r *refRuntime) ContainerRefs(context.Context) ([]ContainerRef, error) {
+	r.stepRuntime.mu.Lock()
+	defer r.stepRuntime.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []ContainerRef
+	for id := range r.created {
+		out = append(out, ContainerRef{ID: id, Name: r.nameOf(id), TaskID: r.taskOf[id], ShimHome: r.homeOf[id]})
+	}
+	return out, nil
+}
+
+func (r *refRuntime) Inspect(ctx context.Context, id string) (ContainerState, error) {
+	st, err := r.stepRuntime.Inspect(ctx, id)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inspects++
+	st.TaskID, st.ShimHome = r.taskOf[id], r.homeOf[id]
+	return st, err
+}
+
+func (r *refRuntime) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.inspects
+	r.inspects = 0
+	return n
+}
+
+// A reconcile tick of a settled host lists and inspects nothing; a stray
+// of this shim is inspected (once) and adopted, another shim's never.
+func TestReconcileInspectsOnlyWhatItDecides(t *testing.T) {
+	rt := &refRuntime{stepRuntime: newStepRuntime(), taskOf: map[string]string{}, homeOf: map[string]string{}}
+	e, _ := newEngine(t, rt)
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := e.Submit(api.TaskConfig{ID: id, Name: id, ImageName: "img"}); err != nil {
+			t.Fatal(err)
+		}
+		waitStatus(t, e, id, api.TaskRunning)
+	}
+	rt.count()
+	if err := e.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.count(); n != 0 {
+		t.Fatalf("a tick with every task watched inspected %d containers", n)
+	}
+	ctx := context.Background()
+	stray, err := rt.Create(ctx, ContainerSpec{Name: "s-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := rt.Create(ctx, ContainerSpec{Name: "o-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt.mu.Lock()
+	rt.taskOf[stray], rt.taskOf[other], rt.homeOf[other] = "s", "o", "/another/shim"
+	rt.mu.Unlock()
+	if err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.count(); n != 1 {
+		t.Fatalf("inspected %d containers, want the stray alone", n)
+	}
+	if info, err := e.Get("s"); err != nil || info.Status != api.TaskRunning {
+		t.Fatalf("the stray: %+v %v", info, err)
+	}
+	if _, err := e.Get("o"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("another shim's container was adopted: %v", err)
+	}
+	if err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.count(); n != 0 {
+		t.Fatalf("the tick after adopting inspected %d", n)
+	}
+}
+
 // staleList answers Containers with a snapshot taken earlier: what the
 // reconcile loop holds when a Remove lands between its list and adoption.
 type staleList struct {
