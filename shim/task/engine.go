@@ -228,21 +228,21 @@ type task struct {
 	// included), for the start's timing line; set before the pipeline runs.
 	recordTook time.Duration
 
-	mu        sync.Mutex
-	status    api.TaskStatus
-	reason    api.TerminationReason
-	message   string
-	contID    string
-	ports     []api.PortMapping
-	hostKeys  []string  // the runner's SSH host keys, once read
-	keysLook  time.Time // when learnHostKeys last looked for them
-	gpuIDs    []string
-	stopReq   *api.TaskTerminateRequest // set by terminate
-	job       *api.JobStateEvent        // the job's final state, once its runner left it
-	jobLooked time.Time                 // when a GET last looked for it (jobLookEvery)
-	keysAdded bool                      // host keys are in authorized_keys
-	volumes   []string                  // volumes that may be mounted for it
-	released  bool                      // every resource it held given back (resource.go)
+	mu         sync.Mutex
+	status     api.TaskStatus
+	reason     api.TerminationReason
+	message    string
+	contID     string
+	ports      []api.PortMapping
+	hostKeys   []string  // the runner's SSH host keys, once read
+	keysLooked time.Time // when a GET last looked for them (query.go)
+	gpuIDs     []string
+	stopReq    *api.TaskTerminateRequest // set by terminate
+	job        *api.JobStateEvent        // the job's final state, once its runner left it
+	jobLooked  time.Time                 // when a GET last looked for it (jobLookEvery)
+	keysAdded  bool                      // host keys are in authorized_keys
+	volumes    []string                  // volumes that may be mounted for it
+	released   bool                      // every resource it held given back (resource.go)
 	// releasing: a release (or its retries) runs; holding: the kinds
 	// whose release failed, persisted, retried until given back.
 	releasing bool

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
@@ -253,25 +252,9 @@ func readHostKeys(dir string) ([]string, error) {
 	return keys, nil
 }
 
-// hostKeysRelook is how often answers look for host keys not written yet.
-const hostKeysRelook = 100 * time.Millisecond
-
 // learnHostKeys keeps a running task's runner host keys once it wrote
-// them (they never change); until then a GET looks again when fresh (a
-// client waiting for them) or when the last look is hostKeysRelook old.
-// Looking on every GET cost 6% of the shim's CPU in a 64-task burst,
-// whose runners start slowly.
-func (e *Engine) learnHostKeys(t *task, fresh bool) {
-	now := e.now()
-	t.mu.Lock()
-	need := t.status == api.TaskRunning && t.hostKeys == nil && (fresh || now.Sub(t.keysLook) >= hostKeysRelook)
-	if need {
-		t.keysLook = now
-	}
-	t.mu.Unlock()
-	if !need {
-		return
-	}
+// them (they never change); get decides when to look.
+func (e *Engine) learnHostKeys(t *task) {
 	dir, err := e.runnerDir(t)
 	if err != nil {
 		return

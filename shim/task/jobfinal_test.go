@@ -162,7 +162,7 @@ func TestGetFreshSeesTheJobEndAtOnce(t *testing.T) {
 }
 
 // Host keys the runner has not written yet are looked for at most every
-// hostKeysRelook by plain GETs (pollers), at once by a fresh one (a client
+// hostKeysLookEvery by plain GETs (pollers), at once by a fresh one (a client
 // waiting to trust the runner), and kept once found.
 func TestHostKeysLookIsSpacedOut(t *testing.T) {
 	rt := newStepRuntime()
@@ -193,13 +193,13 @@ func TestHostKeysLookIsSpacedOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	if info, _ := e.Get("t"); keysOf(info) != nil {
-		t.Fatal("a plain GET looked again within hostKeysRelook")
+		t.Fatal("a plain GET looked again within hostKeysLookEvery")
 	}
 	mu.Lock()
-	at = at.Add(hostKeysRelook)
+	at = at.Add(hostKeysLookEvery)
 	mu.Unlock()
 	if info, _ := e.Get("t"); len(keysOf(info)) != 1 || keysOf(info)[0] != key {
-		t.Fatalf("a GET hostKeysRelook later: %v", keysOf(info))
+		t.Fatalf("a GET hostKeysLookEvery later: %v", keysOf(info))
 	}
 
 	// A fresh GET looks at once.

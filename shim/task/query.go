@@ -30,11 +30,17 @@ func (e *Engine) get(id string, fresh bool) (api.TaskInfoResponse, error) {
 	if look {
 		t.jobLooked = now
 	}
+	lookKeys := t.status == api.TaskRunning && t.hostKeys == nil && (fresh || now.Sub(t.keysLooked) >= hostKeysLookEvery)
+	if lookKeys {
+		t.keysLooked = now
+	}
 	t.mu.Unlock()
 	if look {
 		e.learnJob(t)
 	}
-	e.learnHostKeys(t, fresh)
+	if lookKeys {
+		e.learnHostKeys(t)
+	}
 	return e.info(t), nil
 }
 
@@ -43,6 +49,12 @@ func (e *Engine) get(id string, fresh bool) (api.TaskInfoResponse, error) {
 // a state the container's exit reads anyway, and the server polls every
 // few seconds. A GET with Cache-Control: no-cache looks at once.
 const jobLookEvery = time.Second
+
+// hostKeysLookEvery spaces a running task's GETs' looks for its runner's
+// host keys until it wrote them: a file open on every GET was 6% of the
+// shim's CPU in a 64-task burst, whose runners start slowly. A fresh GET
+// (a client about to pin them) looks at once.
+const hostKeysLookEvery = 100 * time.Millisecond
 
 // lookup finds a task in the table.
 func (e *Engine) lookup(id string) (*task, bool) {

@@ -165,7 +165,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	var pending []*task
 	for _, t := range all {
 		t.mu.Lock()
-		if (t.status == api.TaskRunning || t.probing && t.status != api.TaskTerminated) && !t.watched {
+		if t.awaitsReconcile() {
 			t.watched = true
 			pending = append(pending, t)
 		}
@@ -308,9 +308,7 @@ func (e *Engine) adopt(c ContainerState) {
 	}
 	log := e.log.With("task_id", c.TaskID, "container", c.Name)
 	e.mu.Lock()
-	_, known := e.tasks[c.TaskID]
-	a := decideStray(strayView{taskID: c.TaskID, known: known, removed: e.buried(c.TaskID), running: c.Running,
-		otherShim: c.ShimHome != "" && c.ShimHome != e.cfg.Home})
+	a := e.strayOf(c.TaskID, c.ShimHome, c.Running)
 	if a == actSkip {
 		e.mu.Unlock()
 		return
@@ -326,6 +324,21 @@ func (e *Engine) adopt(c ContainerState) {
 	e.mustSave(t)
 	log.Info("adopted a running task container", "gpus", c.GPUIDs)
 	e.follow(t, log)
+}
+
+// strayOf decides a labelled container of task id, made by the shim at
+// home, that may have no task here (decideStray); e.mu held. Whether it
+// runs matters only once it is adopted.
+func (e *Engine) strayOf(id, home string, running bool) action {
+	_, known := e.tasks[id]
+	return decideStray(strayView{taskID: id, known: known, removed: e.buried(id), running: running,
+		otherShim: home != "" && home != e.cfg.Home})
+}
+
+// awaitsReconcile says whether Reconcile must still settle t against its
+// container: running or probed, and not watched yet; t.mu held.
+func (t *task) awaitsReconcile() bool {
+	return (t.status == api.TaskRunning || t.probing && t.status != api.TaskTerminated) && !t.watched
 }
 
 // ContainerRef is a labelled container as Docker's list shows it.
@@ -363,7 +376,7 @@ func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, error) {
 	e.mu.RLock()
 	for _, t := range e.tasks {
 		t.mu.Lock()
-		if (t.status == api.TaskRunning || t.probing && t.status != api.TaskTerminated) && !t.watched {
+		if t.awaitsReconcile() {
 			if t.contID != "" {
 				ids[t.contID] = true
 			}
@@ -372,9 +385,7 @@ func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, error) {
 		t.mu.Unlock()
 	}
 	for _, r := range refs {
-		_, known := e.tasks[r.TaskID]
-		stray := r.TaskID != "" && !known && !e.buried(r.TaskID) && (r.ShimHome == "" || r.ShimHome == e.cfg.Home)
-		if stray || ids[r.ID] || names[r.Name] {
+		if e.strayOf(r.TaskID, r.ShimHome, false) != actSkip || ids[r.ID] || names[r.Name] {
 			need = append(need, r.ID)
 		}
 	}
