@@ -280,12 +280,12 @@ func portsOf(ports nat.PortMap) []api.PortMapping {
 
 // Containers lists the shim's labelled containers, stopped ones included.
 func (r *Runtime) Containers(ctx context.Context) ([]task.ContainerState, error) {
-	list, err := r.c.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", task.LabelIsTask+"=true"))})
+	refs, err := r.ContainerRefs(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list containers: %w", err)
+		return nil, err
 	}
-	out := make([]task.ContainerState, 0, len(list))
-	for _, c := range list {
+	out := make([]task.ContainerState, 0, len(refs))
+	for _, c := range refs {
 		st, err := r.Inspect(ctx, c.ID)
 		if err != nil {
 			continue // removed between the list and the inspect

@@ -573,11 +573,8 @@ func (d *Dirs) attachLoop(img string) (*os.File, error) {
 	}
 	defer backing.Close()
 	pause := time.Millisecond
-	for try := 0; ; try++ {
+	for try := range loopTries {
 		if try > 0 { // another process took the free device first
-			if try == loopTries {
-				break
-			}
 			time.Sleep(pause)
 			pause = min(2*pause, 100*time.Millisecond)
 		}
