@@ -3,11 +3,14 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -97,20 +100,51 @@ func (r *Registry) Push(t testing.TB, local, repo string) string {
 	return ref
 }
 
-// FreeAddr returns a free 127.0.0.1 TCP address.
+// FreeAddr returns a free 127.0.0.1 TCP address whose port is below the
+// kernel's ephemeral range. A port from that range (what Listen(":0")
+// hands out) can be taken again by anything that binds or connects
+// without naming a port: Docker's embedded DNS listens on a random one in
+// every container on a user-defined network, and a runner inside told to
+// listen on the same number failed with "address already in use".
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+	low := ephemeralLow()
+	for range 1000 {
+		port := freeAddrFloor + rand.IntN(low-freeAddrFloor)
+		ln, err := net.Listen("tcp", ":"+strconv.Itoa(port))
 		if err != nil {
-			t.Fatal(err)
+			continue // in use
 		}
-		addr := ln.Addr().String()
 		ln.Close()
+		addr := "127.0.0.1:" + strconv.Itoa(port)
 		if handedOut.claim(addr) {
 			return addr
 		}
 	}
+	t.Fatalf("no free port in %d-%d", freeAddrFloor, low-1)
+	return ""
+}
+
+// freeAddrFloor is the lowest port FreeAddr hands out: above the
+// well-known and the agents' default ports (10999, 10022).
+const freeAddrFloor = 20000
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768
+// when it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low <= freeAddrFloor+1000 {
+		return 32768
+	}
+	return low
 }
 
 // portSet remembers the ports FreeAddr handed out in this test process.
