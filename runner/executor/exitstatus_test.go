@@ -34,6 +34,14 @@ func runJob(t *testing.T, cfg Config, commands ...string) api.JobStateEvent {
 			t.Fatal(err)
 		}
 		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
+			// The final state is pullable before the executor has
+			// written everything into its temp dir: wait for that, or
+			// the dir's removal races the last writes.
+			select {
+			case <-x.Finished():
+			case <-time.After(time.Until(deadline)):
+				t.Fatalf("job %q ended but its records were not finished", commands)
+			}
 			return p.JobStates[n-1]
 		}
 		time.Sleep(20 * time.Millisecond)
