@@ -258,6 +258,8 @@ func (a *agent) startEngine(context.Context) error {
 	}
 	a.tcfg.RunnerAPIUIDs = a.principals().AllowedUIDs
 	a.tcfg.PidsLimit = pidsLimit(a.cfg.PidsLimit)
+	warnEphemeralPorts(a.log, filepath.Join(a.cfg.HostRoot, "proc/sys/net/ipv4/ip_local_port_range"),
+		map[string]int{"runner-http-port": a.tcfg.RunnerHTTPPort, "runner-ssh-port": a.tcfg.RunnerSSHPort})
 	dirs := a.runnerDirs()
 	a.tcfg.RunnerDirs = dirs
 	dirs.Warm(filepath.Join(a.cfg.Home, "runners"))
