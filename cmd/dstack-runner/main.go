@@ -7,7 +7,7 @@ import (
 	"os"
 	"runtime/debug"
 
-	"github.com/tandem-run/tandem/common/procs"
+	_ "github.com/tandem-run/tandem/common/procs/early" // one P per four CPUs, 1 to 4, set during the inits
 	"github.com/tandem-run/tandem/runner/cli"
 )
 
@@ -21,7 +21,6 @@ func main() {
 		debug.SetMemoryLimit(18 << 20)
 		debug.SetGCPercent(400)
 	}
-	procs.Set(os.Getenv) // one P per four CPUs, 1 to 4 (common/procs)
 	if err := cli.App().Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "dstack-runner:", err)
 		os.Exit(1)

@@ -7,7 +7,7 @@ import (
 	"os"
 
 	"github.com/tandem-run/tandem/common/gctune"
-	"github.com/tandem-run/tandem/common/procs"
+	_ "github.com/tandem-run/tandem/common/procs/early" // one P per four CPUs, 1 to 4, set during the inits
 	"github.com/tandem-run/tandem/shim/cli"
 )
 
@@ -23,7 +23,6 @@ func main() {
 	if os.Getenv("GOMEMLIMIT") == "" && os.Getenv("GOGC") == "" {
 		gctune.Start(10 << 20)
 	}
-	procs.Set(os.Getenv) // one P per four CPUs, 1 to 4 (common/procs)
 	if err := cli.App().Run(os.Args); err != nil {
 		fmt.Fprintln(os.Stderr, "dstack-shim:", err)
 		os.Exit(1)
