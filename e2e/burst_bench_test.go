@@ -277,13 +277,34 @@ func bucketQuantile(buckets map[float64]float64, q float64) float64 {
 
 // processCPU is a process's user and system CPU time so far.
 func processCPU(pid int) time.Duration {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	f := procStat(pid)
+	if f == nil {
 		return 0
 	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	utime, _ := strconv.Atoi(f[11])
 	stime, _ := strconv.Atoi(f[12])
 	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+// minorFaults is the process's minor page faults so far: memory it
+// touched for the first time. Unlike its CPU time, a busy machine does not
+// move it.
+func minorFaults(pid int) int {
+	f := procStat(pid)
+	if f == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[7])
+	return n
+}
+
+// procStat is /proc/pid/stat's fields after the command's name (state
+// first), or nil.
+func procStat(pid int) []string {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return nil
+	}
+	s := string(b)
+	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 }
