@@ -195,6 +195,9 @@ func (a *agent) startComponents(ctx context.Context) error {
 	} else if info.Status == api.ComponentNotInstalled {
 		a.log.Warn("runner binary is missing; tasks will fail until it is installed", "path", a.tcfg.RunnerBinary)
 	}
+	// The shim binary is normally this process's own file: no need to run
+	// it to learn the version this process is.
+	a.shimComp.Running("/proc/self/exe", version.String())
 	if info := a.shimComp.Info(ctx); info.Status == api.ComponentError {
 		return fmt.Errorf("shim binary %s does not answer `--version` as dstack-shim", a.cfg.BinaryPath)
 	}

@@ -199,3 +199,56 @@ func TestInstallVerifiesBeforeReplacing(t *testing.T) {
 		}
 	}
 }
+
+// TestRunningSkipsTheProbeOfItsOwnFile: a path that is the running
+// executable's file (a hard link stands in for /proc/self/exe) is known
+// without running it; another file at the path, or the path replaced
+// afterwards, is probed as before.
+func TestRunningSkipsTheProbeOfItsOwnFile(t *testing.T) {
+	dir := t.TempDir()
+	count := filepath.Join(dir, "runs")
+	bin, self := filepath.Join(dir, "dstack-shim"), filepath.Join(dir, "self")
+	write := func(path, version string) {
+		s := "#!/bin/sh\necho x >> " + count + "\necho dstack-shim version " + version + "\n"
+		if err := os.WriteFile(path+".new", []byte(s), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".new", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs := func() int {
+		b, _ := os.ReadFile(count)
+		return strings.Count(string(b), "x")
+	}
+	m := &Manager{Name: api.ComponentShim, Path: bin}
+
+	// Another file at the path: nothing recorded, the probe runs it.
+	write(bin, "1")
+	write(self, "9")
+	if m.Running(self, "9") {
+		t.Fatal("Running recorded a file that is not the running one")
+	}
+	if got := m.Info(context.Background()); got.Version != "1" || runs() != 1 {
+		t.Fatalf("probe of another file: %+v runs=%d", got, runs())
+	}
+
+	// The running file itself: its version without a fork.
+	_ = os.Remove(self)
+	if err := os.Link(bin, self); err != nil {
+		t.Fatal(err)
+	}
+	m = &Manager{Name: api.ComponentShim, Path: bin}
+	if !m.Running(self, "7") {
+		t.Fatal("Running did not recognise the running file")
+	}
+	if got := m.Info(context.Background()); got.Status != api.ComponentInstalled || got.Version != "7" || runs() != 1 {
+		t.Fatalf("own file: %+v runs=%d (want version 7 and no run)", got, runs())
+	}
+
+	// Replaced since (a self-update): probed again.
+	write(bin, "2")
+	if got := m.Info(context.Background()); got.Version != "2" || runs() != 2 {
+		t.Fatalf("after replace: %+v runs=%d", got, runs())
+	}
+}
