@@ -111,23 +111,32 @@ func TestInstallingIsExclusive(t *testing.T) {
 }
 
 // The probe runs the binary once per file version, and again after any change.
-func TestProbeRunsOncePerFile(t *testing.T) {
-	dir := t.TempDir()
+// countingScripts writes scripts into dir that answer `--version` as name
+// and count their runs: write(path, version) renames a new one in (a new
+// inode), runs() is how many ran so far.
+func countingScripts(t *testing.T, dir string, name api.ComponentName) (write func(path, version string), runs func() int) {
 	count := filepath.Join(dir, "runs")
-	bin := filepath.Join(dir, "dstack-runner")
-	write := func(version string) {
-		s := "#!/bin/sh\necho x >> " + count + "\necho dstack-runner version " + version + "\n"
-		if err := os.WriteFile(bin+".new", []byte(s), 0o755); err != nil {
+	write = func(path, version string) {
+		s := "#!/bin/sh\necho x >> " + count + "\necho " + string(name) + " version " + version + "\n"
+		if err := os.WriteFile(path+".new", []byte(s), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Rename(bin+".new", bin); err != nil {
+		if err := os.Rename(path+".new", path); err != nil {
 			t.Fatal(err)
 		}
 	}
-	runs := func() int {
+	runs = func() int {
 		b, _ := os.ReadFile(count)
 		return strings.Count(string(b), "x")
 	}
+	return write, runs
+}
+
+func TestProbeRunsOncePerFile(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "dstack-runner")
+	writeAt, runs := countingScripts(t, dir, api.ComponentRunner)
+	write := func(version string) { writeAt(bin, version) }
 	m := &Manager{Name: api.ComponentRunner, Path: bin}
 	write("1")
 	for i := 0; i < 3; i++ {
@@ -206,21 +215,8 @@ func TestInstallVerifiesBeforeReplacing(t *testing.T) {
 // afterwards, is probed as before.
 func TestRunningSkipsTheProbeOfItsOwnFile(t *testing.T) {
 	dir := t.TempDir()
-	count := filepath.Join(dir, "runs")
 	bin, self := filepath.Join(dir, "dstack-shim"), filepath.Join(dir, "self")
-	write := func(path, version string) {
-		s := "#!/bin/sh\necho x >> " + count + "\necho dstack-shim version " + version + "\n"
-		if err := os.WriteFile(path+".new", []byte(s), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(path+".new", path); err != nil {
-			t.Fatal(err)
-		}
-	}
-	runs := func() int {
-		b, _ := os.ReadFile(count)
-		return strings.Count(string(b), "x")
-	}
+	write, runs := countingScripts(t, dir, api.ComponentShim)
 	m := &Manager{Name: api.ComponentShim, Path: bin}
 
 	// Another file at the path: nothing recorded, the probe runs it.
