@@ -10,10 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tandem-run/tandem/common/portrange"
 )
 
 // Registry is a real local docker-registry with htpasswd auth.
@@ -129,22 +130,14 @@ func FreeAddr(t testing.TB) string {
 // well-known and the agents' default ports (10999, 10022).
 const freeAddrFloor = 20000
 
-// ephemeralLow is the first port of the kernel's ephemeral range (32768
-// when it cannot be read).
+// ephemeralLow is the first port of the kernel's ephemeral range (a new
+// network namespace's when it cannot be read or leaves too few below it).
 func ephemeralLow() int {
-	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
-	if err != nil {
-		return 32768
+	r, err := portrange.Read(portrange.HostFile)
+	if err != nil || r.Low <= freeAddrFloor+1000 {
+		return portrange.NetnsDefault().Low
 	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 32768
-	}
-	low, err := strconv.Atoi(f[0])
-	if err != nil || low <= freeAddrFloor+1000 {
-		return 32768
-	}
-	return low
+	return r.Low
 }
 
 // portSet remembers the ports FreeAddr handed out in this test process.

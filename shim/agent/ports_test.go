@@ -2,38 +2,12 @@ package agent
 
 import (
 	"bytes"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 )
-
-func TestReadPortRange(t *testing.T) {
-	dir := t.TempDir()
-	for body, want := range map[string]string{
-		"32768\t60999\n": "32768-60999",
-		"1024 65535":     "1024-65535",
-		"":               "error",
-		"1 2 3":          "error",
-		"9 x":            "error",
-		"60999 32768":    "error",
-	} {
-		p := filepath.Join(dir, "range")
-		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		r, err := readPortRange(p)
-		got := "error"
-		if err == nil {
-			got = fmt.Sprintf("%d-%d", r.lo, r.hi)
-		}
-		if got != want {
-			t.Errorf("%q: got %s (%v), want %s", body, got, err, want)
-		}
-	}
-}
 
 func TestWarnEphemeralPorts(t *testing.T) {
 	dir := t.TempDir()
