@@ -19,7 +19,7 @@ GOTAGS         := urfave_cli_no_docs
 # go-nvml's header marks many calls deprecated; we do not use those.
 export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 
-.PHONY: all build release test vm-test unit e2e lint deps demo fuzz bench bench-table gpu-smoke fresh-check clean
+.PHONY: all build release test vm-test unit e2e lint deps demo fuzz bench bench-table gpu-smoke gpu-kit fresh-check clean
 
 all: build
 
@@ -96,11 +96,18 @@ bench-table:
 	go run ./internal/benchtable -log $(BENCH_LOG) -readme README.md
 
 ## gpu-smoke: on a machine with an NVIDIA driver: real NVML tests, then a real
-## shim runs a CUDA job through `tandem run --gpus 1` (DOCKER_BUNDLE: a dir of
-## docker binaries when no daemon runs; see the script's header)
-gpu-smoke: build
-	go test -count 1 -v -run RealNVML ./shim/gpu
-	./scripts/gpu-smoke.sh $(DOCKER_BUNDLE)
+## shim runs a CUDA job through `tandem run --gpus 1`, via the container
+## toolkit in CDI mode (DOCKER_BUNDLE: a dir of docker binaries when no
+## daemon runs; GPU_KIT: `make gpu-kit`'s file, for a machine without Go
+## or Docker; see the script's header)
+gpu-smoke: $(if $(GPU_KIT),,build)
+	GPU_KIT=$(GPU_KIT) ./scripts/gpu-smoke.sh $(DOCKER_BUNDLE)
+
+## gpu-kit: .gpu-kit/kit.tar.xz, all that gpu-smoke needs on a GPU machine
+## with only a driver: Docker 26 from Debian, NVIDIA's container toolkit
+## built from its Go module, our binaries and shim/gpu's test binary
+gpu-kit: build
+	./scripts/gpu-kit.sh $(BIN) $(CURDIR)/.gpu-kit
 
 ## fresh-check: the README's set-up promise, proven: make demo on a fresh
 ## clone in clean Debian 12, Ubuntu 22.04 and 24.04 containers (needs
