@@ -24,8 +24,9 @@ import (
 // privateDockerd starts a dockerd of the test's own (its socket, data and
 // exec roots, its own bridge), so freezing it disturbs no other test. Not
 // --bridge=none: that makes dockerd delete docker0, the machine daemon's
-// bridge, under every other test. It returns the DOCKER_HOST and the pid.
-func privateDockerd(t *testing.T) (string, int) {
+// bridge, under every other test. wrap and extra go to
+// testenv.StartDockerd. It returns the DOCKER_HOST and the pid.
+func privateDockerd(t *testing.T, wrap []string, extra ...string) (string, int) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if testenv.InCI() {
@@ -46,7 +47,7 @@ func privateDockerd(t *testing.T) (string, int) {
 		}
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", br).Run() })
-	d := testenv.StartDockerd(t, nil, 30*time.Second, "--bridge", br)
+	d := testenv.StartDockerd(t, wrap, 30*time.Second, append([]string{"--bridge", br}, extra...)...)
 	t.Cleanup(func() { _ = syscall.Kill(d.Pid, syscall.SIGCONT) }) // never leave it frozen
 	return d.Host, d.Pid
 }
@@ -56,7 +57,7 @@ func privateDockerd(t *testing.T) (string, int) {
 // task calls say 503 while recovery waits on Docker, and recovery finishes
 // once dockerd continues.
 func TestShimServesWhileDockerIsFrozen(t *testing.T) {
-	host, pid := privateDockerd(t)
+	host, pid := privateDockerd(t, nil)
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
