@@ -183,7 +183,10 @@ func (a *agent) startLog(context.Context) error {
 // startComponents checks (and with a download URL installs) the runner and
 // the shim binaries.
 func (a *agent) startComponents(ctx context.Context) error {
-	a.runnerComp = &component.Manager{Name: api.ComponentRunner, Path: a.tcfg.RunnerBinary, Log: a.log}
+	// The runner's version is kept in the home, so a restart (the server's
+	// updates, dstack's restart loop) does not run an unchanged binary.
+	a.runnerComp = &component.Manager{Name: api.ComponentRunner, Path: a.tcfg.RunnerBinary, Log: a.log,
+		VersionCache: filepath.Join(a.cfg.Home, "runner-version.json")}
 	a.shimComp = &component.Manager{Name: api.ComponentShim, Path: a.cfg.BinaryPath, Log: a.log}
 	if a.cfg.RunnerDownloadURL != "" {
 		if err := a.runnerComp.EnsureInstalled(ctx, a.cfg.RunnerDownloadURL); err != nil {

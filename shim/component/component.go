@@ -7,6 +7,7 @@ package component
 import (
 	"context"
 	"debug/elf"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -48,6 +49,11 @@ type Manager struct {
 	// CheckFile vets a download before its --version is run; nil means an
 	// ELF executable for this machine (never a script).
 	CheckFile func(path string) error
+	// VersionCache keeps the last successful probe (the file's identity and
+	// its version) across restarts, so a restarted shim does not run an
+	// unchanged binary again; "" keeps none. It lives in the shim's home:
+	// whoever can write there is root already.
+	VersionCache string
 
 	mu         sync.Mutex // guards the fields below
 	installing bool
@@ -57,23 +63,83 @@ type Manager struct {
 	known      fileID // the file whose probe succeeded
 	version    string // its version
 	lastErr    string // why the last install failed; "" after a success
+	cacheRead  bool   // VersionCache was looked at
 }
 
 // MaxDownload bounds a component download (our binaries are ~15 MB).
 const MaxDownload = 512 << 20
 
 // fileID identifies a file's content well enough to reuse a probe: an
-// install renames a new file in (new inode), an edit changes size or mtime.
+// install renames a new file in (new inode), an edit changes size, mtime
+// and always ctime (which no one can set back, unlike mtime).
 type fileID struct {
-	ino, size, mtime int64
+	Dev   uint64 `json:"dev"`
+	Ino   uint64 `json:"ino"`
+	Size  int64  `json:"size"`
+	Mtime int64  `json:"mtime_ns"`
+	Ctime int64  `json:"ctime_ns"`
 }
 
 func idOf(fi os.FileInfo) fileID {
-	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	id := fileID{Size: fi.Size(), Mtime: fi.ModTime().UnixNano()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		id.ino = int64(st.Ino)
+		id.Dev, id.Ino = uint64(st.Dev), st.Ino
+		id.Ctime = time.Unix(st.Ctim.Sec, st.Ctim.Nsec).UnixNano()
 	}
 	return id
+}
+
+// versionCache is VersionCache's content.
+type versionCache struct {
+	Path    string `json:"path"`
+	File    fileID `json:"file"`
+	Version string `json:"version"`
+}
+
+// maxVersionCache bounds what is read of VersionCache.
+const maxVersionCache = 4 << 10
+
+// readCache seeds the known file from VersionCache once, when it names
+// Path and a plausible version; anything else in it is ignored (the probe
+// runs and rewrites it). Called with mu held.
+func (m *Manager) readCache() {
+	if m.cacheRead || m.VersionCache == "" {
+		return
+	}
+	m.cacheRead = true
+	f, err := os.Open(m.VersionCache)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	var c versionCache
+	if err := json.NewDecoder(io.LimitReader(f, maxVersionCache)).Decode(&c); err != nil {
+		return
+	}
+	if c.Path != m.Path || !plausibleVersion(c.Version) || m.version != "" {
+		return
+	}
+	m.known, m.version = c.File, c.Version
+}
+
+// writeCache records a successful probe in VersionCache (best effort: a
+// failure costs a probe at the next start).
+func (m *Manager) writeCache(id fileID, version string) {
+	if m.VersionCache == "" {
+		return
+	}
+	b, err := json.Marshal(versionCache{Path: m.Path, File: id, Version: version})
+	if err == nil {
+		err = atomicfile.WriteBytes(m.VersionCache, append(b, '\n'), atomicfile.Options{Perm: 0o600})
+	}
+	if err != nil && m.Log != nil {
+		m.Log.Warn("cannot keep the component's version for the next start", "component", m.Name, "err", err)
+	}
+}
+
+// plausibleVersion is a version as `--version` prints it: one short word.
+func plausibleVersion(v string) bool {
+	return v != "" && len(v) <= 64 && !strings.ContainsFunc(v, func(r rune) bool { return r <= ' ' || r > '~' })
 }
 
 func (m *Manager) now() time.Time {
@@ -111,6 +177,7 @@ func (m *Manager) probe(ctx context.Context) (api.ComponentStatus, string) {
 	}
 	id := idOf(fi)
 	m.mu.Lock()
+	m.readCache()
 	if m.version != "" && m.known == id {
 		v := m.version
 		m.mu.Unlock()
@@ -122,6 +189,7 @@ func (m *Manager) probe(ctx context.Context) (api.ComponentStatus, string) {
 		m.mu.Lock()
 		m.known, m.version = id, version
 		m.mu.Unlock()
+		m.writeCache(id, version)
 	}
 	return status, version
 }

@@ -1,7 +1,9 @@
 package component
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -246,5 +248,84 @@ func TestRunningSkipsTheProbeOfItsOwnFile(t *testing.T) {
 	write(bin, "2")
 	if got := m.Info(context.Background()); got.Version != "2" || runs() != 2 {
 		t.Fatalf("after replace: %+v runs=%d", got, runs())
+	}
+}
+
+// TestVersionCacheSpansRestarts: a probe's result is kept in VersionCache,
+// so a new Manager (a restarted shim) knows an unchanged binary without
+// running it; a binary replaced, or edited in place with its size and
+// mtime put back (ctime still moves), is run again, and a cache that is
+// garbage, too big or about another path is ignored.
+func TestVersionCacheSpansRestarts(t *testing.T) {
+	dir := t.TempDir()
+	bin, cache := filepath.Join(dir, "dstack-runner"), filepath.Join(dir, "runner-version.json")
+	write, runs := countingScripts(t, dir, api.ComponentRunner)
+	restart := func() *Manager { return &Manager{Name: api.ComponentRunner, Path: bin, VersionCache: cache} }
+	info := func(m *Manager) api.ComponentInfo { return m.Info(context.Background()) }
+
+	write(bin, "1")
+	if got := info(restart()); got.Version != "1" || runs() != 1 {
+		t.Fatalf("first probe: %+v runs=%d", got, runs())
+	}
+	if got := info(restart()); got.Status != api.ComponentInstalled || got.Version != "1" || runs() != 1 {
+		t.Fatalf("after a restart: %+v runs=%d (want version 1 from the cache, no run)", got, runs())
+	}
+
+	write(bin, "2") // new inode
+	if got := info(restart()); got.Version != "2" || runs() != 2 {
+		t.Fatalf("replaced: %+v runs=%d", got, runs())
+	}
+
+	// Edited in place, same size, mtime put back: ctime tells.
+	fi, err := os.Stat(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(bin)
+	time.Sleep(10 * time.Millisecond) // a ctime tick apart
+	if err := os.WriteFile(bin, bytes.Replace(b, []byte("version 2"), []byte("version 3"), 1), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(bin, fi.ModTime(), fi.ModTime()); err != nil {
+		t.Fatal(err)
+	}
+	if got := info(restart()); got.Version != "3" || runs() != 3 {
+		t.Fatalf("edited in place: %+v runs=%d", got, runs())
+	}
+
+	// Caches that name the right file but must not be trusted: each
+	// claims version "cached"; the probe says 3.
+	var good versionCache
+	if b, err := os.ReadFile(cache); err != nil || json.Unmarshal(b, &good) != nil || good.Version != "3" {
+		t.Fatalf("cache after the probe: %s %v", b, err)
+	}
+	file, _ := json.Marshal(good.File)
+	for name, content := range map[string]string{
+		"trusted (control)": `{"path":"` + bin + `","file":` + string(file) + `,"version":"cached"}`,
+		"garbage":           `{"path":"` + bin + `","file":` + string(file) + `,"version":"cached"`,
+		"another path":      `{"path":"/elsewhere","file":` + string(file) + `,"version":"cached"}`,
+		"bad version":       `{"path":"` + bin + `","file":` + string(file) + `,"version":"cac hed"}`,
+		"too big":           `{"pad":"` + strings.Repeat("x", maxVersionCache) + `","path":"` + bin + `","file":` + string(file) + `,"version":"cached"}`,
+	} {
+		if err := os.WriteFile(cache, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		before := runs()
+		got := info(restart())
+		if name == "trusted (control)" {
+			if got.Version != "cached" || runs() != before {
+				t.Errorf("%s: %+v runs=%d (want the cached version, no probe)", name, got, runs()-before)
+			}
+			continue
+		}
+		if got.Version != "3" || runs() != before+1 {
+			t.Errorf("%s cache: %+v runs=%d (want a probe)", name, got, runs()-before)
+		}
+	}
+	write(bin, "3")
+	_ = info(restart())
+	before := runs()
+	if got := info(restart()); got.Version != "3" || runs() != before {
+		t.Fatalf("the rewritten cache: %+v runs=%d (want none)", got, runs()-before)
 	}
 }
