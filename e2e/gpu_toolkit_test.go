@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -138,8 +139,8 @@ func gpuWiring(t *testing.T, host, wantMode string) {
 	}
 
 	const unknown = "GPU-ffffffff-ffff-4fff-8fff-ffffffffffff"
-	if _, _, err := run("unknown-gpu", []string{unknown}); err == nil || !strings.Contains(err.Error(), unknown) {
-		t.Errorf("a GPU the CDI spec lacks: error %v, want one naming it", err)
+	if _, _, err := run("unknown-gpu", []string{unknown}); !errors.Is(err, task.ErrNoCDIDevice) || !strings.Contains(err.Error(), unknown) {
+		t.Errorf("a GPU the CDI spec lacks: error %v, want task.ErrNoCDIDevice naming it", err)
 	}
 }
 

@@ -296,9 +296,11 @@ func (a *agent) startRecovery(ctx context.Context) error {
 	})
 	go func() {
 		defer close(a.ready)
-		diskPath, answered := dockerFacts(ctx, a.rt, a.log)
-		if answered && a.vendor == api.GPUVendorNVIDIA {
-			a.engine.LearnGPUAccess() // logs how Docker reaches the GPUs, or why it cannot
+		diskPath, cdiDirs, answered := dockerFacts(ctx, a.rt, a.log)
+		// Logs how Docker reaches the GPUs, or why it cannot; through CDI,
+		// whether its specs name them.
+		if answered && a.vendor == api.GPUVendorNVIDIA && a.engine.LearnGPUAccess() {
+			checkCDISpecs(a.log, cdiDirs, a.gpus)
 		}
 		if a.cfg.ServiceMode {
 			writeHostInfo(a.cfg.Home, a.gpus, diskPath, a.log)

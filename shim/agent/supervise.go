@@ -99,19 +99,39 @@ func (s *shutdown) Stop(force bool) {
 	s.once.Do(func() { s.ch <- force })
 }
 
-// dockerFacts asks Docker, bounded, for its root dir (host_info's disk) and
-// logs its version. A daemon that does not answer leaves "/", logged, and
-// answered false.
-func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, log *slog.Logger) (diskPath string, answered bool) {
+// dockerFacts asks Docker, bounded, for its root dir (host_info's disk)
+// and the dirs it reads CDI specs from, and logs its version. A daemon that
+// does not answer leaves "/", logged, and answered false.
+func dockerFacts(ctx context.Context, rt *dockerrt.Runtime, log *slog.Logger) (diskPath string, cdiDirs []string, answered bool) {
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	info, err := rt.Client().Info(ictx)
 	if err != nil {
 		log.Error("docker is not answering; tasks will fail until it does", "err", err)
-		return "/", false
+		return "/", nil, false
 	}
 	log.Info("docker", "server_version", info.ServerVersion, "root", info.DockerRootDir, "runtimes", len(info.Runtimes))
-	return info.DockerRootDir, true
+	return info.DockerRootDir, info.CDISpecDirs, true
+}
+
+// checkCDISpecs warns at start when GPUs go to containers as CDI devices
+// but no spec in Docker's CDI dirs names some of the host's GPUs: their
+// tasks would fail at start (Docker 28.2 turns CDI on by default, spec or
+// none). It returns those GPUs' ids. A shim that sees another filesystem
+// than Docker's (in a container) may warn wrongly: it only warns.
+func checkCDISpecs(log *slog.Logger, dirs []string, gpus []gpu.GPU) []string {
+	names, problems := gpu.CDIGPUNames(dirs)
+	for _, p := range problems {
+		log.Warn("a CDI spec cannot be read; Docker skips it too", "err", p)
+	}
+	missing := gpu.CDIMissing(gpus, names)
+	if len(missing) > 0 {
+		log.Warn("Docker takes GPUs as CDI devices, but no CDI spec names these GPUs: their tasks fail to start until one does "+
+			"(on the host: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)", "gpus", missing, "spec_dirs", dirs)
+		return missing
+	}
+	log.Info("CDI specs name every GPU", "gpus", len(gpus), "spec_dirs", dirs)
+	return nil
 }
 
 // writeHostInfo writes host_info.json once (service mode).

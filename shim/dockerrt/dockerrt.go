@@ -215,6 +215,11 @@ func (r *Runtime) Start(ctx context.Context, id string) error {
 		if strings.Contains(err.Error(), "/dev/nvidia-modeset") {
 			return fmt.Errorf("start container %s: %w: %v", short(id), task.ErrNoModeset, err)
 		}
+		// Docker's own CDI and nvidia-container-runtime in CDI mode both
+		// say so through the CDI library.
+		if strings.Contains(err.Error(), "unresolvable CDI devices") {
+			return fmt.Errorf("start container %s: %w: %v", short(id), task.ErrNoCDIDevice, err)
+		}
 		return fmt.Errorf("start container %s: %w", short(id), err)
 	}
 	return nil

@@ -411,8 +411,9 @@ func (e *Engine) nvidiaCDI() bool {
 // LearnGPUAccess asks the runtime now how it reaches NVIDIA GPUs, instead
 // of on the first GPU task: the agent calls it once Docker answers, so that
 // the shim's log says at start whether GPU tasks can start. A runtime that
-// cannot tell is asked again on the first GPU task.
-func (e *Engine) LearnGPUAccess() { _ = e.nvidiaCDI() }
+// cannot tell is asked again on the first GPU task. It says whether GPUs
+// are requested as CDI devices.
+func (e *Engine) LearnGPUAccess() bool { return e.nvidiaCDI() }
 
 // Shutdown stops watching containers (they keep running; a restarted shim
 // re-attaches). Idempotent.

@@ -61,6 +61,11 @@ var ErrNothingCreated = errors.New("no container was created")
 // runtime classifies Docker's message, the engine retries without it.
 var ErrNoModeset = errors.New("no /dev/nvidia-modeset on this host")
 
+// ErrNoCDIDevice is a start refused because no CDI spec on the host names
+// a GPU the task asked for (none generated, or one older than the driver
+// or the GPUs): the fix is the host's, and says so.
+var ErrNoCDIDevice = errors.New("no CDI spec on this host names the GPU; on the host, generate one: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+
 // ContainerState is what recovery needs to know about a container.
 type ContainerState struct {
 	ID, Name, TaskID string
