@@ -210,6 +210,9 @@ smoke() {
 	echo "$out"
 	echo "[$mode] tandem run --gpus 1: exit $rc in $(secs "$start" "$end") s"
 	check "[$mode] the shim reaches the GPUs via $via" grep -q "NVIDIA GPUs reached via $via" "$work/shim-$mode.log"
+	if [ "$via" = cdi ]; then
+		check "[$mode] the shim finds every GPU named in the CDI spec" grep -q "CDI specs name every GPU" "$work/shim-$mode.log"
+	fi
 	check "[$mode] CUDA job exits 0" test "$rc" = 0
 	check "[$mode] CUDA job verified its vector add on the GPU" grep -q "CUDA OK" <<<"$out"
 	local uuid
