@@ -237,7 +237,7 @@ func TestNVIDIAFlavour(t *testing.T) {
 			if u := files["_etc_systemd_system_nvidia-fabricmanager.service.d_tandem.conf"]; !strings.Contains(u, "ExecCondition=/usr/local/lib/tandem/has-nvswitch") {
 				t.Fatalf("fabric manager drop-in: %q", u)
 			}
-			if u := files["_etc_systemd_system_nvidia-cdi-refresh.service"]; !strings.Contains(u, "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml") {
+			if u := files["_etc_systemd_system_nvidia-cdi-refresh.service"]; !strings.Contains(u, "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml") || !strings.Contains(u, "--device-name-strategy=uuid") {
 				t.Fatalf("CDI unit: %q", u)
 			}
 			if got := files["nvswitch"]; got != "nvswitch hgx: yes\nnvswitch pcie: no\n" {

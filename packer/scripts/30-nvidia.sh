@@ -68,7 +68,8 @@ Before=docker.service dstack-shim.service
 
 [Service]
 Type=oneshot
-ExecStart=/usr/bin/nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml
+# The shim asks for GPUs by UUID: name them so whatever the toolkit's default.
+ExecStart=/usr/bin/nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml --device-name-strategy=index --device-name-strategy=uuid
 
 [Install]
 WantedBy=multi-user.target
