@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -22,70 +21,51 @@ const CDIDockerSuite = "trixie"
 // libc) and docker-init.
 func CDIDocker(t testing.TB) string {
 	t.Helper()
-	dir := filepath.Join(os.TempDir(), "tandem-docker-"+CDIDockerSuite)
-	f, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		t.Fatalf("docker lock: %v", err)
-	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatalf("docker lock: %v", err)
-	}
-	defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
-	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
-		return dir
-	}
-	work, err := os.MkdirTemp("", "tandem-docker-fetch-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(work)
-	for _, d := range []string{"lists/partial", "cache/archives/partial", "debs", "root", "bin"} {
-		if err := os.MkdirAll(filepath.Join(work, d), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	sources := filepath.Join(work, "sources.list")
-	if err := os.WriteFile(sources, []byte("deb http://deb.debian.org/debian "+CDIDockerSuite+" main\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	apt := []string{"-o", "Dir::Etc::SourceList=" + sources, "-o", "Dir::Etc::SourceParts=/dev/null",
-		"-o", "Dir::State::Lists=" + filepath.Join(work, "lists"), "-o", "Dir::Cache=" + filepath.Join(work, "cache"),
-		"-o", "APT::Sandbox::User=root", "-qq"}
-	run := func(dir string, name string, args ...string) {
-		t.Helper()
-		cmd := exec.CommandContext(ctx, name, args...)
-		cmd.Dir = dir
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, tail(out, 20))
-		}
-	}
-	run(work, "apt-get", append(apt, "update")...)
-	run(filepath.Join(work, "debs"), "apt-get", append(apt, "download", "docker.io", "containerd")...)
-	debs, _ := filepath.Glob(filepath.Join(work, "debs", "*.deb"))
-	for _, d := range debs {
-		run(work, "dpkg", "-x", d, filepath.Join(work, "root"))
-	}
-	for _, b := range []string{"usr/sbin/dockerd", "usr/bin/containerd", "usr/bin/containerd-shim-runc-v2"} {
-		run(work, "cp", filepath.Join(work, "root", b), filepath.Join(work, "bin"))
-	}
-	for _, b := range []string{"runc", "docker-init"} {
-		p, err := exec.LookPath(b)
+	return machineCache(t, "tandem-docker-"+CDIDockerSuite, func(dir string) {
+		work, err := os.MkdirTemp("", "tandem-docker-fetch-")
 		if err != nil {
-			t.Fatalf("%s: %v", b, err)
-		}
-		if err := os.Symlink(p, filepath.Join(work, "bin", b)); err != nil {
 			t.Fatal(err)
 		}
-	}
-	_ = os.RemoveAll(dir)
-	if err := os.Rename(filepath.Join(work, "bin"), dir); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+		defer os.RemoveAll(work)
+		for _, d := range []string{"lists/partial", "cache/archives/partial", "debs", "root"} {
+			if err := os.MkdirAll(filepath.Join(work, d), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sources := filepath.Join(work, "sources.list")
+		if err := os.WriteFile(sources, []byte("deb http://deb.debian.org/debian "+CDIDockerSuite+" main\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		apt := []string{"-o", "Dir::Etc::SourceList=" + sources, "-o", "Dir::Etc::SourceParts=/dev/null",
+			"-o", "Dir::State::Lists=" + filepath.Join(work, "lists"), "-o", "Dir::Cache=" + filepath.Join(work, "cache"),
+			"-o", "APT::Sandbox::User=root", "-qq"}
+		run := func(cwd string, name string, args ...string) {
+			t.Helper()
+			cmd := exec.CommandContext(ctx, name, args...)
+			cmd.Dir = cwd
+			if out, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("%s %v: %v\n%s", name, args, err, tail(out, 20))
+			}
+		}
+		run(work, "apt-get", append(apt, "update")...)
+		run(filepath.Join(work, "debs"), "apt-get", append(apt, "download", "docker.io", "containerd")...)
+		debs, _ := filepath.Glob(filepath.Join(work, "debs", "*.deb"))
+		for _, d := range debs {
+			run(work, "dpkg", "-x", d, filepath.Join(work, "root"))
+		}
+		for _, b := range []string{"usr/sbin/dockerd", "usr/bin/containerd", "usr/bin/containerd-shim-runc-v2"} {
+			run(work, "cp", filepath.Join(work, "root", b), dir)
+		}
+		for _, b := range []string{"runc", "docker-init"} {
+			p, err := exec.LookPath(b)
+			if err != nil {
+				t.Fatalf("%s: %v", b, err)
+			}
+			if err := os.Symlink(p, filepath.Join(dir, b)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -20,32 +18,17 @@ const NvidiaToolkitVersion = "v1.20.2"
 // that fails fails the test: the module proxy is part of the test set-up.
 func NvidiaToolkit(t testing.TB) string {
 	t.Helper()
-	dir := filepath.Join(os.TempDir(), "tandem-nvidia-toolkit-"+NvidiaToolkitVersion)
-	f, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		t.Fatalf("toolkit lock: %v", err)
-	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatalf("toolkit lock: %v", err)
-	}
-	defer func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN) }()
-	if _, err := os.Stat(filepath.Join(dir, "done")); err == nil {
-		return dir
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	mod := "github.com/NVIDIA/nvidia-container-toolkit/cmd/"
-	cmd := exec.CommandContext(ctx, goTool(), "install", "-trimpath",
-		mod+"nvidia-container-runtime@"+NvidiaToolkitVersion, mod+"nvidia-ctk@"+NvidiaToolkitVersion)
-	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=", "CGO_CFLAGS=-O2 -Wno-deprecated-declarations")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build NVIDIA's container toolkit %s: %v\n%s", NvidiaToolkitVersion, err, tail(out, 20))
-	}
-	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return machineCache(t, "tandem-nvidia-toolkit-"+NvidiaToolkitVersion, func(dir string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		mod := "github.com/NVIDIA/nvidia-container-toolkit/cmd/"
+		cmd := exec.CommandContext(ctx, goTool(), "install", "-trimpath",
+			mod+"nvidia-container-runtime@"+NvidiaToolkitVersion, mod+"nvidia-ctk@"+NvidiaToolkitVersion)
+		cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=", "CGO_CFLAGS=-O2 -Wno-deprecated-declarations")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build NVIDIA's container toolkit %s: %v\n%s", NvidiaToolkitVersion, err, tail(out, 20))
+		}
+	})
 }
 
 // goTool is the go command on PATH, else the usual install's.
