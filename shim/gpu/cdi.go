@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 
 	"gopkg.in/yaml.v3"
 
@@ -59,7 +60,14 @@ func CDIGPUNames(dirs []string) (names []string, problems []error) {
 // cdiGPUsIn is the NVIDIA GPU device names of one spec file (YAML, of which
 // JSON is a part).
 func cdiGPUsIn(path string) ([]string, error) {
-	f, err := os.Open(path)
+	// Only a regular file (a link to one too): a FIFO would block the read,
+	// and with it the shim's start.
+	if fi, err := os.Stat(path); err != nil {
+		return nil, fmt.Errorf("CDI spec: %w", err)
+	} else if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("CDI spec %s: not a regular file (%s)", path, fi.Mode().Type())
+	}
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("CDI spec: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/tandem-run/tandem/api"
@@ -35,7 +36,8 @@ containerEdits:
 
 // TestCDIGPUNames: the NVIDIA GPU names of every spec (YAML or JSON) in
 // the dirs, once each; specs of other kinds, other files and a missing dir
-// add nothing; a spec that is garbage or too big is reported and skipped.
+// add nothing; a spec that is garbage, too big or no regular file (a FIFO
+// would block the start) is reported and skipped.
 func TestCDIGPUNames(t *testing.T) {
 	a, b := t.TempDir(), t.TempDir()
 	write := func(path, data string) {
@@ -53,14 +55,18 @@ func TestCDIGPUNames(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(b, "sub.yaml"), 0o755); err != nil {
 		t.Fatal(err)
 	}
+	if err := syscall.Mkfifo(filepath.Join(b, "fifo.yaml"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 
 	names, problems := CDIGPUNames([]string{a, filepath.Join(a, "missing"), b, a})
 	want := []string{"0", "GPU-11111111-2222-3333-4444-555555555555", "all", "GPU-aaaaaaaa-0000-0000-0000-000000000000"}
 	if !slices.Equal(names, want) {
 		t.Errorf("names %q, want %q", names, want)
 	}
-	if len(problems) != 2 || !strings.Contains(problems[0].Error(), "broken.yml") || !strings.Contains(problems[1].Error(), "huge.json: larger than") {
-		t.Errorf("problems %v, want broken.yml and huge.json", problems)
+	if len(problems) != 3 || !strings.Contains(problems[0].Error(), "broken.yml") || !strings.Contains(problems[1].Error(), "fifo.yaml: not a regular file") ||
+		!strings.Contains(problems[2].Error(), "huge.json: larger than") {
+		t.Errorf("problems %v, want broken.yml, fifo.yaml and huge.json", problems)
 	}
 }
 
