@@ -193,7 +193,7 @@ path = %q
 		t.Error("Docker's legacy NVIDIA hook ran: the runtime in CDI mode must drop it")
 	}
 	if b, _ := os.ReadFile(runtimeLog); !strings.Contains(string(b), "nvidia.com/gpu="+cdiOurs) {
-		t.Errorf("the runtime's log names no CDI device for %s:\n%s", cdiOurs, lastLines(string(b), 30))
+		t.Errorf("the runtime's log names no CDI device for %s:\n%s", cdiOurs, testenv.Tail(b, 30))
 	}
 }
 
@@ -229,9 +229,4 @@ func writeFile(t *testing.T, path, data string, mode os.FileMode) {
 	if err := os.WriteFile(path, []byte(data), mode); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

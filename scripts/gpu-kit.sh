@@ -22,22 +22,14 @@ suite=${DOCKER_SUITE:-trixie}
 nct=${NCT_VERSION:-v1.20.2}
 tmp=$(mktemp -d /tmp/gpu-kit.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/kit/bin" "$tmp/kit/tandem" "$tmp/apt/lists/partial" "$tmp/apt/cache/archives/partial" "$tmp/debs" "$tmp/root" "$out"
+mkdir -p "$tmp/kit/bin/lib" "$tmp/kit/tandem" "$out"
 
-# Docker, containerd, runc and tini from Debian's archive, through apt's own
-# client with a private source list and state (the machine's stay as they are).
-echo "deb http://deb.debian.org/debian $suite main" >"$tmp/apt/sources.list"
-apt=(-o "Dir::Etc::SourceList=$tmp/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
-	-o "Dir::State::Lists=$tmp/apt/lists" -o "Dir::Cache=$tmp/apt/cache" -o APT::Sandbox::User=root)
-apt-get "${apt[@]}" update -qq
-(cd "$tmp/debs" && apt-get "${apt[@]}" download -qq docker.io containerd runc tini libseccomp2)
-for d in "$tmp"/debs/*.deb; do dpkg -x "$d" "$tmp/root"; done
+# Docker, containerd, runc and tini from Debian's archive.
+./scripts/debian-fetch.sh "$suite" "$tmp/root" docker.io containerd runc tini libseccomp2
 cp "$tmp/root/usr/sbin/dockerd" "$tmp/root/usr/bin/containerd" "$tmp/root/usr/bin/containerd-shim-runc-v2" \
 	"$tmp/root/usr/sbin/runc" "$tmp/root/usr/sbin/docker-proxy" "$tmp/kit/bin/"
 cp "$tmp/root/usr/bin/tini-static" "$tmp/kit/bin/docker-init"
-mkdir -p "$tmp/kit/bin/lib"
 cp -L "$tmp"/root/usr/lib/x86_64-linux-gnu/libseccomp.so.2 "$tmp/kit/bin/lib/"
-echo "docker: $(dpkg-deb -f "$tmp"/debs/docker.io_*.deb Version)"
 
 # NVIDIA's container toolkit, from its Go module (cgo: NVML is dlopened).
 GOBIN="$tmp/kit/bin" CGO_CFLAGS="${CGO_CFLAGS:-} -Wno-deprecated-declarations" go install -trimpath \

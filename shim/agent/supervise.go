@@ -127,7 +127,7 @@ func checkCDISpecs(log *slog.Logger, dirs []string, gpus []gpu.GPU) []string {
 	missing := gpu.CDIMissing(gpus, names)
 	if len(missing) > 0 {
 		log.Warn("Docker takes GPUs as CDI devices, but no CDI spec names these GPUs: their tasks fail to start until one does "+
-			"(on the host: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)", "gpus", missing, "spec_dirs", dirs)
+			"(on the host: "+gpu.CDIGenerate+")", "gpus", missing, "spec_dirs", dirs)
 		return missing
 	}
 	log.Info("CDI specs name every GPU", "gpus", len(gpus), "spec_dirs", dirs)

@@ -84,7 +84,7 @@ func idOf(fi os.FileInfo) fileID {
 	id := fileID{Size: fi.Size(), Mtime: fi.ModTime().UnixNano()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		id.Dev, id.Ino = uint64(st.Dev), st.Ino
-		id.Ctime = time.Unix(st.Ctim.Sec, st.Ctim.Nsec).UnixNano()
+		id.Ctime = st.Ctim.Nano()
 	}
 	return id
 }

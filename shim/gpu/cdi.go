@@ -15,8 +15,12 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-// cdiKind is the CDI kind of NVIDIA GPUs (cdiPrefix without its "=").
+// cdiKind is the CDI kind of NVIDIA GPUs.
 const cdiKind = "nvidia.com/gpu"
+
+// CDIGenerate is the command that writes the host's NVIDIA CDI spec, for
+// the messages that tell an operator to run it.
+const CDIGenerate = "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
 
 // maxCDISpec bounds what is read of one CDI spec file (nvidia-ctk's for
 // eight GPUs is tens of KiB).

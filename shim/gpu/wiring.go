@@ -19,7 +19,7 @@ import (
 var NVIDIACapabilities = []string{"gpu", "utility", "compute", "graphics", "video", "display", "compat32"}
 
 // cdiPrefix names an NVIDIA GPU as a CDI device.
-const cdiPrefix = "nvidia.com/gpu="
+const cdiPrefix = cdiKind + "="
 
 // amdRender is the device-node prefix of AMD GPUs (their ids).
 const amdRender = "/dev/dri/renderD"

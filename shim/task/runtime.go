@@ -64,7 +64,7 @@ var ErrNoModeset = errors.New("no /dev/nvidia-modeset on this host")
 // ErrNoCDIDevice is a start refused because no CDI spec on the host names
 // a GPU the task asked for (none generated, or one older than the driver
 // or the GPUs): the fix is the host's, and says so.
-var ErrNoCDIDevice = errors.New("no CDI spec on this host names the GPU; on the host, generate one: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml")
+var ErrNoCDIDevice = errors.New("no CDI spec on this host names the GPU; on the host, generate one: " + gpu.CDIGenerate)
 
 // ContainerState is what recovery needs to know about a container.
 type ContainerState struct {
