@@ -208,6 +208,10 @@ type TaskDetails struct {
 	// once it wrote them: a client pins them instead of trusting the
 	// first key it sees.
 	HostKeys []string `json:"ssh_host_keys,omitempty"`
+	// CPU and Memory are the task's limits as submitted (cores, bytes;
+	// 0: none), so a client can show use against them.
+	CPU    float64 `json:"cpu,omitempty"`
+	Memory int64   `json:"memory,omitempty"`
 }
 
 // TaskSubmitResponse is the body of a successful POST /api/tasks. dstack's shim

@@ -117,7 +117,7 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 	if t.status != api.TaskPending && t.status != api.TaskPreparing {
 		info.ImagePullProgress = t.tracker.Progress()
 	}
-	d := &api.TaskDetails{Name: t.cfg.Name, ImageName: t.cfg.ImageName, NetworkMode: t.cfg.NetworkMode, GPU: t.cfg.GPU}
+	d := &api.TaskDetails{Name: t.cfg.Name, ImageName: t.cfg.ImageName, NetworkMode: t.cfg.NetworkMode, GPU: t.cfg.GPU, CPU: t.cfg.CPU, Memory: t.cfg.Memory}
 	if d.NetworkMode == "" {
 		d.NetworkMode = "host"
 	}
