@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
+	"github.com/tandem-run/tandem/api/shimclient"
 )
 
 // Stat is one task's resource use as `tandem stats` shows it: the CPU it
@@ -38,12 +40,18 @@ type Sampler struct {
 	o    TaskOptions
 	refs []string
 	last map[string]api.MetricsResponse // the previous sample, by task id
+	// The clients are kept from sample to sample: each holds its kept-alive
+	// connections (a stream refreshing every 2 s would otherwise leave one
+	// idle connection per task and round open for 90 s).
+	shim    *shimclient.Client
+	mu      sync.Mutex // guards runners
+	runners map[string]*runnerclient.Client // by address
 }
 
 // NewSampler samples the tasks refs name (names, ids or unique id
 // prefixes) or, with none, every task whose job runs.
 func NewSampler(o TaskOptions, refs []string) *Sampler {
-	return &Sampler{o: o, refs: refs, last: map[string]api.MetricsResponse{}}
+	return &Sampler{o: o, refs: refs, last: map[string]api.MetricsResponse{}, runners: map[string]*runnerclient.Client{}}
 }
 
 // statsParallel bounds the runners asked at once.
@@ -57,11 +65,14 @@ const statsTimeout = 5 * time.Second
 // read again every time: with no refs, tasks that started since show up
 // and ended ones leave. A ref that names no task is an error.
 func (s *Sampler) Sample(ctx context.Context) ([]Stat, error) {
-	shim, err := newShimClient(s.o.Shim, s.o.Dial, s.o.ShimToken)
-	if err != nil {
-		return nil, err
+	if s.shim == nil {
+		shim, err := newShimClient(s.o.Shim, s.o.Dial, s.o.ShimToken)
+		if err != nil {
+			return nil, err
+		}
+		s.shim = shim
 	}
-	all, err := Tasks(ctx, shim)
+	all, err := Tasks(ctx, s.shim)
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +148,7 @@ func (s *Sampler) Sample(ctx context.Context) ([]Stat, error) {
 
 // metrics asks one task's runner, within statsTimeout.
 func (s *Sampler) metrics(ctx context.Context, info api.TaskInfoResponse) (api.MetricsResponse, error) {
-	r, addr, err := runnerFor(s.o.Shim, info, s.o.Ports.HTTP, s.o.Dial)
+	r, addr, err := s.runner(info)
 	if err != nil {
 		return api.MetricsResponse{}, err
 	}
@@ -148,6 +159,30 @@ func (s *Sampler) metrics(ctx context.Context, info api.TaskInfoResponse) (api.M
 		return m, fmt.Errorf("runner at %s: %w", addr, err)
 	}
 	return m, nil
+}
+
+// runner is the client of info's runner, made once per address.
+func (s *Sampler) runner(info api.TaskInfoResponse) (*runnerclient.Client, string, error) {
+	host, err := hostOf(s.o.Shim)
+	if err != nil {
+		return nil, "", err
+	}
+	port, err := RunnerHTTPPort(info, s.o.Ports.HTTP)
+	if err != nil {
+		return nil, "", err
+	}
+	addr := joinPort(host, port)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r, ok := s.runners[addr]; ok {
+		return r, addr, nil
+	}
+	r, err := runnerclient.NewWithDialer(addr, s.o.Dial)
+	if err != nil {
+		return nil, addr, err
+	}
+	s.runners[addr] = r
+	return r, addr, nil
 }
 
 func notRunning(info api.TaskInfoResponse) string {
