@@ -44,7 +44,7 @@ type Sampler struct {
 	// connections (a stream refreshing every 2 s would otherwise leave one
 	// idle connection per task and round open for 90 s).
 	shim    *shimclient.Client
-	mu      sync.Mutex // guards runners
+	mu      sync.Mutex                      // guards runners
 	runners map[string]*runnerclient.Client // by address
 }
 
