@@ -1,0 +1,44 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/tandem-run/tandem/ctl"
+)
+
+func waitCmd() *cli.Command {
+	return &cli.Command{Name: "wait", Usage: "wait for tasks' jobs to end and print each one's exit code (as tandem run would exit)",
+		ArgsUsage:    "TASK... (names, ids or id prefixes)",
+		Flags:        append(connFlags(), runnerPortFlag),
+		BashComplete: completeTasks,
+		Action: func(c *cli.Context) error {
+			if c.NArg() == 0 {
+				return exitError{ctl.ExitFailure, "usage: tandem wait TASK..."}
+			}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			defer closeDial()
+			ctx, cancel := context.WithCancel(c.Context)
+			defer cancel()
+			stop := onSignals(cancel, cancel)
+			defer stop()
+			// In the order given, each code as its job ends, as docker
+			// wait prints them.
+			for _, ref := range c.Args().Slice() {
+				res, err := ctl.Wait(ctx, ref, taskOptions(c, dial))
+				if ctx.Err() != nil {
+					return exitError{ctl.ExitInterrupted, ""}
+				}
+				if err != nil {
+					return exitError{ctl.ExitFailure, errText(err)}
+				}
+				fmt.Fprintln(c.App.Writer, res.ExitCode())
+			}
+			return nil
+		}}
+}

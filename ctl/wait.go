@@ -1,0 +1,63 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// waitEvery is how often Wait asks after a job that has not ended.
+const waitEvery = 500 * time.Millisecond
+
+// Wait blocks until the job of the task ref names ends, and returns how it
+// ended (Result.ExitCode is the code `tandem run` would have exited with).
+// The shim's kept end is read first, then the runner's word (a peek: it
+// does not take the end from `attach`); a task that ended without its job
+// saying how (terminated before the job ran) returns the shim's reason,
+// and one removed meanwhile (tandem stop) a stopped job.
+// Ctrl-C (ctx) ends the wait with ctx's error, the job untouched.
+func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
+	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
+	if err != nil {
+		return Result{}, err
+	}
+	info, err := Resolve(ctx, shim, ref)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{TaskID: info.ID, Name: TaskName(info)}
+	for {
+		switch {
+		case JobEnded(info):
+			j := info.Tandem.Job
+			res.State, res.ExitStatus, res.Reason, res.Message = j.State, j.ExitStatus, j.TerminationReason, j.TerminationMessage
+			return res, nil
+		case info.Status == api.TaskTerminated:
+			res.Reason, res.Message = info.TerminationReason, info.TerminationMessage
+			return res, nil
+		case info.Status == api.TaskRunning:
+			if ev, ok := JobStatus(ctx, info, o); ok && ev.State.Final() {
+				res.State, res.ExitStatus, res.Reason, res.Message = ev.State, ev.ExitStatus, ev.TerminationReason, ev.TerminationMessage
+				return res, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-clockOr(o.Clock).After(waitEvery):
+		}
+		next, err := retry(ctx, o.Clock, 2*time.Minute, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, info.ID) })
+		if errors.Is(err, api.ErrNotFound) {
+			// Removed meanwhile (tandem stop terminates and removes): its
+			// job was stopped with it.
+			res.State, res.Reason = api.JobTerminated, api.ReasonTerminatedByUser
+			return res, nil
+		}
+		if err != nil {
+			return res, err
+		}
+		info = next
+	}
+}
