@@ -315,6 +315,12 @@ func JobStatus(ctx context.Context, info api.TaskInfoResponse, o TaskOptions) (a
 	if err != nil {
 		return api.JobStateEvent{}, false
 	}
+	return lastJobState(ctx, r)
+}
+
+// lastJobState peeks at the runner's last job state (it stays for the
+// next pull), within a short bound.
+func lastJobState(ctx context.Context, r *runnerclient.Client) (api.JobStateEvent, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	p, err := r.Peek(ctx, 0)

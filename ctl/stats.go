@@ -163,15 +163,10 @@ func (s *Sampler) metrics(ctx context.Context, info api.TaskInfoResponse) (api.M
 
 // runner is the client of info's runner, made once per address.
 func (s *Sampler) runner(info api.TaskInfoResponse) (*runnerclient.Client, string, error) {
-	host, err := hostOf(s.o.Shim)
+	addr, err := runnerAddr(s.o.Shim, info, s.o.Ports.HTTP)
 	if err != nil {
 		return nil, "", err
 	}
-	port, err := RunnerHTTPPort(info, s.o.Ports.HTTP)
-	if err != nil {
-		return nil, "", err
-	}
-	addr := joinPort(host, port)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r, ok := s.runners[addr]; ok {

@@ -162,17 +162,26 @@ func runnerPort(info api.TaskInfoResponse, override, reported int, hint Hint) (i
 // runnerFor returns a client of the task's runner on the shim's host, and
 // its address.
 func runnerFor(shim string, info api.TaskInfoResponse, override int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, string, error) {
-	host, err := hostOf(shim)
+	addr, err := runnerAddr(shim, info, override)
 	if err != nil {
 		return nil, "", err
+	}
+	r, err := runnerclient.NewWithDialer(addr, dial)
+	return r, addr, err
+}
+
+// runnerAddr is where the task's runner answers: the shim's host, the
+// runner's HTTP port.
+func runnerAddr(shim string, info api.TaskInfoResponse, override int) (string, error) {
+	host, err := hostOf(shim)
+	if err != nil {
+		return "", err
 	}
 	port, err := RunnerHTTPPort(info, override)
 	if err != nil {
-		return nil, "", err
+		return "", err
 	}
-	addr := joinPort(host, port)
-	r, err := runnerclient.NewWithDialer(addr, dial)
-	return r, addr, err
+	return joinPort(host, port), nil
 }
 
 // hostOf is the host part of the shim's address: the runner is on the same

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
 )
 
 // waitEvery is how often Wait asks after a job that has not ended.
@@ -28,6 +29,9 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 		return Result{}, err
 	}
 	res := Result{TaskID: info.ID, Name: TaskName(info)}
+	// One runner client for the whole wait: a client per poll would leave
+	// an idle connection to the runner open per poll, for 90 s each.
+	var r *runnerclient.Client
 	for {
 		switch {
 		case JobEnded(info):
@@ -38,7 +42,13 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 			res.Reason, res.Message = info.TerminationReason, info.TerminationMessage
 			return res, nil
 		case info.Status == api.TaskRunning:
-			if ev, ok := JobStatus(ctx, info, o); ok && ev.State.Final() {
+			if r == nil {
+				r, _, _ = runnerFor(o.Shim, info, o.Ports.HTTP, o.Dial)
+			}
+			if r == nil {
+				break // the runner's port is not known yet: the shim's word comes
+			}
+			if ev, ok := lastJobState(ctx, r); ok && ev.State.Final() {
 				res.State, res.ExitStatus, res.Reason, res.Message = ev.State, ev.ExitStatus, ev.TerminationReason, ev.TerminationMessage
 				return res, nil
 			}

@@ -192,6 +192,12 @@ func startVsDocker(b *testing.B, h *shimHarness, image, network, httpPort string
 			b.Fatal(err)
 		}
 		answer = time.Since(began)
+		// A runner can answer before the shim has marked its task running
+		// (on a fast host, in the few ms after Docker's start returns): a
+		// terminate then would abort the start and leave no timing line.
+		h.wait(cfg.ID, time.Minute, func(i api.TaskInfoResponse) bool {
+			return i.Status == api.TaskRunning || i.Status == api.TaskTerminated
+		})
 		if shape.cfg == nil { // the shape, taken from the first
 			ins, err := dc.ContainerInspect(ctx, task.ContainerName(cfg.Name, cfg.ID))
 			if err != nil {

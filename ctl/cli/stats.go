@@ -44,8 +44,8 @@ func statsCmd() *cli.Command {
 			for round := 0; ; round++ {
 				stats, err := s.Sample(ctx)
 				if err != nil {
-					if ctx.Err() != nil && round > 0 {
-						return nil // Ctrl-C ends a stream
+					if ctx.Err() != nil {
+						return nil // Ctrl-C ends the stats
 					}
 					return exitError{ctl.ExitFailure, errText(err)}
 				}
