@@ -13,7 +13,8 @@ import (
 // prints the code `tandem run` would have exited with, in the order
 // given: a job's own status, 0, and 143 for a job someone stopped; the
 // ended task's code is still there after its runner left; a name that
-// matches nothing is refused; Ctrl-C leaves the job running.
+// matches nothing is refused; Ctrl-C leaves the job running (and so does
+// attach's).
 func TestTandemWait(t *testing.T) {
 	h, shim, _ := realStack(t)
 	dir := t.TempDir()
@@ -61,6 +62,21 @@ func TestTandemWait(t *testing.T) {
 	ps, psOut, psErr := tandemIn(t, dir, nil, "ps", "--shim", shim)
 	if err := ps.Run(); err != nil || !strings.Contains(psOut.String(), "long") {
 		t.Fatalf("ps after the interrupted wait: %v %q %s", err, psOut, psErr)
+	}
+
+	// attach's Ctrl-C detaches the same way.
+	cmd, _, errb = tandemIn(t, dir, nil, "attach", "--shim", shim, "long")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	if err := cmd.Wait(); exitCodeOf(err) != ctl.ExitInterrupted || !strings.Contains(errb.String(), "detached; the job runs on") {
+		t.Fatalf("attach after Ctrl-C: exit %d %q", exitCodeOf(err), errb)
+	}
+	ps, psOut, psErr = tandemIn(t, dir, nil, "ps", "--shim", shim)
+	if err := ps.Run(); err != nil || !strings.Contains(psOut.String(), "long") {
+		t.Fatalf("ps after the detached attach: %v %q %s", err, psOut, psErr)
 	}
 
 	// A job someone stops: the waiter sees 143.

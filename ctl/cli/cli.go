@@ -52,6 +52,18 @@ func dialer(c *cli.Context) (func(context.Context, string, string) (net.Conn, er
 	return dialTo(c, c.String("ssh"))
 }
 
+// interruptible is dialer with a context that the first Ctrl-C (or
+// SIGTERM) cancels; done closes the connection and stops listening.
+func interruptible(c *cli.Context) (ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), done func(), err error) {
+	dial, closeDial, err := dialer(c)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(c.Context)
+	stop := onSignals(cancel, func() {})
+	return ctx, dial, func() { stop(); cancel(); closeDial() }, nil
+}
+
 // dialTo is dialer for the SSH target given ("" : direct).
 func dialTo(c *cli.Context, target string) (func(context.Context, string, string) (net.Conn, error), func(), error) {
 	if target == "" {

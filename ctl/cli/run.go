@@ -345,17 +345,13 @@ func attachCmd() *cli.Command {
 			if c.NArg() != 1 {
 				return exitError{ctl.ExitFailure, "usage: tandem attach TASK"}
 			}
-			dial, closeDial, err := dialer(c)
+			// Ctrl-C detaches: the job runs on.
+			ctx, dial, done, err := interruptible(c)
 			if err != nil {
 				return err
 			}
-			defer closeDial()
-			// Ctrl-C detaches: the job runs on.
-			ctx, detach := context.WithCancel(c.Context)
-			defer detach()
-			stopSignals := onSignals(detach, func() {})
 			res, err := ctl.Attach(ctx, c.Args().First(), taskOptions(c, dial), sinceFlag(c), jobOutput(c), c.App.ErrWriter)
-			stopSignals()
+			done()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}

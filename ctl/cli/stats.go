@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -27,15 +26,11 @@ func statsCmd() *cli.Command {
 			if interval < 100*time.Millisecond {
 				return exitError{ctl.ExitFailure, fmt.Sprintf("--interval %s: want 100ms or more", interval)}
 			}
-			dial, closeDial, err := dialer(c)
+			ctx, dial, done, err := interruptible(c)
 			if err != nil {
 				return err
 			}
-			defer closeDial()
-			ctx, cancel := context.WithCancel(c.Context)
-			defer cancel()
-			stop := onSignals(cancel, cancel)
-			defer stop()
+			defer done()
 			s := ctl.NewSampler(taskOptions(c, dial), c.Args().Slice())
 			screen := false
 			if f, ok := c.App.Writer.(*os.File); ok && isTerminal(f) && !c.Bool("no-stream") && c.String("output") == "text" {

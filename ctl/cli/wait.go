@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/urfave/cli/v2"
@@ -18,15 +17,11 @@ func waitCmd() *cli.Command {
 			if c.NArg() == 0 {
 				return exitError{ctl.ExitFailure, "usage: tandem wait TASK..."}
 			}
-			dial, closeDial, err := dialer(c)
+			ctx, dial, done, err := interruptible(c)
 			if err != nil {
 				return err
 			}
-			defer closeDial()
-			ctx, cancel := context.WithCancel(c.Context)
-			defer cancel()
-			stop := onSignals(cancel, cancel)
-			defer stop()
+			defer done()
 			// In the order given, each code as its job ends, as docker
 			// wait prints them.
 			for _, ref := range c.Args().Slice() {
