@@ -9,6 +9,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tandem-run/tandem/ctl"
 	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
@@ -135,8 +137,9 @@ func sshFlags(v *testenv.VM) []string {
 
 // TestCloudInitVM: a stock Debian 12 VM whose only user-data is `tandem
 // cloudinit` runs the shim under systemd (Type=notify, active), answers,
-// runs a job driven by `tandem run --ssh`, and has the shim back after a
-// reboot.
+// runs a job driven by `tandem run --ssh` (and a detached one that `tandem
+// stats` and `tandem wait` reach over the same SSH), and has the shim back
+// after a reboot.
 func TestCloudInitVM(t *testing.T) {
 	testenv.RequireDocker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -163,6 +166,21 @@ func TestCloudInitVM(t *testing.T) {
 	if out, errb, err := tandem(ctx, s, v, append([]string{"info"}, sshFlags(v)...)...); err != nil || !strings.Contains(out, "health:    ok") {
 		t.Fatalf("tandem info: %v\n%s\n%s", err, out, errb)
 	}
+	// A detached job seen over the same SSH: stats reads its runner through
+	// the tunnel, wait prints its exit code.
+	if out, errb, err := tandem(ctx, s, v, append(append([]string{"run", "-d"}, sshFlags(v)...), "--image", image, "--name", "nap", "--", "/bin/sh", "-c", "sleep 6; exit 7")...); err != nil {
+		t.Fatalf("tandem run -d --ssh: %v\n%s\n%s", err, out, errb)
+	}
+	out, errb, err = tandem(ctx, s, v, append(append([]string{"stats"}, sshFlags(v)...), "--no-stream", "--interval", "1s", "-o", "json", "nap")...)
+	var stats []ctl.Stat
+	if err != nil || json.Unmarshal([]byte(out), &stats) != nil || len(stats) != 1 || stats[0].Name != "nap" ||
+		stats[0].Error != "" || stats[0].CPUPercent == nil || stats[0].MemoryBytes == 0 {
+		t.Fatalf("tandem stats --ssh: %v\n%s\n%s", err, out, errb)
+	}
+	if out, errb, err := tandem(ctx, s, v, append(append([]string{"wait"}, sshFlags(v)...), "nap")...); err != nil || strings.TrimSpace(out) != "7" {
+		t.Fatalf("tandem wait --ssh: %v %q\n%s", err, out, errb)
+	}
+	t.Logf("over SSH: stats read %d bytes of memory in use, wait printed the job's 7", stats[0].MemoryBytes)
 
 	took := v.Reboot(ctx, 4*time.Minute)
 	waitActive(t, ctx, v, time.Minute)
