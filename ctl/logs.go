@@ -230,8 +230,7 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 		// The output was shown, then the runner left before telling the
 		// job's end: the shim knows it.
 		if ended, ok := waitJobEnd(ctx, o, info.ID); ok {
-			j := ended.Tandem.Job
-			res.State, res.ExitStatus, res.Reason, res.Message = j.State, j.ExitStatus, j.TerminationReason, j.TerminationMessage
+			res.endedWith(*ended.Tandem.Job)
 			return res, nil
 		}
 	}
@@ -280,8 +279,7 @@ func attachEnded(ctx context.Context, info api.TaskInfoResponse, o TaskOptions, 
 	if err := shim.JobLog(ctx, info.ID, out); err != nil && !errors.Is(err, api.ErrNotFound) {
 		return res, fmt.Errorf("%s: %w", DisplayName(info), err)
 	}
-	j := info.Tandem.Job
-	res.State, res.ExitStatus, res.Reason, res.Message = j.State, j.ExitStatus, j.TerminationReason, j.TerminationMessage
+	res.endedWith(*info.Tandem.Job)
 	return res, nil
 }
 

@@ -74,6 +74,11 @@ type Result struct {
 	Detached bool
 }
 
+// endedWith takes the job's end from its final state event.
+func (r *Result) endedWith(ev api.JobStateEvent) {
+	r.State, r.ExitStatus, r.Reason, r.Message = ev.State, ev.ExitStatus, ev.TerminationReason, ev.TerminationMessage
+}
+
 // Exit codes of tandem itself, docker run's where docker has one.
 const (
 	ExitFailure     = 125 // tandem could not run the job: shim, pull, flags

@@ -69,8 +69,7 @@ func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, sinc
 		}
 		ts = p.LastUpdated
 		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
-			f := p.JobStates[n-1]
-			res.State, res.ExitStatus, res.Reason, res.Message = f.State, f.ExitStatus, f.TerminationReason, f.TerminationMessage
+			res.endedWith(p.JobStates[n-1])
 			select {
 			case <-wsDone: // every byte of output shown
 			case <-clk.After(10 * time.Second):

@@ -205,21 +205,3 @@ func CPUPercent(prev, cur api.MetricsResponse) (float64, bool) {
 	}
 	return float64(cur.CPUUsageMicro-prev.CPUUsageMicro) / float64(dt) * 100, true
 }
-
-// Stats samples the tasks twice, interval apart (1 s when ≤ 0), and
-// returns the second sample: CPU use needs two.
-func Stats(ctx context.Context, o TaskOptions, refs []string, interval time.Duration) ([]Stat, error) {
-	if interval <= 0 {
-		interval = time.Second
-	}
-	s := NewSampler(o, refs)
-	if _, err := s.Sample(ctx); err != nil {
-		return nil, err
-	}
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-clockOr(o.Clock).After(interval):
-	}
-	return s.Sample(ctx)
-}

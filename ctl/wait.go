@@ -35,8 +35,7 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 	for {
 		switch {
 		case JobEnded(info):
-			j := info.Tandem.Job
-			res.State, res.ExitStatus, res.Reason, res.Message = j.State, j.ExitStatus, j.TerminationReason, j.TerminationMessage
+			res.endedWith(*info.Tandem.Job)
 			return res, nil
 		case info.Status == api.TaskTerminated:
 			res.Reason, res.Message = info.TerminationReason, info.TerminationMessage
@@ -49,7 +48,7 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 				break // the runner's port is not known yet: the shim's word comes
 			}
 			if ev, ok := lastJobState(ctx, r); ok && ev.State.Final() {
-				res.State, res.ExitStatus, res.Reason, res.Message = ev.State, ev.ExitStatus, ev.TerminationReason, ev.TerminationMessage
+				res.endedWith(ev)
 				return res, nil
 			}
 		}
