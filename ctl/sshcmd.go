@@ -194,3 +194,77 @@ func SSHConfigEntry(alias, taskID, shim string, ep SSHEndpoint) (string, error) 
 	}
 	return b.String(), nil
 }
+
+// CopyTarget splits one argument of tandem cp: TASK:PATH names a path in
+// a task's container, anything else a local path. As docker cp reads its
+// arguments, a path that starts with / or . is local whatever colons it
+// holds (./a:b), and so is one whose part before the colon cannot be a
+// task's name or id.
+func CopyTarget(arg string) (task, path string, remote bool) {
+	if arg == "" || strings.HasPrefix(arg, "/") || strings.HasPrefix(arg, ".") {
+		return "", arg, false
+	}
+	task, path, ok := strings.Cut(arg, ":")
+	if !ok || task == "" || (ident.TaskName(task) != nil && ident.TaskID(task) != nil) {
+		return "", arg, false
+	}
+	return task, path, true
+}
+
+// SCPCommand returns the OpenSSH scp argv that copies src to dst, one of
+// them TASK:PATH in a running task's container, through the runner's SSH
+// server with the same endpoint as tandem ssh (its pinned host key, the
+// jump host). Modes and times are kept (-p); recursive copies directories.
+// An empty PATH is the login's home, as scp reads host:.
+func SCPCommand(ctx context.Context, o SSHOptions, src, dst string, recursive bool) ([]string, error) {
+	st, sp, sRemote := CopyTarget(src)
+	dt, dp, dRemote := CopyTarget(dst)
+	if sRemote == dRemote {
+		return nil, fmt.Errorf("tandem cp copies between this machine and one task: give exactly one side as TASK:PATH (got %q and %q)", src, dst)
+	}
+	ref, rpath := st, sp
+	if dRemote {
+		ref, rpath = dt, dp
+	}
+	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
+	if err != nil {
+		return nil, err
+	}
+	info, err := Resolve(ctx, shim, ref)
+	if err != nil {
+		return nil, err
+	}
+	if info.Status != api.TaskRunning {
+		return nil, fmt.Errorf("task %s is %s; cp needs a running task", DisplayName(info), info.Status)
+	}
+	ep, err := Endpoint(info, o)
+	if err != nil {
+		return nil, err
+	}
+	argv := []string{"scp", "-p"}
+	if recursive {
+		argv = append(argv, "-r")
+	}
+	for _, kv := range ep.Options() {
+		argv = append(argv, "-o", kv[0]+"="+kv[1])
+	}
+	host := ep.Host
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	remote := ep.User + "@" + host + ":" + rpath
+	// "--" ends scp's options: a local path that starts with "-" is a path.
+	if sRemote {
+		return append(argv, "--", remote, localForSCP(dp)), nil
+	}
+	return append(argv, "--", localForSCP(sp), remote), nil
+}
+
+// localForSCP keeps scp from reading a local path as host:path: scp takes
+// a colon before any slash for a remote one, so such a path gets "./".
+func localForSCP(p string) string {
+	if i := strings.IndexByte(p, ':'); i >= 0 && !strings.Contains(p[:i], "/") {
+		return "./" + p
+	}
+	return p
+}

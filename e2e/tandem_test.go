@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	crand "crypto/rand"
 	"encoding/json"
 	"net"
 	"os"
@@ -185,6 +186,24 @@ func TestTandemOverSSH(t *testing.T) {
 	if err := cmd.Run(); err != nil || strings.TrimSpace(out.String()) != "via-the-jump" {
 		t.Fatalf("tandem ssh over --ssh with --known-hosts: %v %q %q", err, out, errb)
 	}
+	// tandem cp takes the same jump (scp with the hop's ProxyCommand), with
+	// the task's host key pinned, both ways.
+	up := filepath.Join(t.TempDir(), "up.txt")
+	if err := os.WriteFile(up, []byte("over the jump\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	down := filepath.Join(t.TempDir(), "down.txt")
+	for _, args := range [][]string{{up, "jumped:/tmp/up.txt"}, {"jumped:/tmp/up.txt", down}} {
+		cmd, out, errb = tandemIn(t, dir, nil, append([]string{"cp", "--ssh", sshd.User + "@" + sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts,
+			"--shim", shim}, args...)...)
+		cmd.Stdin = nil
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("tandem cp %q over --ssh: %v %q %q", args, err, out, errb)
+		}
+	}
+	if got, err := os.ReadFile(down); err != nil || string(got) != "over the jump\n" {
+		t.Fatalf("tandem cp over --ssh, back: %q %v", got, err)
+	}
 	cmd, _, errb = tandemIn(t, dir, nil, "rm", "-f", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts, "--shim", shim, "jumped")
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("rm over ssh: %v %s", err, errb)
@@ -349,6 +368,50 @@ func TestTandemSSHIntoTask(t *testing.T) {
 	}
 	if ssh2, o2, e2 := tandem(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "exit", "5"); exitCodeOf(ssh2.Run()) != 5 {
 		t.Fatalf("exit status through tandem ssh: %q %q", o2, e2)
+	}
+
+	// tandem cp: a file and a directory up to the task and back down,
+	// through the runner's SSH server (OpenSSH's scp, over its sftp).
+	src, back := t.TempDir(), t.TempDir()
+	data := make([]byte, 1<<20)
+	_, _ = crand.Read(data)
+	if err := os.WriteFile(filepath.Join(src, "data.bin"), data, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(src, "tree", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "tree", "sub", "f.txt"), []byte("nested\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cp := func(args ...string) (int, string) {
+		cmd, o, e := tandem(t, append([]string{"cp", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key}, args...)...)
+		return exitCodeOf(cmd.Run()), o.String() + e.String()
+	}
+	for _, args := range [][]string{
+		{filepath.Join(src, "data.bin"), task + ":/tmp/up.bin"},
+		{"-r", filepath.Join(src, "tree"), task + ":/tmp/tree"},
+		{task + ":/tmp/up.bin", filepath.Join(back, "down.bin")},
+		{"-r", task + ":/tmp/tree", filepath.Join(back, "tree")},
+	} {
+		if code, out := cp(args...); code != 0 {
+			t.Fatalf("tandem cp %q: exit %d: %s", args, code, out)
+		}
+	}
+	if got, err := os.ReadFile(filepath.Join(back, "down.bin")); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("the file back from the task differs (%d of %d bytes): %v", len(got), len(data), err)
+	}
+	if fi, err := os.Stat(filepath.Join(back, "down.bin")); err != nil || fi.Mode().Perm() != 0o640 {
+		t.Fatalf("mode not kept: %v %v", fi.Mode(), err)
+	}
+	if got, err := os.ReadFile(filepath.Join(back, "tree", "sub", "f.txt")); err != nil || string(got) != "nested\n" {
+		t.Fatalf("the directory back from the task: %q %v", got, err)
+	}
+	if code, out := cp(filepath.Join(src, "data.bin"), filepath.Join(back, "x")); code == 0 || !strings.Contains(out, "exactly one side") {
+		t.Fatalf("two local paths: exit %d: %s", code, out)
+	}
+	if code, _ := cp(task+":/no/such/file", filepath.Join(back, "y")); code == 0 {
+		t.Fatal("a missing file in the task copied without an error")
 	}
 }
 

@@ -217,21 +217,60 @@ func sshCmd() *cli.Command {
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
-			bin, err := exec.LookPath("ssh")
-			if err != nil {
-				return exitError{ctl.ExitFailure, "the OpenSSH client (ssh) is not installed"}
+			return runOpenSSH(c, argv)
+		}}
+}
+
+func cpCmd() *cli.Command {
+	return &cli.Command{Name: "cp", Usage: "copy files between this machine and a task's container (TASK:PATH on one side, as docker cp)",
+		ArgsUsage: "SRC DST",
+		Description: "One of SRC and DST is TASK:PATH (a relative PATH is from the login's home). It runs OpenSSH's scp through the\n" +
+			"runner's SSH server, the way tandem ssh connects (the task's pinned host key, --ssh as the jump host);\n" +
+			"modes and times are kept. Examples:\n  tandem cp ./data train:/workflow/data\n  tandem cp -r train:/workflow/checkpoints ./ckpt",
+		Flags: append(connFlags(), runnerSSHPortFlag,
+			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"},
+			&cli.BoolFlag{Name: "recursive", Aliases: []string{"r"}, Usage: "copy directories"}),
+		BashComplete: completeTasks,
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 2 {
+				return exitError{ctl.ExitFailure, "usage: tandem cp [-r] SRC DST (one of them TASK:PATH)"}
 			}
-			cmd := exec.Command(bin, argv[1:]...)
-			cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
-			if err := cmd.Run(); err != nil {
-				var ee *exec.ExitError
-				if errors.As(err, &ee) {
-					return exitError{ee.ExitCode(), ""}
-				}
+			dial, closeDial, err := dialer(c)
+			if err != nil {
+				return err
+			}
+			pins := ""
+			if f, err := sshConfig(); err == nil {
+				pins = f.PinDir()
+			}
+			argv, err := ctl.SCPCommand(c.Context, ctl.SSHOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"),
+				RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts"),
+				User: c.String("user"), Dial: dial, PinDir: pins}, c.Args().Get(0), c.Args().Get(1), c.Bool("recursive"))
+			closeDial()
+			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
-			return nil
+			return runOpenSSH(c, argv)
 		}}
+}
+
+// runOpenSSH runs an OpenSSH client argv (ssh, scp) on this terminal and
+// exits with its status.
+func runOpenSSH(c *cli.Context, argv []string) error {
+	bin, err := exec.LookPath(argv[0])
+	if err != nil {
+		return exitError{ctl.ExitFailure, "the OpenSSH client (" + argv[0] + ") is not installed"}
+	}
+	cmd := exec.Command(bin, argv[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return exitError{ee.ExitCode(), ""}
+		}
+		return exitError{ctl.ExitFailure, errText(err)}
+	}
+	return nil
 }
 
 // removeTasks resolves each ref and removes it; errors are reported per
