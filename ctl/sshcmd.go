@@ -145,28 +145,41 @@ func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
 	return ep, nil
 }
 
-// SSHCommand returns the OpenSSH client argv that opens a shell (or runs
-// command) in the task's container through the runner's SSH server.
-func SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string) ([]string, error) {
+// runningEndpoint resolves ref to a running task and returns its SSH
+// endpoint; verb names the command in the refusal of a task that is not
+// running.
+func runningEndpoint(ctx context.Context, ref string, o SSHOptions, verb string) (SSHEndpoint, error) {
 	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 	if err != nil {
-		return nil, err
+		return SSHEndpoint{}, err
 	}
 	info, err := Resolve(ctx, shim, ref)
 	if err != nil {
-		return nil, err
+		return SSHEndpoint{}, err
 	}
 	if info.Status != api.TaskRunning {
-		return nil, fmt.Errorf("task %s is %s; ssh needs a running task", DisplayName(info), info.Status)
+		return SSHEndpoint{}, fmt.Errorf("task %s is %s; %s needs a running task", DisplayName(info), info.Status, verb)
 	}
-	ep, err := Endpoint(info, o)
+	return Endpoint(info, o)
+}
+
+// optionArgs are Options as OpenSSH client arguments (-o Key=value).
+func (e SSHEndpoint) optionArgs() []string {
+	var args []string
+	for _, kv := range e.Options() {
+		args = append(args, "-o", kv[0]+"="+kv[1])
+	}
+	return args
+}
+
+// SSHCommand returns the OpenSSH client argv that opens a shell (or runs
+// command) in the task's container through the runner's SSH server.
+func SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string) ([]string, error) {
+	ep, err := runningEndpoint(ctx, ref, o, "ssh")
 	if err != nil {
 		return nil, err
 	}
-	argv := []string{"ssh"}
-	for _, kv := range ep.Options() {
-		argv = append(argv, "-o", kv[0]+"="+kv[1])
-	}
+	argv := append([]string{"ssh"}, ep.optionArgs()...)
 	argv = append(argv, ep.User+"@"+ep.Host)
 	return append(argv, command...), nil
 }
@@ -226,18 +239,7 @@ func SCPCommand(ctx context.Context, o SSHOptions, src, dst string, recursive bo
 	if dRemote {
 		ref, rpath = dt, dp
 	}
-	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
-	if err != nil {
-		return nil, err
-	}
-	info, err := Resolve(ctx, shim, ref)
-	if err != nil {
-		return nil, err
-	}
-	if info.Status != api.TaskRunning {
-		return nil, fmt.Errorf("task %s is %s; cp needs a running task", DisplayName(info), info.Status)
-	}
-	ep, err := Endpoint(info, o)
+	ep, err := runningEndpoint(ctx, ref, o, "cp")
 	if err != nil {
 		return nil, err
 	}
@@ -245,9 +247,7 @@ func SCPCommand(ctx context.Context, o SSHOptions, src, dst string, recursive bo
 	if recursive {
 		argv = append(argv, "-r")
 	}
-	for _, kv := range ep.Options() {
-		argv = append(argv, "-o", kv[0]+"="+kv[1])
-	}
+	argv = append(argv, ep.optionArgs()...)
 	host := ep.Host
 	if strings.Contains(host, ":") {
 		host = "[" + host + "]"

@@ -195,24 +195,17 @@ func logsCmd() *cli.Command {
 
 func sshCmd() *cli.Command {
 	return &cli.Command{Name: "ssh", Usage: "open a shell (or run a command) in a task's container", ArgsUsage: "TASK [-- COMMAND...]",
-		Flags: append(connFlags(), runnerSSHPortFlag,
-			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"}),
+		Flags:        taskSSHFlags(),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 1 {
 				return exitError{ctl.ExitFailure, "usage: tandem ssh TASK [-- COMMAND...]"}
 			}
-			dial, closeDial, err := dialer(c)
+			o, closeDial, err := taskSSHOptions(c)
 			if err != nil {
 				return err
 			}
-			pins := ""
-			if f, err := sshConfig(); err == nil {
-				pins = f.PinDir()
-			}
-			argv, err := ctl.SSHCommand(c.Context, c.Args().First(), ctl.SSHOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"),
-				RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts"),
-				User: c.String("user"), Dial: dial, PinDir: pins}, c.Args().Slice()[1:])
+			argv, err := ctl.SSHCommand(c.Context, c.Args().First(), o, c.Args().Slice()[1:])
 			closeDial()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
@@ -227,31 +220,46 @@ func cpCmd() *cli.Command {
 		Description: "One of SRC and DST is TASK:PATH (a relative PATH is from the login's home). It runs OpenSSH's scp through the\n" +
 			"runner's SSH server, the way tandem ssh connects (the task's pinned host key, --ssh as the jump host);\n" +
 			"modes and times are kept. Examples:\n  tandem cp ./data train:/workflow/data\n  tandem cp -r train:/workflow/checkpoints ./ckpt",
-		Flags: append(connFlags(), runnerSSHPortFlag,
-			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"},
-			&cli.BoolFlag{Name: "recursive", Aliases: []string{"r"}, Usage: "copy directories"}),
+		Flags:        append(taskSSHFlags(), &cli.BoolFlag{Name: "recursive", Aliases: []string{"r"}, Usage: "copy directories"}),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
 				return exitError{ctl.ExitFailure, "usage: tandem cp [-r] SRC DST (one of them TASK:PATH)"}
 			}
-			dial, closeDial, err := dialer(c)
+			o, closeDial, err := taskSSHOptions(c)
 			if err != nil {
 				return err
 			}
-			pins := ""
-			if f, err := sshConfig(); err == nil {
-				pins = f.PinDir()
-			}
-			argv, err := ctl.SCPCommand(c.Context, ctl.SSHOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"),
-				RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts"),
-				User: c.String("user"), Dial: dial, PinDir: pins}, c.Args().Get(0), c.Args().Get(1), c.Bool("recursive"))
+			argv, err := ctl.SCPCommand(c.Context, o, c.Args().Get(0), c.Args().Get(1), c.Bool("recursive"))
 			closeDial()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			return runOpenSSH(c, argv)
 		}}
+}
+
+// taskSSHFlags are the flags of the commands that reach a task's SSH
+// server (ssh, cp).
+func taskSSHFlags() []cli.Flag {
+	return append(connFlags(), runnerSSHPortFlag,
+		&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"})
+}
+
+// taskSSHOptions reads taskSSHFlags; closeDial ends the shim connection
+// (over --ssh, its tunnel) once the task is resolved.
+func taskSSHOptions(c *cli.Context) (o ctl.SSHOptions, closeDial func(), err error) {
+	dial, closeDial, err := dialer(c)
+	if err != nil {
+		return ctl.SSHOptions{}, nil, err
+	}
+	pins := ""
+	if f, err := sshConfig(); err == nil {
+		pins = f.PinDir()
+	}
+	return ctl.SSHOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"),
+		RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts"),
+		User: c.String("user"), Dial: dial, PinDir: pins}, closeDial, nil
 }
 
 // runOpenSSH runs an OpenSSH client argv (ssh, scp) on this terminal and
