@@ -401,8 +401,10 @@ func TestTandemSSHIntoTask(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(back, "down.bin")); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("the file back from the task differs (%d of %d bytes): %v", len(got), len(data), err)
 	}
-	if fi, err := os.Stat(filepath.Join(back, "down.bin")); err != nil || fi.Mode().Perm() != 0o640 {
-		t.Fatalf("mode not kept: %v %v", fi.Mode(), err)
+	if fi, err := os.Stat(filepath.Join(back, "down.bin")); err != nil {
+		t.Fatal(err)
+	} else if fi.Mode().Perm() != 0o640 {
+		t.Fatalf("mode not kept: %v, want -rw-r-----", fi.Mode())
 	}
 	if got, err := os.ReadFile(filepath.Join(back, "tree", "sub", "f.txt")); err != nil || string(got) != "nested\n" {
 		t.Fatalf("the directory back from the task: %q %v", got, err)
