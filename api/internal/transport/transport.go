@@ -93,7 +93,7 @@ func NewWithDialer(addr string, through DialFunc) (*Client, error) {
 		// Agents are reached over loopback or SSH tunnels; never via a proxy.
 		Proxy: nil,
 	}
-	return &Client{BaseURL: strings.TrimRight(base, "/"), HTTP: &http.Client{Transport: tr}, Dial: dial}, nil
+	return &Client{BaseURL: strings.TrimRight(base, "/"), HTTP: &http.Client{Transport: newLean(dial, tr)}, Dial: dial}, nil
 }
 
 // Request describes one call.
