@@ -45,9 +45,17 @@ type leanConn struct {
 	bw     *bufio.Writer
 	got    int64     // bytes read from c during the current call
 	idleAt time.Time // when it went back to the pool
+	// noWait makes br's next fill fail instead of reading c: a body
+	// closed early is drained of what already arrived, and no more.
+	noWait bool
 }
 
+var errWouldWait = errors.New("the rest of the answer has not arrived")
+
 func (lc *leanConn) Read(p []byte) (int, error) {
+	if lc.noWait {
+		return 0, errWouldWait
+	}
 	n, err := lc.c.Read(p)
 	lc.got += int64(n)
 	return n, err
@@ -84,7 +92,7 @@ func (t *lean) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	for attempt := 0; ; attempt++ {
-		lc, reused, err := t.conn(ctx, req)
+		lc, reused, err := t.conn(ctx, req, attempt > 0)
 		if err != nil {
 			return nil, err
 		}
@@ -102,8 +110,8 @@ func (t *lean) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		// A kept connection the agent closed while it sat idle answers
-		// nothing: the call is sent again, once, on a new one when sending
-		// it twice cannot do anything twice.
+		// nothing: the call is sent again, once, on a new connection when
+		// sending it twice cannot do anything twice.
 		if reused && lc.got == 0 && attempt == 0 && idempotent(req) && ctx.Err() == nil {
 			continue
 		}
@@ -111,8 +119,9 @@ func (t *lean) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// conn is a pooled connection still open, or a new one.
-func (t *lean) conn(ctx context.Context, req *http.Request) (*leanConn, bool, error) {
+// conn is a pooled connection still open, or a new one (always, when
+// fresh: a retry does not meet the next connection the agent closed).
+func (t *lean) conn(ctx context.Context, req *http.Request, fresh bool) (*leanConn, bool, error) {
 	var stale []*leanConn
 	defer func() {
 		for _, lc := range stale {
@@ -121,15 +130,28 @@ func (t *lean) conn(ctx context.Context, req *http.Request) (*leanConn, bool, er
 	}()
 	now := t.now()
 	t.mu.Lock()
-	for len(t.idle) > 0 {
+	for len(t.idle) > 0 && !fresh {
 		lc := t.idle[len(t.idle)-1]
-		t.idle = t.idle[:len(t.idle)-1]
-		// A call that may not be sent twice checks first that the agent
-		// has not closed the connection (one peek, no wait).
-		if now.Sub(lc.idleAt) > t.idleFor || (!idempotent(req) && !open(lc.c)) {
+		if now.Sub(lc.idleAt) > t.idleFor {
+			t.idle = t.idle[:len(t.idle)-1]
 			stale = append(stale, lc)
 			continue
 		}
+		if !idempotent(req) {
+			// A call that may not be sent twice checks first that the
+			// agent has not closed the connection (one peek, no wait).
+			// An SSH channel cannot be peeked: such a call opens a new
+			// connection and leaves the pool to the others.
+			if _, sock := lc.c.(syscall.Conn); !sock {
+				break
+			}
+			if !open(lc.c) {
+				t.idle = t.idle[:len(t.idle)-1]
+				stale = append(stale, lc)
+				continue
+			}
+		}
+		t.idle = t.idle[:len(t.idle)-1]
 		t.mu.Unlock()
 		return lc, true, nil
 	}
@@ -147,13 +169,12 @@ func (t *lean) conn(ctx context.Context, req *http.Request) (*leanConn, bool, er
 	return lc, false, nil
 }
 
-// open reports whether the peer has not closed an idle connection: a
-// non-blocking peek finds nothing to read. A connection that is not a
-// socket (an SSH channel) is taken as open.
+// open reports whether the peer has not closed an idle socket: a
+// non-blocking peek finds nothing to read.
 func open(c net.Conn) bool {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
-		return true
+		return false
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
@@ -220,14 +241,22 @@ func (t *lean) put(lc *leanConn) {
 		return
 	}
 	lc.idleAt = t.now()
+	var spent []*leanConn
 	t.mu.Lock()
+	// The oldest are at the bottom: those past idleFor are let go here,
+	// so a pool that is never drained down to them does not keep them.
+	for len(t.idle) > 0 && lc.idleAt.Sub(t.idle[0].idleAt) > t.idleFor {
+		spent = append(spent, t.idle[0])
+		t.idle = t.idle[1:]
+	}
 	if len(t.idle) < t.maxIdle {
 		t.idle = append(t.idle, lc)
-		lc = nil
+	} else {
+		spent = append(spent, lc)
 	}
 	t.mu.Unlock()
-	if lc != nil {
-		lc.c.Close()
+	for _, s := range spent {
+		s.c.Close()
 	}
 }
 
@@ -310,11 +339,14 @@ func (b *leanBody) Close() error {
 	if b.done.Load() {
 		return nil
 	}
-	// Only bytes already received are drained: a past deadline makes
-	// the connection's next read fail at once instead of waiting.
+	// Only bytes already received are drained: the connection is not
+	// read again (a deadline would do, but an SSH channel emulates one by
+	// closing itself).
 	clean := false
-	if b.keep && b.lc.c.SetReadDeadline(longAgo) == nil {
+	if b.keep {
+		b.lc.noWait = true
 		_, err := io.CopyN(io.Discard, b.body, 64<<10)
+		b.lc.noWait = false
 		clean = err == io.EOF
 	}
 	b.finish(clean)

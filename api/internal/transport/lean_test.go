@@ -316,3 +316,91 @@ func TestLeanStreamedBodyEarlyAnswer(t *testing.T) {
 		t.Fatalf("an early refusal of an upload: %v", err)
 	}
 }
+
+// channelConn is a connection as an SSH tunnel gives one (ctl.Tunnel):
+// not a socket, deadlines emulated by closing it when they pass.
+type channelConn struct {
+	net.Conn
+	mu    sync.Mutex
+	timer *time.Timer
+}
+
+func (c *channelConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if !t.IsZero() {
+		c.timer = time.AfterFunc(time.Until(t), func() { c.Conn.Close() })
+	}
+	return nil
+}
+
+func (c *channelConn) SetReadDeadline(t time.Time) error  { return c.SetDeadline(t) }
+func (c *channelConn) SetWriteDeadline(t time.Time) error { return c.SetDeadline(t) }
+
+// Through connections that are not sockets (an SSH tunnel's): a body
+// closed early with its rest received keeps its connection usable; a POST
+// takes a new connection (a channel cannot be checked for a close) and
+// leaves the kept one to the GETs; a GET on one the agent closed is sent
+// again.
+func TestLeanThroughChannels(t *testing.T) {
+	var posts atomic.Int64
+	s := newLeanServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+		}
+		jsonOK(w, strings.Repeat(" ", 1000)+`{"id":"ok"}`)
+	})
+	var d net.Dialer
+	c, err := NewWithDialer(s.Listener.Addr().String(), func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &channelConn{Conn: nc}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.HTTP.CloseIdleConnections)
+	ctx := context.Background()
+	resp, cancel, err := c.Do(ctx, Request{Method: http.MethodGet, Path: "/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, 10)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	resp.Body.Close()
+	cancel()
+	get := func(what string) {
+		t.Helper()
+		var out struct{ ID string }
+		if err := c.JSON(ctx, Request{Method: http.MethodGet, Path: "/"}, &out); err != nil || out.ID != "ok" {
+			t.Fatalf("%s: %+v %v", what, out, err)
+		}
+	}
+	get("a GET after an early close")
+	if n := s.conns.Load(); n != 1 {
+		t.Fatalf("%d connections after an early close and a GET, want 1", n)
+	}
+	if err := c.JSON(ctx, Request{Method: http.MethodPost, Path: "/", JSON: map[string]int{}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.conns.Load(); n != 2 {
+		t.Fatalf("%d connections after a POST, want 2 (a new one for it)", n)
+	}
+	s.CloseClientConnections()
+	time.Sleep(20 * time.Millisecond)
+	get("a GET after the agent closed the kept connections")
+	if err := c.JSON(ctx, Request{Method: http.MethodPost, Path: "/", JSON: map[string]int{}}, nil); err != nil {
+		t.Fatalf("a POST after the agent closed the kept connections: %v", err)
+	}
+	if n := posts.Load(); n != 2 {
+		t.Fatalf("the agent saw %d POSTs, want 2", n)
+	}
+}
