@@ -48,16 +48,35 @@ type leanConn struct {
 	// noWait makes br's next fill fail instead of reading c: a body
 	// closed early is drained of what already arrived, and no more.
 	noWait bool
+	// headLeft bounds what is read while an answer's head is (> 0);
+	// headOver says the bound was met.
+	headLeft int64
+	headOver bool
 }
 
-var errWouldWait = errors.New("the rest of the answer has not arrived")
+var (
+	errWouldWait = errors.New("the rest of the answer has not arrived")
+	errHeadLarge = fmt.Errorf("the answer's head is larger than %d bytes: refused", maxHead)
+)
+
+// maxHead bounds an answer's status line and headers (net/http's
+// Transport allows 10 MB): an agent's are a few hundred bytes.
+const maxHead = 1 << 20
 
 func (lc *leanConn) Read(p []byte) (int, error) {
 	if lc.noWait {
 		return 0, errWouldWait
 	}
+	if lc.headLeft > 0 && int64(len(p)) > lc.headLeft {
+		p = p[:lc.headLeft]
+	}
 	n, err := lc.c.Read(p)
 	lc.got += int64(n)
+	if lc.headLeft > 0 {
+		if lc.headLeft -= int64(n); lc.headLeft == 0 && err == nil {
+			lc.headOver, err = true, errHeadLarge
+		}
+	}
 	return n, err
 }
 
@@ -214,7 +233,14 @@ func (t *lean) exchange(ctx context.Context, lc *leanConn, req *http.Request) (*
 		return fail(err)
 	}
 	for {
+		lc.headLeft, lc.headOver = maxHead, false
 		resp, err := http.ReadResponse(lc.br, req)
+		lc.headLeft = 0
+		if lc.headOver {
+			// What the parser made of a head cut at the bound (a
+			// malformed header, say) is not the reason.
+			err = errHeadLarge
+		}
 		if err != nil {
 			return fail(err)
 		}

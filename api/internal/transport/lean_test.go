@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -402,5 +403,48 @@ func TestLeanThroughChannels(t *testing.T) {
 	}
 	if n := posts.Load(); n != 2 {
 		t.Fatalf("the agent saw %d POSTs, want 2", n)
+	}
+}
+
+// An agent whose answer's head never ends is refused at the head's bound,
+// without the client holding it.
+func TestLeanAnswerHeadIsBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := c.Read(make([]byte, 4096)); err != nil {
+					return
+				}
+				line := "X-Junk: " + strings.Repeat("a", 1000) + "\r\n"
+				if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\n"); err != nil {
+					return
+				}
+				for range 256 << 10 { // 256 MiB of headers
+					if _, err := io.WriteString(c, line); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	c := leanClient(t, ln.Addr().String())
+	var ms runtime.MemStats
+	err = c.JSON(context.Background(), Request{Method: http.MethodGet, Path: "/"}, nil)
+	runtime.ReadMemStats(&ms)
+	if err == nil || !strings.Contains(err.Error(), "head is larger") {
+		t.Fatalf("an endless head: %v", err)
+	}
+	if ms.TotalAlloc > 64<<20 {
+		t.Fatalf("the client allocated %d MiB for a refused head", ms.TotalAlloc>>20)
 	}
 }
