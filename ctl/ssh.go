@@ -14,9 +14,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/tandem-run/tandem/common/deadlineconn"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/knownhosts"
 )
@@ -40,30 +40,8 @@ func (t *Tunnel) Dial(ctx context.Context, network, addr string) (net.Conn, erro
 	if err != nil {
 		return nil, err
 	}
-	return &deadlineConn{Conn: c}, nil
+	return deadlineconn.Wrap(c), nil
 }
-
-type deadlineConn struct {
-	net.Conn
-	mu    sync.Mutex // guards timer
-	timer *time.Timer
-}
-
-func (c *deadlineConn) SetDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
-	if !t.IsZero() {
-		c.timer = time.AfterFunc(time.Until(t), func() { c.Conn.Close() })
-	}
-	return nil
-}
-
-func (c *deadlineConn) SetReadDeadline(t time.Time) error  { return c.SetDeadline(t) }
-func (c *deadlineConn) SetWriteDeadline(t time.Time) error { return c.SetDeadline(t) }
 
 // Close ends the SSH connection.
 func (t *Tunnel) Close() error { return t.client.Close() }

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tandem-run/tandem/common/deadlineconn"
 )
 
 // leanServer is an agent stand-in that counts the connections it accepted
@@ -49,6 +51,30 @@ func leanClient(t *testing.T, url string) *Client {
 	}
 	t.Cleanup(c.HTTP.CloseIdleConnections)
 	return c
+}
+
+// rawAgent serves each connection with serve, below HTTP: for answers
+// net/http's server would not give.
+func rawAgent(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
 
 func jsonOK(w http.ResponseWriter, body string) {
@@ -258,39 +284,25 @@ func TestLeanEarlyClose(t *testing.T) {
 // An answer that asks to close, or one with stray bytes after its end,
 // does not leave its connection in the pool.
 func TestLeanDoesNotKeepSpentConnections(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	var accepted atomic.Int64
 	answers := []string{
 		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
 		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n{\"x\":666}",
 		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
 	}
-	go func() {
+	addr := rawAgent(t, func(c net.Conn) {
+		i := accepted.Add(1) - 1
+		buf := make([]byte, 4096)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if _, err := c.Read(buf); err != nil {
 				return
 			}
-			i := accepted.Add(1) - 1
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 4096)
-				for {
-					if _, err := c.Read(buf); err != nil {
-						return
-					}
-					if _, err := io.WriteString(c, answers[min(int(i), len(answers)-1)]); err != nil {
-						return
-					}
-				}
-			}()
+			if _, err := io.WriteString(c, answers[min(int(i), len(answers)-1)]); err != nil {
+				return
+			}
 		}
-	}()
-	c := leanClient(t, ln.Addr().String())
+	})
+	c := leanClient(t, addr)
 	for i := range 4 {
 		var buf bytes.Buffer
 		if err := c.Read(context.Background(), Request{Method: http.MethodGet, Path: "/"}, &buf); err != nil || buf.String() != "{}" {
@@ -318,30 +330,6 @@ func TestLeanStreamedBodyEarlyAnswer(t *testing.T) {
 	}
 }
 
-// channelConn is a connection as an SSH tunnel gives one (ctl.Tunnel):
-// not a socket, deadlines emulated by closing it when they pass.
-type channelConn struct {
-	net.Conn
-	mu    sync.Mutex
-	timer *time.Timer
-}
-
-func (c *channelConn) SetDeadline(t time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.timer != nil {
-		c.timer.Stop()
-		c.timer = nil
-	}
-	if !t.IsZero() {
-		c.timer = time.AfterFunc(time.Until(t), func() { c.Conn.Close() })
-	}
-	return nil
-}
-
-func (c *channelConn) SetReadDeadline(t time.Time) error  { return c.SetDeadline(t) }
-func (c *channelConn) SetWriteDeadline(t time.Time) error { return c.SetDeadline(t) }
-
 // Through connections that are not sockets (an SSH tunnel's): a body
 // closed early with its rest received keeps its connection usable; a POST
 // takes a new connection (a channel cannot be checked for a close) and
@@ -361,7 +349,7 @@ func TestLeanThroughChannels(t *testing.T) {
 		if err != nil {
 			return nil, err
 		}
-		return &channelConn{Conn: nc}, nil
+		return deadlineconn.Wrap(nc), nil // as ctl.Tunnel gives them
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -409,38 +397,26 @@ func TestLeanThroughChannels(t *testing.T) {
 // An agent whose answer's head never ends is refused at the head's bound,
 // without the client holding it.
 func TestLeanAnswerHeadIsBounded(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	addr := rawAgent(t, func(c net.Conn) {
+		if _, err := c.Read(make([]byte, 4096)); err != nil {
+			return
+		}
+		line := "X-Junk: " + strings.Repeat("a", 1000) + "\r\n"
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\n"); err != nil {
+			return
+		}
+		for range 256 << 10 { // 256 MiB of headers
+			if _, err := io.WriteString(c, line); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				if _, err := c.Read(make([]byte, 4096)); err != nil {
-					return
-				}
-				line := "X-Junk: " + strings.Repeat("a", 1000) + "\r\n"
-				if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\n"); err != nil {
-					return
-				}
-				for range 256 << 10 { // 256 MiB of headers
-					if _, err := io.WriteString(c, line); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
-	c := leanClient(t, ln.Addr().String())
-	var ms runtime.MemStats
-	err = c.JSON(context.Background(), Request{Method: http.MethodGet, Path: "/"}, nil)
+	})
+	c := leanClient(t, addr)
+	var before, ms runtime.MemStats
+	runtime.ReadMemStats(&before)
+	err := c.JSON(context.Background(), Request{Method: http.MethodGet, Path: "/"}, nil)
 	runtime.ReadMemStats(&ms)
+	ms.TotalAlloc -= before.TotalAlloc
 	if err == nil || !strings.Contains(err.Error(), "head is larger") {
 		t.Fatalf("an endless head: %v", err)
 	}
