@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -422,5 +423,51 @@ func TestLeanAnswerHeadIsBounded(t *testing.T) {
 	}
 	if ms.TotalAlloc > 64<<20 {
 		t.Fatalf("the client allocated %d MiB for a refused head", ms.TotalAlloc>>20)
+	}
+}
+
+// Over a Unix socket (unix:///path): calls share one kept connection, and
+// a POST after the agent closed it is sent once, on a new one.
+func TestLeanUnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var posts atomic.Int64
+	s := &leanServer{}
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posts.Add(1)
+		}
+		jsonOK(w, `{"id":"ok"}`)
+	}))
+	s.Listener.Close()
+	s.Listener = ln
+	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.conns.Add(1)
+		}
+	}
+	s.Start()
+	t.Cleanup(s.Close)
+	c := leanClient(t, "unix://"+sock)
+	ctx := context.Background()
+	for range 5 {
+		var out struct{ ID string }
+		if err := c.JSON(ctx, Request{Method: http.MethodGet, Path: "/"}, &out); err != nil || out.ID != "ok" {
+			t.Fatalf("%+v %v", out, err)
+		}
+	}
+	if n := s.conns.Load(); n != 1 {
+		t.Fatalf("5 calls over a Unix socket opened %d connections, want 1", n)
+	}
+	s.CloseClientConnections()
+	time.Sleep(20 * time.Millisecond)
+	if err := c.JSON(ctx, Request{Method: http.MethodPost, Path: "/", JSON: map[string]int{}}, nil); err != nil {
+		t.Fatalf("a POST after the agent closed the kept connection: %v", err)
+	}
+	if n := posts.Load(); n != 1 {
+		t.Fatalf("the agent saw %d POSTs, want 1", n)
 	}
 }
