@@ -471,3 +471,38 @@ func TestLeanUnixSocket(t *testing.T) {
 		t.Fatalf("the agent saw %d POSTs, want 1", n)
 	}
 }
+
+// A connection kept past idleFor (under the agents' own keep-alive limit)
+// is not used again: the call opens a new one and the old one is closed.
+func TestLeanIdleLimit(t *testing.T) {
+	s := newLeanServer(t, func(w http.ResponseWriter, r *http.Request) { jsonOK(w, `{}`) })
+	c := leanClient(t, s.URL)
+	tr, ok := c.HTTP.Transport.(*lean)
+	if !ok {
+		t.Fatalf("the client's transport is a %T", c.HTTP.Transport)
+	}
+	var mu sync.Mutex
+	now := time.Unix(1000, 0)
+	tr.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	call := func() {
+		t.Helper()
+		if err := c.JSON(context.Background(), Request{Method: http.MethodGet, Path: "/"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call()
+	advance(tr.idleFor - time.Second)
+	call()
+	if n := s.conns.Load(); n != 1 {
+		t.Fatalf("%d connections within the idle limit, want 1", n)
+	}
+	advance(tr.idleFor + time.Second)
+	call()
+	if n := s.conns.Load(); n != 2 {
+		t.Fatalf("%d connections after the idle limit, want 2", n)
+	}
+	if tr.idleFor >= 60*time.Second {
+		t.Fatalf("idleFor %v is not under the shim's 60 s keep-alive", tr.idleFor)
+	}
+}
