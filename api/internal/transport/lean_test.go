@@ -21,19 +21,31 @@ import (
 )
 
 // leanServer is an agent stand-in that counts the connections it accepted
-// and the calls it served.
+// and the POSTs it served.
 type leanServer struct {
 	*httptest.Server
-	conns, calls atomic.Int64
+	conns, posts atomic.Int64
 }
 
 func newLeanServer(t *testing.T, h http.HandlerFunc) *leanServer {
 	t.Helper()
+	return newLeanServerOn(t, nil, h)
+}
+
+// newLeanServerOn serves on ln (nil: a loopback TCP port).
+func newLeanServerOn(t *testing.T, ln net.Listener, h http.HandlerFunc) *leanServer {
+	t.Helper()
 	s := &leanServer{}
 	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		s.calls.Add(1)
+		if r.Method == http.MethodPost {
+			s.posts.Add(1)
+		}
 		h(w, r)
 	}))
+	if ln != nil {
+		s.Listener.Close()
+		s.Listener = ln
+	}
 	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
 		if st == http.StateNew {
 			s.conns.Add(1)
@@ -144,13 +156,7 @@ func TestLeanKeepsConnections(t *testing.T) {
 // on a new one; a POST is never sent twice: the closed connection is found
 // before it is sent.
 func TestLeanAgentClosedIdleConnection(t *testing.T) {
-	var posts atomic.Int64
-	s := newLeanServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			posts.Add(1)
-		}
-		jsonOK(w, `{}`)
-	})
+	s := newLeanServer(t, func(w http.ResponseWriter, r *http.Request) { jsonOK(w, `{}`) })
 	c := leanClient(t, s.URL)
 	ctx := context.Background()
 	for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodGet} {
@@ -163,7 +169,7 @@ func TestLeanAgentClosedIdleConnection(t *testing.T) {
 			t.Fatalf("%s after the agent closed the kept connection: %v", m, err)
 		}
 	}
-	if n := posts.Load(); n != 2 {
+	if n := s.posts.Load(); n != 2 {
 		t.Fatalf("the agent saw %d POSTs, want 2", n)
 	}
 }
@@ -337,11 +343,7 @@ func TestLeanStreamedBodyEarlyAnswer(t *testing.T) {
 // leaves the kept one to the GETs; a GET on one the agent closed is sent
 // again.
 func TestLeanThroughChannels(t *testing.T) {
-	var posts atomic.Int64
 	s := newLeanServer(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			posts.Add(1)
-		}
 		jsonOK(w, strings.Repeat(" ", 1000)+`{"id":"ok"}`)
 	})
 	var d net.Dialer
@@ -390,7 +392,7 @@ func TestLeanThroughChannels(t *testing.T) {
 	if err := c.JSON(ctx, Request{Method: http.MethodPost, Path: "/", JSON: map[string]int{}}, nil); err != nil {
 		t.Fatalf("a POST after the agent closed the kept connections: %v", err)
 	}
-	if n := posts.Load(); n != 2 {
+	if n := s.posts.Load(); n != 2 {
 		t.Fatalf("the agent saw %d POSTs, want 2", n)
 	}
 }
@@ -434,23 +436,7 @@ func TestLeanUnixSocket(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var posts atomic.Int64
-	s := &leanServer{}
-	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
-			posts.Add(1)
-		}
-		jsonOK(w, `{"id":"ok"}`)
-	}))
-	s.Listener.Close()
-	s.Listener = ln
-	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-		if st == http.StateNew {
-			s.conns.Add(1)
-		}
-	}
-	s.Start()
-	t.Cleanup(s.Close)
+	s := newLeanServerOn(t, ln, func(w http.ResponseWriter, r *http.Request) { jsonOK(w, `{"id":"ok"}`) })
 	c := leanClient(t, "unix://"+sock)
 	ctx := context.Background()
 	for range 5 {
@@ -467,7 +453,7 @@ func TestLeanUnixSocket(t *testing.T) {
 	if err := c.JSON(ctx, Request{Method: http.MethodPost, Path: "/", JSON: map[string]int{}}, nil); err != nil {
 		t.Fatalf("a POST after the agent closed the kept connection: %v", err)
 	}
-	if n := posts.Load(); n != 1 {
+	if n := s.posts.Load(); n != 1 {
 		t.Fatalf("the agent saw %d POSTs, want 1", n)
 	}
 }
