@@ -289,3 +289,69 @@ func BenchmarkSSHForwardThroughput(b *testing.B) {
 	}
 	b.Log(strings.Join(notes, "; "))
 }
+
+// BenchmarkSSHForwardWAN: ssh -L through the runner's server and through
+// OpenSSH's sshd, same cipher, with the client 100 ms (round trip) away
+// (testenv.DelayRelay: this VM's kernel has no netem). Over a long link a
+// stream is bound by its SSH channel window over the round trip, not by
+// CPU: both servers advertise 2 MiB per channel (x/crypto/ssh's is fixed),
+// and the client advertises its own for downloads, so a stream's cap is
+// 20 MiB/s at 100 ms, and 8 streams' 160. This is what a user forwarding a
+// notebook or copying data from another region sees. Uploads (1 and 8
+// streams) and a download, each against its cap (the target) and beside
+// OpenSSH; at most 3 rounds whatever b.N is (one round moves 1.5 GiB
+// through the relays).
+func BenchmarkSSHForwardWAN(b *testing.B) {
+	const (
+		rtt       = 100 * time.Millisecond
+		windowMiB = 2 // an SSH channel's window, both servers' and the client's
+	)
+	key, pub := sshKey(b)
+	bins := testenv.Binaries(b)
+	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	name := randomID("ssh-wan")
+	if _, err := testenv.Docker(context.Background(), "run", "-d", "--init", "--name", name, "--network", "host",
+		"-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "--entrypoint", "/usr/local/bin/dstack-runner", testenv.Busybox(b),
+		"start", "--http-port", httpPort, "--ssh-port", sshPort, "--ssh-authorized-key", pub); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) }()
+	sshd := testenv.StartSSHD(b)
+	ours := testenv.StartDelayRelay(b, "127.0.0.1:"+sshPort, rtt)
+	theirs := testenv.StartDelayRelay(b, sshd.Addr, rtt)
+	_, oursPort, _ := net.SplitHostPort(ours.Addr)
+	_, theirsPort, _ := net.SplitHostPort(theirs.Addr)
+	rounds := min(b.N, 3)
+	var notes []string
+	for _, m := range []struct {
+		streams int
+		down    bool
+		size    int
+	}{{1, false, 128 << 20}, {8, false, 512 << 20}, {1, true, 128 << 20}} {
+		var o, t, ratios []float64
+		cipher := ""
+		for i := 0; i < rounds; i++ {
+			var x, y float64
+			if i%2 == 0 {
+				x, cipher = forwardThroughput(b, append(sshOpts(key, oursPort), "root@127.0.0.1"), m.size, m.streams, m.down)
+				y, _ = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, theirsPort), "-c", cipher), "root@127.0.0.1"), m.size, m.streams, m.down)
+			} else {
+				y, _ = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, theirsPort), "-c", cipher), "root@127.0.0.1"), m.size, m.streams, m.down)
+				x, _ = forwardThroughput(b, append(sshOpts(key, oursPort), "root@127.0.0.1"), m.size, m.streams, m.down)
+			}
+			o, t, ratios = append(o, x), append(t, y), append(ratios, x/y)
+		}
+		sfx := fmt.Sprintf("-%dstream", m.streams)
+		if m.down {
+			sfx += "-down"
+		}
+		b.ReportMetric(medianOf(o), "tandem-MiB/s"+sfx)
+		b.ReportMetric(medianOf(t), "openssh-MiB/s"+sfx)
+		b.ReportMetric(medianOf(ratios), "ratio-vs-openssh"+sfx)
+		limit := float64(m.streams) * windowMiB / rtt.Seconds()
+		target(b, "ssh -L at 100 ms, share of the windows' cap"+sfx, medianOf(o)/limit, ">=", 0.9)
+		notes = append(notes, fmt.Sprintf("%s (%s, cap %.0f MiB/s): tandem %.1f, openssh %.1f MiB/s, ratios %.2f", sfx[1:], cipher, limit, o, t, ratios))
+	}
+	b.Log(strings.Join(notes, "; "))
+}
