@@ -238,22 +238,32 @@ func recvAll(c net.Conn) (int64, error) {
 	}
 }
 
+// runnerSSHServer runs the runner in a busybox container on the host
+// network, accepting pub, until the benchmark ends, and returns its SSH
+// port. TANDEM_BENCH_RUNNER_GOGC and _GOMAXPROCS set its GOGC and
+// GOMAXPROCS (empty: the runner's own choice).
+func runnerSSHServer(b *testing.B, pub, prefix string) (sshPort string) {
+	b.Helper()
+	bins := testenv.Binaries(b)
+	_, sshPort, _ = net.SplitHostPort(testenv.FreeAddr(b))
+	_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	name := randomID(prefix)
+	if _, err := testenv.Docker(context.Background(), "run", "-d", "--init", "--name", name, "--network", "host",
+		"-e", "GOGC="+os.Getenv("TANDEM_BENCH_RUNNER_GOGC"), "-e", "GOMAXPROCS="+os.Getenv("TANDEM_BENCH_RUNNER_GOMAXPROCS"), "-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "--entrypoint", "/usr/local/bin/dstack-runner", testenv.Busybox(b),
+		"start", "--http-port", httpPort, "--ssh-port", sshPort, "--ssh-authorized-key", pub); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) })
+	return sshPort
+}
+
 // BenchmarkSSHForwardThroughput: -L through the runner's SSH server and
 // through OpenSSH's sshd on the same machine, same run: 1 and 8 streams
 // from the client (upload), and 1 stream to it (download).
 func BenchmarkSSHForwardThroughput(b *testing.B) {
 	const size = 512 << 20
 	key, pub := sshKey(b)
-	bins := testenv.Binaries(b)
-	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
-	_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
-	name := randomID("ssh-tput")
-	if _, err := testenv.Docker(context.Background(), "run", "-d", "--init", "--name", name, "--network", "host",
-		"-e", "GOGC="+os.Getenv("TANDEM_BENCH_RUNNER_GOGC"), "-e", "GOMAXPROCS="+os.Getenv("TANDEM_BENCH_RUNNER_GOMAXPROCS"), "-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "--entrypoint", "/usr/local/bin/dstack-runner", testenv.Busybox(b),
-		"start", "--http-port", httpPort, "--ssh-port", sshPort, "--ssh-authorized-key", pub); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) }()
+	sshPort := runnerSSHServer(b, pub, "ssh-tput")
 	sshd := testenv.StartSSHD(b)
 	_, sport, _ := net.SplitHostPort(sshd.Addr)
 	// Every iteration measures the three side by side, alternating, and the
@@ -307,16 +317,7 @@ func BenchmarkSSHForwardWAN(b *testing.B) {
 		windowMiB = 2 // an SSH channel's window, both servers' and the client's
 	)
 	key, pub := sshKey(b)
-	bins := testenv.Binaries(b)
-	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
-	_, httpPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
-	name := randomID("ssh-wan")
-	if _, err := testenv.Docker(context.Background(), "run", "-d", "--init", "--name", name, "--network", "host",
-		"-v", bins.Runner+":/usr/local/bin/dstack-runner:ro", "--entrypoint", "/usr/local/bin/dstack-runner", testenv.Busybox(b),
-		"start", "--http-port", httpPort, "--ssh-port", sshPort, "--ssh-authorized-key", pub); err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", name) }()
+	sshPort := runnerSSHServer(b, pub, "ssh-wan")
 	sshd := testenv.StartSSHD(b)
 	ours := testenv.StartDelayRelay(b, "127.0.0.1:"+sshPort, rtt)
 	theirs := testenv.StartDelayRelay(b, sshd.Addr, rtt)
