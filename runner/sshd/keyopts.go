@@ -3,7 +3,6 @@ package sshd
 import (
 	"fmt"
 	"net"
-	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -158,8 +157,36 @@ func matchAddr(pattern, ip string) bool {
 		addr := net.ParseIP(ip)
 		return err == nil && addr != nil && n.Contains(addr)
 	}
-	ok, err := path.Match(strings.ToLower(pattern), strings.ToLower(ip))
-	return err == nil && ok
+	return globMatch(strings.ToLower(pattern), strings.ToLower(ip))
+}
+
+// globMatch is OpenSSH's match_pattern: '*' matches any run of bytes,
+// '?' any one byte, and every other byte only itself. (path.Match, used
+// before, also read [classes] and \ escapes: from="10.0.0.[1-5]" then
+// admitted 10.0.0.1-5, which OpenSSH's sshd never does.) Going back only
+// to the last '*' bounds it at len(pattern) x len(s) steps.
+func globMatch(pattern, s string) bool {
+	p, i := 0, 0
+	star, mark := -1, 0 // the last '*' seen, and where in s it matched from
+	for i < len(s) {
+		switch {
+		case p < len(pattern) && (pattern[p] == '?' || pattern[p] == s[i]) && pattern[p] != '*':
+			p++
+			i++
+		case p < len(pattern) && pattern[p] == '*':
+			star, mark = p, i
+			p++
+		case star >= 0: // let the last '*' take one more byte
+			mark++
+			p, i = star+1, mark
+		default:
+			return false
+		}
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
 }
 
 // permitsOpen checks a -L destination against permitopen.

@@ -2,10 +2,12 @@ package sshd
 
 import (
 	"net"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	gossh "golang.org/x/crypto/ssh"
 )
@@ -42,6 +44,9 @@ func TestKeyOptions(t *testing.T) {
 	}{
 		{`from="10.1.2.3"`, true}, {`from="10.1.*"`, true}, {`from="10.0.0.0/8"`, true},
 		{`from="10.0.0.0/8,!10.1.2.3"`, false}, {`from="192.168.0.0/16"`, false}, {`from="10.1.2.?"`, true},
+		// Only * and ? are wildcards, as in OpenSSH: brackets and
+		// backslashes are themselves.
+		{`from="10.1.2.[1-5]"`, false}, {`from="10.1.2.\\3"`, false}, {`from="10.*.3"`, true}, {`from="*2.3,!*.9"`, true},
 	} {
 		o, err := opts(t, tc.from)
 		if err != nil {
@@ -153,4 +158,76 @@ func TestGateAcksAtOnceUntilAuthenticated(t *testing.T) {
 	if n := c.acks.Load(); n != 2 {
 		t.Fatalf("a read after authentication asked for an immediate acknowledgement (%d in all)", n)
 	}
+}
+
+// globMatch agrees with a regular expression made from the pattern (* is
+// .*, ? is ., every other byte itself) on any pattern and address.
+func TestGlobMatch(t *testing.T) {
+	for _, tc := range []struct {
+		p, s string
+		ok   bool
+	}{
+		{"", "", true}, {"", "a", false}, {"*", "", true}, {"*", "anything", true}, {"?", "", false},
+		{"a*b*c", "axxbyyc", true}, {"a*b*c", "axxbyy", false}, {"*.example.com", "host.example.com", true},
+		{"10.0.0.[1-5]", "10.0.0.3", false}, {"10.0.0.[1-5]", "10.0.0.[1-5]", true}, {`a\*`, `a\bc`, true}, {"**a", "xa", true},
+	} {
+		if got := globMatch(tc.p, tc.s); got != tc.ok {
+			t.Errorf("globMatch(%q, %q) = %v, want %v", tc.p, tc.s, got, tc.ok)
+		}
+		if got := globRef(tc.p, tc.s); got != tc.ok {
+			t.Errorf("the reference says %v for (%q, %q)", got, tc.p, tc.s)
+		}
+	}
+}
+
+func ascii(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] >= utf8.RuneSelf {
+			return false
+		}
+	}
+	return true
+}
+
+func globRef(p, s string) bool {
+	var re strings.Builder
+	re.WriteString("^")
+	for _, c := range []byte(p) {
+		switch c {
+		case '*':
+			re.WriteString("(?s:.*)")
+		case '?':
+			re.WriteString("(?s:.)")
+		default:
+			re.WriteString(regexp.QuoteMeta(string([]byte{c})))
+		}
+	}
+	re.WriteString("$")
+	return regexp.MustCompile(re.String()).Match([]byte(s))
+}
+
+// FuzzKeyOptions: any authorized_keys options parse or are refused without
+// a panic; what parses answers admits and the forward checks without one;
+// and the pattern match agrees with the regular-expression reference.
+func FuzzKeyOptions(f *testing.F) {
+	for _, seed := range []string{`from="10.0.0.0/8,!10.1.2.3"`, `permitopen="localhost:8080",permitlisten="9000"`,
+		`restrict,pty,command="echo \"hi\""`, `expiry-time="20260102"`, `environment="A=b"`, `from="*.[a-z]?"`} {
+		f.Add(seed, "10.1.2.3", "localhost", uint16(8080))
+	}
+	now := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
+	f.Fuzz(func(t *testing.T, line, ip, host string, port uint16) {
+		if _, _, o, _, err := gossh.ParseAuthorizedKey([]byte(line + " ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGa6ZRd7ZG7JXqZbWbKJ3b7h5pI6kY0cUQYvV0c8m1pF u@h")); err == nil {
+			if k, err := parseKeyOptions(o); err == nil {
+				_, _ = k.admits(now, &net.TCPAddr{IP: net.ParseIP(ip), Port: int(port)})
+				_ = k.permitsOpen(host, uint32(port))
+				_ = k.permitsListen(host, uint32(port))
+			}
+		}
+		// The reference's . is a rune, not a byte: ASCII only.
+		if len(line) <= 64 && len(ip) <= 64 && ascii(line) && ascii(ip) {
+			if got, want := globMatch(line, ip), globRef(line, ip); got != want {
+				t.Fatalf("globMatch(%q, %q) = %v, the reference %v", line, ip, got, want)
+			}
+		}
+	})
 }
