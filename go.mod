@@ -15,7 +15,7 @@ require (
 	github.com/gliderlabs/ssh v0.3.8
 	github.com/go-git/go-git/v5 v5.19.3
 	github.com/gorilla/websocket v1.5.3
-	github.com/labstack/echo/v4 v4.16.0
+	github.com/labstack/echo/v4 v4.16.4
 	github.com/pkg/sftp v1.13.12
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.72.0
