@@ -2,7 +2,7 @@ module github.com/tandem-run/tandem
 
 go 1.26.0
 
-toolchain go1.26.8
+toolchain go1.26.11
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.3-0
