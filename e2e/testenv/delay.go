@@ -10,9 +10,10 @@ import (
 // DelayRelay is a TCP relay on loopback that holds every byte for a fixed
 // time in each direction: a long link (a WAN's round trip) with no
 // bandwidth limit of its own, for a machine whose kernel has no netem.
-// What bounds a stream through it is what bounds one over a real long
-// link: the windows of the protocols on top (TCP's own auto-tune, an SSH
-// channel's) over the round trip.
+// What bounds a stream through it is the flow control of the protocol it
+// carries (an SSH channel's window) over the round trip. TCP's own window
+// does not: the relay reads at once (over a real link Linux auto-tunes it
+// to several MiB, above an SSH channel's 2).
 type DelayRelay struct {
 	Addr string // 127.0.0.1:port, to dial instead of the target
 
