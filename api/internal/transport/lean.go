@@ -69,7 +69,15 @@ const maxHead = 1 << 20
 
 func (lc *leanConn) Read(p []byte) (int, error) {
 	if lc.noWait {
-		return 0, errWouldWait
+		// Only what has arrived: on a watched channel, what its reader
+		// holds.
+		w, ok := lc.c.(*watched)
+		if !ok {
+			return 0, errWouldWait
+		}
+		n, err := w.readNow(p)
+		lc.got += int64(n)
+		return n, err
 	}
 	if lc.headLeft > 0 && int64(len(p)) > lc.headLeft {
 		p = p[:lc.headLeft]
@@ -160,20 +168,15 @@ func (t *lean) conn(ctx context.Context, req *http.Request, fresh bool) (*leanCo
 			stale = append(stale, lc)
 			continue
 		}
-		if !idempotent(req) {
-			// A call that may not be sent twice checks first that the
-			// agent has not closed the connection (one peek, no wait).
-			// An SSH channel cannot be peeked: such a call opens a new
-			// connection and leaves the pool to the others.
-			sc, sock := lc.c.(syscall.Conn)
-			if !sock {
-				break
-			}
-			if !open(sc) {
-				t.idle = t.idle[:len(t.idle)-1]
-				stale = append(stale, lc)
-				continue
-			}
+		// A kept connection is checked for the agent's close before a
+		// call goes on it: a channel always (its reader, watched, says
+		// what came while it was idle, at no cost), a socket by one peek
+		// without a wait for a call that may not be sent twice (a GET on
+		// one the agent closed is sent again, below).
+		if !alive(lc.c, idempotent(req)) {
+			t.idle = t.idle[:len(t.idle)-1]
+			stale = append(stale, lc)
+			continue
 		}
 		t.idle = t.idle[:len(t.idle)-1]
 		t.mu.Unlock()
@@ -188,9 +191,27 @@ func (t *lean) conn(ctx context.Context, req *http.Request, fresh bool) (*leanCo
 	if err != nil {
 		return nil, false, mapErr(ctx, err)
 	}
+	if _, sock := c.(syscall.Conn); !sock {
+		c = watch(c)
+	}
 	lc := &leanConn{c: c, bw: bufio.NewWriterSize(c, 4<<10)}
 	lc.br = bufio.NewReaderSize(lc, 16<<10)
 	return lc, false, nil
+}
+
+// alive says whether an idle connection is still fit for a call: a
+// watched channel whose reader saw nothing arrive; a socket, when the
+// call could be sent again anyway (a GET is retried on a connection that
+// answers nothing) or a peek finds it open.
+func alive(c net.Conn, idempotent bool) bool {
+	if w, ok := c.(*watched); ok {
+		return w.quiet()
+	}
+	if idempotent {
+		return true
+	}
+	sc, ok := c.(syscall.Conn)
+	return ok && open(sc)
 }
 
 // open reports whether the peer has not closed an idle socket: a

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -339,9 +340,9 @@ func TestLeanStreamedBodyEarlyAnswer(t *testing.T) {
 
 // Through connections that are not sockets (an SSH tunnel's): a body
 // closed early with its rest received keeps its connection usable; a POST
-// takes a new connection (a channel cannot be checked for a close) and
-// leaves the kept one to the GETs; a GET on one the agent closed is sent
-// again.
+// takes the kept one too (its reader saw nothing arrive while it was
+// idle); one the agent closed is found so before a GET or a POST is sent
+// on it, and each goes on a new connection, once.
 func TestLeanThroughChannels(t *testing.T) {
 	s := newLeanServer(t, func(w http.ResponseWriter, r *http.Request) {
 		jsonOK(w, strings.Repeat(" ", 1000)+`{"id":"ok"}`)
@@ -383,17 +384,69 @@ func TestLeanThroughChannels(t *testing.T) {
 	if err := c.JSON(ctx, Request{Method: http.MethodPost, Path: "/", JSON: map[string]int{}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.conns.Load(); n != 2 {
-		t.Fatalf("%d connections after a POST, want 2 (a new one for it)", n)
+	if n := s.conns.Load(); n != 1 {
+		t.Fatalf("%d connections after a POST, want 1 (the kept one)", n)
 	}
-	s.CloseClientConnections()
-	time.Sleep(20 * time.Millisecond)
-	get("a GET after the agent closed the kept connections")
-	if err := c.JSON(ctx, Request{Method: http.MethodPost, Path: "/", JSON: map[string]int{}}, nil); err != nil {
-		t.Fatalf("a POST after the agent closed the kept connections: %v", err)
+	for _, m := range []string{http.MethodPost, http.MethodGet} {
+		s.CloseClientConnections()
+		time.Sleep(20 * time.Millisecond) // the close reaches the channel's reader
+		if err := c.JSON(ctx, Request{Method: m, Path: "/", JSON: map[string]int{}}, nil); err != nil {
+			t.Fatalf("a %s after the agent closed the kept connection: %v", m, err)
+		}
+	}
+	if n := s.conns.Load(); n != 3 {
+		t.Fatalf("%d connections after two closes, want 3", n)
 	}
 	if n := s.posts.Load(); n != 2 {
 		t.Fatalf("the agent saw %d POSTs, want 2", n)
+	}
+}
+
+// Bytes a channel receives while it sits idle (an agent that answered more
+// than it said) make it unfit: the next call, a POST, goes on a new
+// channel and reads its own answer, not those bytes.
+func TestLeanChannelStrayBytes(t *testing.T) {
+	var conns atomic.Int64
+	addr := rawAgent(t, func(c net.Conn) {
+		n := conns.Add(1)
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			_, _ = io.Copy(io.Discard, req.Body)
+			body := fmt.Sprintf(`{"id":"conn%d"}`, n)
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+			if n == 1 {
+				time.Sleep(10 * time.Millisecond)
+				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n{\"id\":\"stray\"}")
+			}
+		}
+	})
+	var d net.Dialer
+	c, err := NewWithDialer(addr, func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return deadlineconn.Wrap(nc), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.HTTP.CloseIdleConnections)
+	ctx := context.Background()
+	var out struct{ ID string }
+	if err := c.JSON(ctx, Request{Method: http.MethodGet, Path: "/"}, &out); err != nil || out.ID != "conn1" {
+		t.Fatalf("first call: %+v %v", out, err)
+	}
+	time.Sleep(50 * time.Millisecond) // the stray answer arrives while idle
+	if err := c.JSON(ctx, Request{Method: http.MethodPost, Path: "/", JSON: map[string]int{}}, &out); err != nil || out.ID != "conn2" {
+		t.Fatalf("a POST after stray bytes: %+v %v (want its own answer, on a new connection)", out, err)
+	}
+	if n := conns.Load(); n != 2 {
+		t.Fatalf("the agent saw %d connections, want 2", n)
 	}
 }
 
