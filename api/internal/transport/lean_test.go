@@ -67,6 +67,25 @@ func leanClient(t *testing.T, url string) *Client {
 	return c
 }
 
+// channelClient is a client of the agent at addr whose connections are
+// not sockets, as ctl.Tunnel's SSH channels are not.
+func channelClient(t *testing.T, addr string) *Client {
+	t.Helper()
+	var d net.Dialer
+	c, err := NewWithDialer(addr, func(ctx context.Context, network, addr string) (net.Conn, error) {
+		nc, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return deadlineconn.Wrap(nc), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.HTTP.CloseIdleConnections)
+	return c
+}
+
 // rawAgent serves each connection with serve, below HTTP: for answers
 // net/http's server would not give.
 func rawAgent(t *testing.T, serve func(net.Conn)) string {
@@ -347,18 +366,7 @@ func TestLeanThroughChannels(t *testing.T) {
 	s := newLeanServer(t, func(w http.ResponseWriter, r *http.Request) {
 		jsonOK(w, strings.Repeat(" ", 1000)+`{"id":"ok"}`)
 	})
-	var d net.Dialer
-	c, err := NewWithDialer(s.Listener.Addr().String(), func(ctx context.Context, network, addr string) (net.Conn, error) {
-		nc, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return deadlineconn.Wrap(nc), nil // as ctl.Tunnel gives them
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.HTTP.CloseIdleConnections)
+	c := channelClient(t, s.Listener.Addr().String())
 	ctx := context.Background()
 	resp, cancel, err := c.Do(ctx, Request{Method: http.MethodGet, Path: "/"})
 	if err != nil {
@@ -424,18 +432,7 @@ func TestLeanChannelStrayBytes(t *testing.T) {
 			}
 		}
 	})
-	var d net.Dialer
-	c, err := NewWithDialer(addr, func(ctx context.Context, network, addr string) (net.Conn, error) {
-		nc, err := d.DialContext(ctx, network, addr)
-		if err != nil {
-			return nil, err
-		}
-		return deadlineconn.Wrap(nc), nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.HTTP.CloseIdleConnections)
+	c := channelClient(t, addr)
 	ctx := context.Background()
 	var out struct{ ID string }
 	if err := c.JSON(ctx, Request{Method: http.MethodGet, Path: "/"}, &out); err != nil || out.ID != "conn1" {

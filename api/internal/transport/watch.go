@@ -20,11 +20,12 @@ import (
 type watched struct {
 	net.Conn
 
-	mu     sync.Mutex
-	cond   *sync.Cond
-	buf    []byte // read, not yet taken
-	err    error  // how the reader ended; nil while it runs
-	closed bool
+	mu   sync.Mutex
+	cond *sync.Cond
+	buf  []byte // read, not yet taken
+	// err is how the connection ended (the reader's error, or
+	// net.ErrClosed from Close, whichever came first); nil while open.
+	err error
 }
 
 // watchAhead bounds what the reader holds before a Read takes it.
@@ -41,10 +42,10 @@ func (w *watched) readLoop() {
 	chunk := make([]byte, 16<<10)
 	for {
 		w.mu.Lock()
-		for len(w.buf) >= watchAhead && !w.closed {
+		for len(w.buf) >= watchAhead && w.err == nil {
 			w.cond.Wait()
 		}
-		stop := w.closed
+		stop := w.err != nil
 		w.mu.Unlock()
 		if stop {
 			return
@@ -52,7 +53,7 @@ func (w *watched) readLoop() {
 		n, err := w.Conn.Read(chunk)
 		w.mu.Lock()
 		w.buf = append(w.buf, chunk[:n]...)
-		if err != nil {
+		if err != nil && w.err == nil {
 			w.err = err
 		}
 		w.cond.Broadcast()
@@ -67,7 +68,7 @@ func (w *watched) readLoop() {
 func (w *watched) Read(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for len(w.buf) == 0 && w.err == nil && !w.closed {
+	for len(w.buf) == 0 && w.err == nil {
 		w.cond.Wait()
 	}
 	return w.takeLocked(p)
@@ -77,7 +78,7 @@ func (w *watched) Read(p []byte) (int, error) {
 func (w *watched) readNow(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.buf) == 0 && w.err == nil && !w.closed {
+	if len(w.buf) == 0 && w.err == nil {
 		return 0, errWouldWait
 	}
 	return w.takeLocked(p)
@@ -93,9 +94,6 @@ func (w *watched) takeLocked(p []byte) (int, error) {
 		w.cond.Broadcast() // room for the reader
 		return n, nil
 	}
-	if w.closed {
-		return 0, net.ErrClosed
-	}
 	return 0, w.err
 }
 
@@ -104,13 +102,15 @@ func (w *watched) takeLocked(p []byte) (int, error) {
 func (w *watched) quiet() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.buf) == 0 && w.err == nil && !w.closed
+	return len(w.buf) == 0 && w.err == nil
 }
 
 // Close closes the connection and ends every wait.
 func (w *watched) Close() error {
 	w.mu.Lock()
-	w.closed = true
+	if w.err == nil {
+		w.err = net.ErrClosed
+	}
 	w.cond.Broadcast()
 	w.mu.Unlock()
 	return w.Conn.Close()
