@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -241,4 +242,59 @@ func TestShimJSONLogs(t *testing.T) {
 	if lines == 0 || withTask == 0 {
 		t.Fatalf("%d lines, %d with task_id", lines, withTask)
 	}
+}
+
+// The shim raises its CPU priority at start (--shim-nice, default -10),
+// every thread of it, so its API answers while Docker and the jobs keep
+// every CPU busy; the jobs it starts (Docker's children, not its own) stay
+// at the default; TANDEM_SHIM_NICE=0 leaves the shim's alone.
+func TestShimCPUPriority(t *testing.T) {
+	t.Parallel()
+	h := startShim(t, runnerScript(t, "exec sleep 3600"), nil)
+	if nices := threadNices(t, h.cmd.Process.Pid); len(nices) == 0 || slices.ContainsFunc(nices, func(n int) bool { return n != -10 }) {
+		t.Fatalf("the shim's threads at nice %v, want all -10", nices)
+	}
+	cfg := h.submit(api.TaskConfig{})
+	h.wait(cfg.ID, time.Minute, running)
+	out, err := testenv.Docker(context.Background(), "inspect", "-f", "{{.State.Pid}}", h.names[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("container pid %q: %v", out, err)
+	}
+	if nices := threadNices(t, pid); len(nices) == 0 || slices.ContainsFunc(nices, func(n int) bool { return n != 0 }) {
+		t.Fatalf("the job's process at nice %v, want 0 (the default)", nices)
+	}
+
+	off := startShim(t, runnerScript(t, "exit 0"), []string{"TANDEM_SHIM_NICE=0"})
+	if nices := threadNices(t, off.cmd.Process.Pid); slices.ContainsFunc(nices, func(n int) bool { return n != 0 }) {
+		t.Fatalf("TANDEM_SHIM_NICE=0: the shim's threads at nice %v, want 0", nices)
+	}
+}
+
+// threadNices is the nice value of each thread of pid (/proc stat field 19).
+func threadNices(t *testing.T, pid int) []int {
+	t.Helper()
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		n, err := strconv.Atoi(f[16])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, n)
+	}
+	return out
 }

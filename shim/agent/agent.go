@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/lifecycle"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/common/procs"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/authkeys"
 	"github.com/tandem-run/tandem/shim/component"
@@ -42,6 +43,9 @@ type Config struct {
 	// APIAllowContainers, APIToken and APIAllowedHosts configure who may
 	// call the API (server.Access).
 	APIAllowContainers bool
+	// Nice is the CPU priority the shim gives itself at start when it was
+	// started at the default (procs.Prioritize); 0 leaves it.
+	Nice int
 	// KeepStartupMemory turns off memtrim after recovery (a kill switch).
 	KeepStartupMemory bool
 	APIToken          string
@@ -103,8 +107,13 @@ func Defaults() Config {
 		GCPDiskByID:        "/dev/disk/by-id",
 		HostRoot:           "/",
 		RunnerDirSize:      runnerdir.DefaultSize,
+		Nice:               DefaultNice,
 	}
 }
+
+// DefaultNice puts the shim's few CPU-seconds ahead of the Docker engine's
+// and the jobs' (see procs.Prioritize for what it measured).
+const DefaultNice = -10
 
 // WithDefaults returns c with its zero intervals and paths from Defaults
 // (not RunnerDirSize, whose 0 means plain directories).
@@ -177,6 +186,17 @@ func (a *agent) startLog(context.Context) error {
 	a.log = log
 	a.OnStop(func() { logFile.Close() })
 	log.Info("dstack-shim starting", "version", version.String(), "tandem_version", version.Tandem(), "home", a.cfg.Home)
+	if a.cfg.Nice != 0 {
+		now, err := procs.Prioritize(a.cfg.Nice)
+		switch {
+		case err != nil:
+			log.Warn("cannot raise the shim's CPU priority: its API may answer late while the host's CPUs are busy", "nice", now, "wanted", a.cfg.Nice, "err", err)
+		case now != a.cfg.Nice:
+			log.Info("the shim keeps the CPU priority it was started with", "nice", now)
+		default:
+			log.Debug("CPU priority raised", "nice", now)
+		}
+	}
 	return nil
 }
 

@@ -87,6 +87,9 @@ func config(c *cli.Context) (agent.Config, error) {
 	if c.Duration("pull-stall-timeout") <= 0 {
 		return agent.Config{}, fmt.Errorf("--pull-stall-timeout must be positive")
 	}
+	if n := c.Int("shim-nice"); n < -20 || n > 19 {
+		return agent.Config{}, fmt.Errorf("--shim-nice %d: a nice value is -20 to 19", n)
+	}
 	return agent.Config{
 		Home:              home,
 		BinaryPath:        bin,
@@ -124,6 +127,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		MetricsAddress:       c.String("metrics-address"),
 		PidsLimit:            c.Int64("pids-limit"),
 		RunnerDirSize:        c.Int64("runner-dir-size"),
+		Nice:                 c.Int("shim-nice"),
 		IsolatedNetwork:      c.String("task-network"),
 	}, nil
 }
@@ -177,6 +181,7 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "task-network", Value: netiso.DefaultName, EnvVars: []string{"TANDEM_SHIM_TASK_NETWORK"}, Usage: "bridge network (created with inter-container traffic off) that bridge-mode tasks join, so tasks cannot reach each other; \"\" for Docker's default bridge"},
 		&cli.StringSliceFlag{Name: "api-allow-user", EnvVars: []string{"TANDEM_SHIM_API_ALLOW_USERS"}, Usage: "local accounts admitted to the API and the task ports besides root-equivalent ones (root, sudoers granting ALL, the Docker socket's group): a uid, a user name or @group; repeat or comma-separate"},
 		&cli.Int64Flag{Name: "runner-dir-size", Value: d.RunnerDirSize, EnvVars: []string{"TANDEM_SHIM_RUNNER_DIR_SIZE"}, Usage: "bytes each task's runner dir may hold (a sparse ext4 image of its own, loop-mounted; the job gets ENOSPC there, the shim home keeps its room); 0: plain, unbounded directories"},
+		&cli.IntFlag{Name: "shim-nice", Value: d.Nice, EnvVars: []string{"TANDEM_SHIM_NICE"}, Usage: "CPU priority (nice, -20 to 19) the shim gives itself when started at the default 0, so its API answers while jobs and Docker keep every CPU busy; one it was started with (nice, systemd's Nice=) stands; 0: leave it"},
 		&cli.Int64Flag{Name: "pids-limit", EnvVars: []string{"TANDEM_SHIM_PIDS_LIMIT"}, Usage: "each task's processes and threads at most (0: an eighth of the kernel's pid_max, between 2048 and 32768; -1: no limit); a tandem run may ask for its own"},
 		&cli.StringFlag{Name: "metrics-address", EnvVars: []string{"TANDEM_SHIM_METRICS_ADDRESS"}, Usage: "also serve GET /metrics alone on this address (host:port; off by default), for a scraper the API refuses (in a container, on another machine, its own account); nothing else answers there"},
 		&cli.BoolFlag{Name: "docker-publish-ports", EnvVars: []string{"TANDEM_SHIM_DOCKER_PUBLISH_PORTS"}, Usage: "kill switch: let Docker publish bridge tasks' runner ports (every local account reaches them) instead of the shim's forwards, which admit only the API's callers"},
