@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -20,32 +19,43 @@ import (
 	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
-var (
-	floodOnce sync.Once
-	floodBin  string
-	floodErr  error
-)
-
 // floodBinary builds e2e/testdata/flood (static, so it runs in any image).
 func floodBinary(t testing.TB) string {
 	t.Helper()
-	floodOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "tandem-flood-")
-		if err != nil {
-			floodErr = err
-			return
-		}
-		floodBin = filepath.Join(dir, "flood")
-		cmd := exec.Command("go", "build", "-o", floodBin, "./testdata/flood")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			floodErr = fmt.Errorf("build flood: %v\n%s", err, out)
-		}
-	})
-	if floodErr != nil {
-		t.Fatal(floodErr)
+	return helperBinary(t, "flood")
+}
+
+// helpers are the programs under e2e/testdata, each built once (static,
+// so they run in any image) into one directory that TestMain removes.
+var helpers struct {
+	mu   sync.Mutex
+	dir  string
+	bins map[string]string
+}
+
+// helperBinary builds e2e/testdata/<name> once and returns its path.
+func helperBinary(t testing.TB, name string) string {
+	t.Helper()
+	helpers.mu.Lock()
+	defer helpers.mu.Unlock()
+	if bin, ok := helpers.bins[name]; ok {
+		return bin
 	}
-	return floodBin
+	if helpers.dir == "" {
+		dir, err := os.MkdirTemp("", "tandem-helpers-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		helpers.dir, helpers.bins = dir, map[string]string{}
+	}
+	bin := filepath.Join(helpers.dir, name)
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/"+name)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, out)
+	}
+	helpers.bins[name] = bin
+	return bin
 }
 
 // waitHolding waits for the flood's "holding N" line on r.

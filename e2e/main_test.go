@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,8 +13,8 @@ import (
 // after every test's cleanup ran.
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if floodBin != "" {
-		_ = os.RemoveAll(filepath.Dir(floodBin))
+	if helpers.dir != "" {
+		_ = os.RemoveAll(helpers.dir)
 	}
 	if left := testenv.LeftoverDaemons(); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "e2e: daemons still running after the suite:\n  %s\n", strings.Join(left, "\n  "))
