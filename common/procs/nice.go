@@ -23,7 +23,7 @@ import (
 // CPU, and where a burst of container starts keeps every CPU busy with
 // the Docker engine's threads, a shim at the default nice waited for its
 // turn: GET /api/tasks/{id}, as a client off the busy machine saw it, took
-// 134 ms at the 99th percentile on 2 CPUs, and 45 ms at nice -10.
+// 72-75 ms at the 99th percentile on 2 CPUs, and 48-50 ms at nice -10.
 func Prioritize(nice int) (int, error) {
 	const tasks = "/proc/self/task"
 	own, err := threadNice(filepath.Join(tasks, strconv.Itoa(unix.Gettid())))
