@@ -32,15 +32,7 @@ func BenchmarkMake64(b *testing.B) {
 		if _, err := d.template(context.Background(), root, false); err != nil {
 			b.Fatal(err)
 		}
-		paths := make([]string, n)
-		for j := range paths {
-			paths[j] = filepath.Join(root, "task-"+strconv.Itoa(j))
-			b.Cleanup(func() {
-				for range 4 {
-					_ = unix.Unmount(paths[j], unix.MNT_DETACH)
-				}
-			})
-		}
+		paths := taskPaths(b, root, n)
 		h0, s0, t0 := hostCPUTime(), selfCPUTime(), time.Now()
 		var wg sync.WaitGroup
 		for _, p := range paths {

@@ -395,15 +395,7 @@ func TestConcurrentMakesAreAllBounded(t *testing.T) {
 	root := filepath.Join(t.TempDir(), "runners")
 	d := &Dirs{Size: 16 << 20}
 	t.Cleanup(d.Close)
-	paths := make([]string, n)
-	for i := range paths {
-		paths[i] = filepath.Join(root, "task-"+strconv.Itoa(i))
-		t.Cleanup(func() {
-			for range 4 {
-				_ = unix.Unmount(paths[i], unix.MNT_DETACH)
-			}
-		})
-	}
+	paths := taskPaths(t, root, n)
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	for i := range paths {
@@ -431,4 +423,19 @@ func TestConcurrentMakesAreAllBounded(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// taskPaths names n runner dirs under root; whatever stays mounted there
+// is detached when the test ends.
+func taskPaths(tb testing.TB, root string, n int) []string {
+	paths := make([]string, n)
+	for i := range paths {
+		paths[i] = filepath.Join(root, "task-"+strconv.Itoa(i))
+		tb.Cleanup(func() {
+			for range 4 {
+				_ = unix.Unmount(paths[i], unix.MNT_DETACH)
+			}
+		})
+	}
+	return paths
 }
