@@ -14,10 +14,10 @@ import (
 // Prioritize gives every thread of this process the nice value nice (lower
 // runs first) when the process is still at the default, 0: an operator's
 // own choice (nice(1), systemd's Nice=) stands. It returns the nice value
-// the process runs at after the call. A
-// thread made later inherits the value from the thread that makes it, and
-// a thread made while this runs is caught by another pass. Going below 0
-// needs CAP_SYS_NICE: without it the error says so and nothing changed.
+// the process runs at after the call. A thread made later inherits the
+// value from the thread that makes it, and one made while this runs is
+// caught by another pass. Going below 0 needs CAP_SYS_NICE: without it
+// the error says so and nothing changed.
 //
 // An agent's threads run little, but each answer waits for one to get a
 // CPU, and where a burst of container starts keeps every CPU busy with

@@ -190,11 +190,11 @@ func (a *agent) startLog(context.Context) error {
 		now, err := procs.Prioritize(a.cfg.Nice)
 		switch {
 		case err != nil:
-			log.Warn("cannot raise the shim's CPU priority: its API may answer late while the host's CPUs are busy", "nice", now, "wanted", a.cfg.Nice, "err", err)
+			log.Warn("cannot set the shim's CPU priority: its API may answer late while the host's CPUs are busy", "nice", now, "wanted", a.cfg.Nice, "err", err)
 		case now != a.cfg.Nice:
 			log.Info("the shim keeps the CPU priority it was started with", "nice", now)
 		default:
-			log.Debug("CPU priority raised", "nice", now)
+			log.Debug("CPU priority set", "nice", now)
 		}
 	}
 	return nil
