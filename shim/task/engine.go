@@ -236,6 +236,7 @@ type task struct {
 	ports      []api.PortMapping
 	hostKeys   []string  // the runner's SSH host keys, once read
 	keysLooked time.Time // when a GET last looked for them (query.go)
+	keysLooks  int       // plain GETs' looks so far (keysSpacing)
 	gpuIDs     []string
 	stopReq    *api.TaskTerminateRequest // set by terminate
 	job        *api.JobStateEvent        // the job's final state, once its runner left it

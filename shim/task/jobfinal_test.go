@@ -219,3 +219,61 @@ func TestHostKeysLookIsSpacedOut(t *testing.T) {
 		t.Fatalf("a fresh GET: %v", keysOf(info))
 	}
 }
+
+// Each plain look that finds no host keys doubles the wait before the
+// next (a runner that writes none is not looked for on every poll), up to
+// hostKeysLookMax; found keys show at the next look.
+func TestHostKeysLooksBackOff(t *testing.T) {
+	for looks, want := range map[int]time.Duration{0: 100 * time.Millisecond, 1: 100 * time.Millisecond, 2: 200 * time.Millisecond, 3: 400 * time.Millisecond,
+		6: 3200 * time.Millisecond, 7: hostKeysLookMax, 64: hostKeysLookMax, 1 << 30: hostKeysLookMax} {
+		if got := keysSpacing(looks); got != want {
+			t.Errorf("keysSpacing(%d) = %v, want %v", looks, got, want)
+		}
+	}
+	rt := newStepRuntime()
+	e := gatedEngine(t, rt, plainDirs{})
+	at := time.Unix(1_800_000_000, 0)
+	var mu sync.Mutex
+	e.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return at }
+	advance := func(d time.Duration) {
+		mu.Lock()
+		at = at.Add(d)
+		mu.Unlock()
+	}
+	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, e, "t", api.TaskRunning)
+	found := func() bool {
+		info, err := e.Get("t")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Tandem != nil && len(info.Tandem.HostKeys) > 0
+	}
+	// Looks at 0, +100 ms and +300 ms find nothing; the next is due 400 ms
+	// after the third.
+	for _, d := range []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond} {
+		advance(d)
+		if found() {
+			t.Fatal("keys before the runner wrote any")
+		}
+	}
+	tk, _ := e.lookup("t")
+	dir, err := e.runnerDir(tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC8yVbSqjrvTJsNrx0BHW0YaJvTxdnsM3I1dTKdJjLKu"
+	if err := os.WriteFile(filepath.Join(dir, api.RunnerHostKeysFile), []byte(key+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	advance(399 * time.Millisecond)
+	if found() {
+		t.Fatal("looked again 399 ms after the third look (the wait is 400 ms)")
+	}
+	advance(time.Millisecond)
+	if !found() {
+		t.Fatal("the keys were not found 400 ms after the third look")
+	}
+}

@@ -30,9 +30,12 @@ func (e *Engine) get(id string, fresh bool) (api.TaskInfoResponse, error) {
 	if look {
 		t.jobLooked = now
 	}
-	lookKeys := t.status == api.TaskRunning && t.hostKeys == nil && (fresh || now.Sub(t.keysLooked) >= hostKeysLookEvery)
+	lookKeys := t.status == api.TaskRunning && t.hostKeys == nil && (fresh || t.keysLooks == 0 || now.Sub(t.keysLooked) >= keysSpacing(t.keysLooks))
 	if lookKeys {
 		t.keysLooked = now
+		if !fresh {
+			t.keysLooks++
+		}
 	}
 	t.mu.Unlock()
 	if look {
@@ -52,9 +55,23 @@ const jobLookEvery = time.Second
 
 // hostKeysLookEvery spaces a running task's GETs' looks for its runner's
 // host keys until it wrote them: a file open on every GET was 6% of the
-// shim's CPU in a 64-task burst, whose runners start slowly. A fresh GET
-// (a client about to pin them) looks at once.
-const hostKeysLookEvery = 100 * time.Millisecond
+// shim's CPU in a 64-task burst, whose runners start slowly. Each look
+// that finds none doubles the spacing, up to hostKeysLookMax: our runner
+// writes them once its SSH server listens, milliseconds after it starts,
+// and a runner that writes none (dstack's own) is not looked for on every
+// poll for the rest of its job. A fresh GET (a client about to pin them)
+// looks at once.
+const (
+	hostKeysLookEvery = 100 * time.Millisecond
+	hostKeysLookMax   = 5 * time.Second
+)
+
+// keysSpacing is the wait after the looks-th plain look for host keys
+// (looks >= 1): hostKeysLookEvery, doubled after each, at most
+// hostKeysLookMax.
+func keysSpacing(looks int) time.Duration {
+	return min(hostKeysLookEvery<<min(max(looks-1, 0), 16), hostKeysLookMax)
+}
 
 // lookup finds a task in the table.
 func (e *Engine) lookup(id string) (*task, bool) {
