@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/procs"
 	"github.com/tandem-run/tandem/e2e/testenv"
 	"github.com/tandem-run/tandem/shim/dockerrt"
 	"github.com/tandem-run/tandem/shim/runnerdir"
@@ -392,12 +393,11 @@ func minorFaults(pid int) int {
 // procStat is /proc/pid/stat's fields after the command's name (state
 // first), or nil.
 func procStat(pid int) []string {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	f, err := procs.StatFields("/proc/" + strconv.Itoa(pid))
 	if err != nil {
 		return nil
 	}
-	s := string(b)
-	return strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	return f
 }
 
 // burstRound is one burst through the shim.

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/procs"
 	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
@@ -284,12 +285,13 @@ func threadNices(t *testing.T, pid int) []int {
 	}
 	var out []int
 	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name(), "stat"))
+		f, err := procs.StatFields(filepath.Join(dir, e.Name()))
 		if err != nil {
-			continue
+			continue // the thread ended
 		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 17 {
+			t.Fatalf("thread %s: %d stat fields", e.Name(), len(f)+2)
+		}
 		n, err := strconv.Atoi(f[16])
 		if err != nil {
 			t.Fatal(err)

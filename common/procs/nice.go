@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -64,20 +63,14 @@ func Prioritize(nice int) (int, error) {
 	return nice, nil
 }
 
-// threadNice reads a thread's nice value from its stat file (field 19).
-func threadNice(stat string) (int, error) {
-	b, err := os.ReadFile(filepath.Join(stat, "stat"))
+// threadNice reads a thread's nice value (stat field 19) from dir.
+func threadNice(dir string) (int, error) {
+	f, err := StatFields(dir)
 	if err != nil {
 		return 0, err
 	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("%s: no command name", stat)
-	}
-	f := strings.Fields(s[i+1:])
 	if len(f) < 17 {
-		return 0, fmt.Errorf("%s: %d fields", stat, len(f))
+		return 0, fmt.Errorf("%s/stat: %d fields", dir, len(f)+2)
 	}
 	return strconv.Atoi(f[16])
 }

@@ -117,4 +117,10 @@ func TestThreadNice(t *testing.T) {
 	if _, err := threadNice(dir); err == nil {
 		t.Fatal("a short stat line read as a nice value")
 	}
+	if err := os.WriteFile(filepath.Join(dir, "stat"), []byte("42 x S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 -7 1 0"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := StatFields(dir); err == nil {
+		t.Fatal("a stat line without a command name in parentheses was read")
+	}
 }

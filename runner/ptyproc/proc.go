@@ -9,12 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
+
+	"github.com/tandem-run/tandem/common/procs"
 )
 
 // Spec is a process to start.
@@ -242,18 +243,9 @@ func SessionMembers(procRoot string, sid int) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid pgrp session ...; comm may contain spaces.
-		s := string(b)
-		i := strings.LastIndexByte(s, ')')
-		if i < 0 {
-			continue
-		}
-		f := strings.Fields(s[i+1:])
-		if len(f) < 4 {
+		// state ppid pgrp session ...
+		f, err := procs.StatFields(filepath.Join(procRoot, e.Name()))
+		if err != nil || len(f) < 4 {
 			continue
 		}
 		if sess, err := strconv.Atoi(f[3]); err == nil && sess == sid {

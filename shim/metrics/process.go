@@ -2,7 +2,6 @@ package metrics
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,6 +9,8 @@ import (
 	rtmetrics "runtime/metrics"
 	"strconv"
 	"strings"
+
+	"github.com/tandem-run/tandem/common/procs"
 )
 
 // procStat is what the process_* series say, read from /proc.
@@ -31,17 +32,10 @@ const userHZ = 100
 // statFile (/proc/stat). A field it cannot read stays 0; the scrape goes on.
 func readProc(dir, statFile string) (procStat, error) {
 	var p procStat
-	b, err := os.ReadFile(filepath.Join(dir, "stat"))
+	f, err := procs.StatFields(dir)
 	if err != nil {
 		return p, err
 	}
-	// The command name is in parentheses and may hold spaces: fields count
-	// from after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return p, fmt.Errorf("%s/stat: no command name", dir)
-	}
-	f := strings.Fields(string(b[i+1:]))
 	// f[0] is field 3 (state): utime is field 14, stime 15, num_threads 20,
 	// starttime 22, vsize 23, rss 24 (pages).
 	if len(f) < 22 {
