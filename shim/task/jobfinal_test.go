@@ -183,15 +183,7 @@ func TestHostKeysLookIsSpacedOut(t *testing.T) {
 	if info, _ := e.Get("t"); keysOf(info) != nil {
 		t.Fatalf("keys before the runner wrote any: %v", keysOf(info))
 	}
-	tk, _ := e.lookup("t")
-	dir, err := e.runnerDir(tk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC8yVbSqjrvTJsNrx0BHW0YaJvTxdnsM3I1dTKdJjLKu"
-	if err := os.WriteFile(filepath.Join(dir, api.RunnerHostKeysFile), []byte(key+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	key := writeHostKey(t, e, "t")
 	if info, _ := e.Get("t"); keysOf(info) != nil {
 		t.Fatal("a plain GET looked again within hostKeysLookEvery")
 	}
@@ -208,13 +200,7 @@ func TestHostKeysLookIsSpacedOut(t *testing.T) {
 	}
 	waitStatus(t, e, "u", api.TaskRunning)
 	_, _ = e.Get("u")
-	tu, _ := e.lookup("u")
-	if dir, err = e.runnerDir(tu); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, api.RunnerHostKeysFile), []byte(key+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeHostKey(t, e, "u")
 	if info, _ := e.GetFresh("u"); len(keysOf(info)) != 1 {
 		t.Fatalf("a fresh GET: %v", keysOf(info))
 	}
@@ -259,15 +245,7 @@ func TestHostKeysLooksBackOff(t *testing.T) {
 			t.Fatal("keys before the runner wrote any")
 		}
 	}
-	tk, _ := e.lookup("t")
-	dir, err := e.runnerDir(tk)
-	if err != nil {
-		t.Fatal(err)
-	}
-	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC8yVbSqjrvTJsNrx0BHW0YaJvTxdnsM3I1dTKdJjLKu"
-	if err := os.WriteFile(filepath.Join(dir, api.RunnerHostKeysFile), []byte(key+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeHostKey(t, e, "t")
 	advance(399 * time.Millisecond)
 	if found() {
 		t.Fatal("looked again 399 ms after the third look (the wait is 400 ms)")
@@ -276,4 +254,23 @@ func TestHostKeysLooksBackOff(t *testing.T) {
 	if !found() {
 		t.Fatal("the keys were not found 400 ms after the third look")
 	}
+}
+
+// writeHostKey writes a host key into task id's runner dir, as the runner
+// does once its SSH server listens, and returns it.
+func writeHostKey(t *testing.T, e *Engine, id string) string {
+	t.Helper()
+	tk, ok := e.lookup(id)
+	if !ok {
+		t.Fatalf("no task %s", id)
+	}
+	dir, err := e.runnerDir(tk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIC8yVbSqjrvTJsNrx0BHW0YaJvTxdnsM3I1dTKdJjLKu"
+	if err := os.WriteFile(filepath.Join(dir, api.RunnerHostKeysFile), []byte(key+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return key
 }

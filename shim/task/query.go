@@ -30,7 +30,7 @@ func (e *Engine) get(id string, fresh bool) (api.TaskInfoResponse, error) {
 	if look {
 		t.jobLooked = now
 	}
-	lookKeys := t.status == api.TaskRunning && t.hostKeys == nil && (fresh || t.keysLooks == 0 || now.Sub(t.keysLooked) >= keysSpacing(t.keysLooks))
+	lookKeys := t.status == api.TaskRunning && t.hostKeys == nil && (fresh || now.Sub(t.keysLooked) >= keysSpacing(t.keysLooks))
 	if lookKeys {
 		t.keysLooked = now
 		if !fresh {
@@ -66,8 +66,9 @@ const (
 	hostKeysLookMax   = 5 * time.Second
 )
 
-// keysSpacing is the wait after the looks-th plain look for host keys
-// (looks >= 1): hostKeysLookEvery, doubled after each, at most
+// keysSpacing is the wait after the looks-th plain look for host keys:
+// hostKeysLookEvery (also before the first, which the zero keysLooked
+// always passes, and after a fresh look), doubled after each, at most
 // hostKeysLookMax.
 func keysSpacing(looks int) time.Duration {
 	return min(hostKeysLookEvery<<min(max(looks-1, 0), 16), hostKeysLookMax)
