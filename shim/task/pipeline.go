@@ -82,31 +82,38 @@ func (e *Engine) watch(t *task, log *slog.Logger) {
 	if e.life.Err() == nil {
 		e.learnJob(t) // before anything else: the job's own word on its end
 	}
-	switch {
-	case e.life.Err() != nil:
+	if e.life.Err() != nil {
 		// The shim is shutting down: the task keeps running, and the next
 		// start re-attaches to it. Nothing to end, but nothing more runs
 		// for it here either.
 		t.markDone()
 		return
-	case errors.Is(err, ErrContainerGone):
-		e.end(t, log, failure{api.ReasonContainerExitedWithError, "the container disappeared"})
-	case err != nil:
-		e.end(t, log, failure{api.ReasonContainerExitedWithError, err.Error()})
-	case code == 0:
-		e.end(t, log, failure{api.ReasonDoneByRunner, ""})
-	default:
-		lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		tailText, lerr := e.rt.LogTail(lctx, id, 5)
-		cancel()
-		if lerr != nil {
-			log.Warn("read container log tail", "err", lerr)
-		}
-		if tailText == "" {
-			tailText = fmt.Sprintf("container exited with code %d", code)
-		}
-		e.end(t, log, failure{api.ReasonContainerExitedWithError, tailText})
 	}
+	e.end(t, log, e.exitEnd(id, code, err, log))
+}
+
+// exitEnd is how a task whose container stopped ends: done with exit code
+// 0, else with the container's last lines (or its code) as the message.
+// err is the wait's failure, if any.
+func (e *Engine) exitEnd(id string, code int, err error, log *slog.Logger) failure {
+	switch {
+	case errors.Is(err, ErrContainerGone):
+		return failure{api.ReasonContainerExitedWithError, "the container disappeared"}
+	case err != nil:
+		return failure{api.ReasonContainerExitedWithError, err.Error()}
+	case code == 0:
+		return failure{api.ReasonDoneByRunner, ""}
+	}
+	lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	tailText, lerr := e.rt.LogTail(lctx, id, 5)
+	cancel()
+	if lerr != nil {
+		log.Warn("read container log tail", "err", lerr)
+	}
+	if tailText == "" {
+		tailText = fmt.Sprintf("container exited with code %d", code)
+	}
+	return failure{api.ReasonContainerExitedWithError, tailText}
 }
 
 // waitExit waits for a container to stop, until ctx ends. A wait cut by a
@@ -299,6 +306,9 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 	case cfg.NetworkMode == "host":
 	case e.cfg.Forwarder != nil:
 		if ports, err = e.forward(context.WithoutCancel(ctx), t, id, nil); err != nil {
+			if f := e.endedEarly(t, id, log); f != nil {
+				return f
+			}
 			_ = e.rt.Stop(context.WithoutCancel(ctx), id, 0)
 			return fail(api.ReasonCreatingContainerError, "forward the runner's ports: %v", err)
 		}
@@ -324,6 +334,27 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		e.obs().TaskRunning(e.now().Sub(t.submitted))
 	}
 	return nil
+}
+
+// endedEarly is how a task ends whose container stopped before the shim
+// could forward its ports (its address goes with it): as any container
+// that stopped, done or failed with its own last lines, not as a start
+// that failed. nil: the container still runs (or cannot be asked), so the
+// forward's own failure stands.
+func (e *Engine) endedEarly(t *task, id string, log *slog.Logger) *failure {
+	ictx, cancel := context.WithTimeout(context.Background(), dockerCallTimeout)
+	st, err := e.rt.Inspect(ictx, id)
+	cancel()
+	if errors.Is(err, ErrContainerGone) {
+		return &failure{api.ReasonContainerExitedWithError, "the container disappeared"}
+	}
+	if err != nil || st.Running {
+		return nil
+	}
+	e.learnJob(t) // the job's own word on its end, as watch takes it
+	f := e.exitEnd(id, st.ExitCode, nil, log)
+	log.Debug("the container stopped before its ports were forwarded", "exit_code", st.ExitCode)
+	return &f
 }
 
 // startContainer starts the created container id. A host without

@@ -330,3 +330,60 @@ func TestRemoveAfterAFailedCreate(t *testing.T) {
 		})
 	}
 }
+
+// earlyExitRuntime's containers stop before the shim reads their address
+// (a bridge job that ends at once takes its address with it), unless
+// running is set: then only the address lookup fails.
+type earlyExitRuntime struct {
+	*stepRuntime
+	code    int
+	running bool
+	tail    string
+}
+
+func (r *earlyExitRuntime) Address(_ context.Context, id, _ string) (string, error) {
+	if !r.running {
+		r.mu.Lock()
+		x := r.exit[id]
+		r.mu.Unlock()
+		x.stop(r.code)
+	}
+	return "", fmt.Errorf("container %s has no IPv4 address", id)
+}
+
+func (r *earlyExitRuntime) LogTail(context.Context, string, int) (string, error) {
+	return r.tail, nil
+}
+
+// A bridge job that ends before its ports are forwarded ends as any job
+// whose container stopped (done, or failed with its own last lines), not
+// as a container that could not be created; while the container still
+// runs, a failed forward stops it and says so.
+func TestJobEndedBeforeItsPortsWereForwarded(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		rt      *earlyExitRuntime
+		reason  api.TerminationReason
+		message string
+	}{
+		{"failed", &earlyExitRuntime{code: 3, tail: "failed on purpose"}, api.ReasonContainerExitedWithError, "failed on purpose"},
+		{"done", &earlyExitRuntime{code: 0, tail: "bye"}, api.ReasonDoneByRunner, ""},
+		{"still running", &earlyExitRuntime{running: true}, api.ReasonCreatingContainerError, "forward the runner's ports: container c1 has no IPv4 address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.rt.stepRuntime = newStepRuntime()
+			e, _ := newEngine(t, tc.rt)
+			e.cfg.Forwarder = nopForwarder{}
+			if _, err := e.Submit(api.TaskConfig{ID: "br", Name: "br", ImageName: "img", NetworkMode: "bridge"}); err != nil {
+				t.Fatal(err)
+			}
+			info := waitStatus(t, e, "br", api.TaskTerminated)
+			if info.TerminationReason != tc.reason || info.TerminationMessage != tc.message {
+				t.Fatalf("ended %s %q, want %s %q", info.TerminationReason, info.TerminationMessage, tc.reason, tc.message)
+			}
+			if n := tc.rt.stepRuntime.running(); n != 0 {
+				t.Fatalf("%d containers still run", n)
+			}
+		})
+	}
+}
