@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -133,28 +135,13 @@ esac`)
 
 // held is what the shim process holds.
 type held struct {
-	fds, threads, goroutines int
+	procHeld
+	goroutines int
 }
 
 func holdings(t *testing.T, pid int, h *shimHarness) held {
 	t.Helper()
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out held
-	out.fds = len(fds)
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(string(status)) {
-		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
-			out.threads, _ = strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	out.goroutines = int(scrape(t, h)["go_goroutines"])
-	return out
+	return held{procHoldings(t, pid), int(scrape(t, h)["go_goroutines"])}
 }
 
 // scrape reads the shim's /metrics: each unlabelled sample by name.
@@ -211,5 +198,188 @@ func loopsUnder(t *testing.T, dir string) []string {
 			out = append(out, filepath.Base(filepath.Dir(filepath.Dir(f)))+": "+strings.TrimSpace(string(b)))
 		}
 	}
+	return out
+}
+
+// The runner gives back what each client took, however it goes: SSH
+// logins, sessions with and without a pty, -L and -R forwards whose
+// client is killed mid-stream, file copies, connections that send garbage
+// or nothing before they close; the log stream's WebSocket and an API
+// request dropped halfway. After twenty rounds the runner
+// holds the descriptors and threads it held after two, and no session's
+// process is left in the container.
+func TestRunnerClientsLeakNothing(t *testing.T) {
+	r := startSSHRunner(t, testenv.Busybox(t))
+	pid := runnerPID(t, r.container)
+	api := portOf(t, r.runnerHarness)
+	round := func() {
+		t.Helper()
+		if out, code := r.ssh(t, "root", nil, "true"); code != 0 {
+			t.Fatalf("ssh true: %d %q", code, out)
+		}
+		if out, code := r.ssh(t, "root", []string{"-tt"}, "echo pty"); code != 0 || !strings.Contains(out, "pty") {
+			t.Fatalf("ssh -tt: %d %q", code, out)
+		}
+		// -L through to the runner's API, then the client killed.
+		local := testenv.FreeAddr(t)
+		fwd := exec.Command("ssh", r.sshArgs("root", "-N", "-L", local+":127.0.0.1:"+api)...)
+		testenv.Isolate(fwd)
+		if err := fwd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if body := httpGetRetry(t, "http://"+local+"/api/healthcheck"); !strings.Contains(body, "dstack-runner") {
+			t.Fatalf("-L: %q", body)
+		}
+		// A stream left open through the forward when the client dies.
+		if c, err := net.Dial("tcp", local); err == nil {
+			_, _ = c.Write([]byte("GET /api/healthcheck HTTP/1.1\r\nHost: x\r\n"))
+			defer c.Close()
+		}
+		_ = fwd.Process.Kill()
+		_ = fwd.Wait()
+		// -R, its client killed while the listener is open.
+		remote := testenv.FreeAddr(t)
+		rev := exec.Command("ssh", r.sshArgs("root", "-N", "-R", remote+":127.0.0.1:"+api)...)
+		testenv.Isolate(rev)
+		if err := rev.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; ; i++ {
+			if c, err := net.Dial("tcp", remote); err == nil {
+				c.Close()
+				break
+			}
+			if i > 200 {
+				t.Fatal("the -R listener never opened")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = rev.Process.Kill()
+		_ = rev.Wait()
+		// A file each way.
+		src := filepath.Join(t.TempDir(), "f")
+		if err := os.WriteFile(src, []byte("payload"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		scp := exec.Command("scp", append(append([]string{"-P", r.sshPort}, scpOpts(r)...), src, "root@127.0.0.1:/tmp/f")...)
+		if out, err := scp.CombinedOutput(); err != nil {
+			t.Fatalf("scp: %v %s", err, out)
+		}
+		// The log stream's WebSocket, dropped mid-stream; an API
+		// connection dropped mid-request.
+		if c, err := net.Dial("tcp", "127.0.0.1:"+api); err == nil {
+			_, _ = c.Write([]byte("GET /logs_ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
+				"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"))
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || !strings.Contains(line, "101") {
+				t.Fatalf("logs_ws: %q %v", line, err)
+			}
+			c.Close()
+		}
+		if c, err := net.Dial("tcp", "127.0.0.1:"+api); err == nil {
+			_, _ = c.Write([]byte("POST /api/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"))
+			c.Close()
+		}
+		// SSH: garbage, then nothing at all.
+		if c, err := net.Dial("tcp", "127.0.0.1:"+r.sshPort); err == nil {
+			_, _ = c.Write([]byte("\x00\xffnot ssh\r\n"))
+			c.Close()
+		}
+		if c, err := net.Dial("tcp", "127.0.0.1:"+r.sshPort); err == nil {
+			c.Close()
+		}
+	}
+	round()
+	round()
+	base := procHoldings(t, pid)
+	for range 20 {
+		round()
+	}
+	var now procHeld
+	for i := 0; ; i++ {
+		now = procHoldings(t, pid)
+		if now.fds <= base.fds+2 && now.threads <= base.threads+2 && now.children <= base.children {
+			break
+		}
+		if i > 100 {
+			t.Fatalf("after 22 rounds the runner holds more than after 2:\nbase: %+v\nnow:  %+v", base, now)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("after 2 rounds: %+v; after 22: %+v", base, now)
+}
+
+// scpOpts are the ssh options of r's client for scp (its -P, not -p).
+func scpOpts(r *sshRunner) []string {
+	args := r.sshArgs("root")
+	var out []string
+	for i := 0; i < len(args)-1; i++ {
+		if args[i] == "-p" {
+			i++
+			continue
+		}
+		out = append(out, args[i])
+	}
+	return out
+}
+
+// runnerPID is the host pid of the runner in container (docker's init's
+// child).
+func runnerPID(t *testing.T, container string) int {
+	t.Helper()
+	out, err := testenv.Docker(context.Background(), "inspect", "-f", "{{.State.Pid}}", container)
+	if err != nil {
+		t.Fatal(err)
+	}
+	init := strings.TrimSpace(out)
+	for _, p := range descendants(t, init) {
+		if comm, _ := os.ReadFile("/proc/" + p + "/comm"); strings.TrimSpace(string(comm)) == "dstack-runner" {
+			pid, _ := strconv.Atoi(p)
+			return pid
+		}
+	}
+	t.Fatalf("no dstack-runner under the container's init %s", init)
+	return 0
+}
+
+// descendants lists pid's descendants, depth first.
+func descendants(t *testing.T, pid string) []string {
+	t.Helper()
+	var out []string
+	tasks, _ := filepath.Glob("/proc/" + pid + "/task/*/children")
+	for _, f := range tasks {
+		b, _ := os.ReadFile(f)
+		for _, c := range strings.Fields(string(b)) {
+			out = append(out, c)
+			out = append(out, descendants(t, c)...)
+		}
+	}
+	return out
+}
+
+// procHeld is what a process holds: descriptors, threads, and processes
+// under it.
+type procHeld struct {
+	fds, threads, children int
+}
+
+func procHoldings(t *testing.T, pid int) procHeld {
+	t.Helper()
+	var out procHeld
+	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out.fds = len(fds)
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
+			out.threads, _ = strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	out.children = len(descendants(t, strconv.Itoa(pid)))
 	return out
 }
