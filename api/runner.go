@@ -2,6 +2,12 @@ package api
 
 import "encoding/json"
 
+// MaxUpload is the most one upload_code or upload_archive body may hold:
+// the runner answers 413 past it. dstack's server refuses code over 2 MiB
+// unless its operator raises DSTACK_SERVER_CODE_UPLOAD_LIMIT; this leaves
+// room for that and still bounds the disk a caller can fill.
+const MaxUpload = 256 << 20
+
 // SubmitBody is the body of the runner's POST /api/submit. Only the keys the
 // server's include-list sends are modelled; the deprecated top-level run_spec
 // and anything newer are ignored on decode.

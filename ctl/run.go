@@ -136,6 +136,9 @@ func NewRun(o RunOptions) (*Run, error) {
 	if o.Network == "" {
 		o.Network = "host"
 	}
+	if err := checkCode(o); err != nil {
+		return nil, err
+	}
 	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 	if err != nil {
 		return nil, err

@@ -95,10 +95,10 @@ func statsTable(out io.Writer, stats []ctl.Stat) error {
 			}
 			limit := "-"
 			if st.MemoryLimit > 0 {
-				limit = bytesText(uint64(st.MemoryLimit))
+				limit = ctl.BytesText(uint64(st.MemoryLimit))
 				memPct = fmt.Sprintf("%.1f%%", float64(st.MemoryBytes)/float64(st.MemoryLimit)*100)
 			}
-			mem = bytesText(st.MemoryBytes) + " / " + limit
+			mem = ctl.BytesText(st.MemoryBytes) + " / " + limit
 			if len(st.GPUs) > 0 {
 				utils := make([]string, len(st.GPUs))
 				var used uint64
@@ -106,7 +106,7 @@ func statsTable(out io.Writer, stats []ctl.Stat) error {
 					utils[i] = fmt.Sprintf("%d%%", g.GPUUtilPercent)
 					used += g.GPUMemoryUsageBytes
 				}
-				gpuUtil, gpuMem = strings.Join(utils, ","), bytesText(used)
+				gpuUtil, gpuMem = strings.Join(utils, ","), ctl.BytesText(used)
 			}
 		}
 		// Names and ids are the shim's: escaped.
@@ -121,18 +121,4 @@ func statName(st ctl.Stat) string {
 		return st.Name
 	}
 	return ctl.ShortID(st.ID)
-}
-
-// bytesText renders a size as docker stats does: 1.5GiB, 300MiB, 12KiB.
-func bytesText(n uint64) string {
-	units := []struct {
-		s string
-		v uint64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}}
-	for _, u := range units {
-		if n >= u.v {
-			return fmt.Sprintf("%.4g%s", float64(n)/float64(u.v), u.s)
-		}
-	}
-	return fmt.Sprintf("%dB", n)
 }

@@ -11,8 +11,8 @@ import (
 
 func TestBytesText(t *testing.T) {
 	for n, want := range map[uint64]string{0: "0B", 1023: "1023B", 1 << 10: "1KiB", 3 << 29: "1.5GiB", 300 << 20: "300MiB", 5 << 40: "5TiB"} {
-		if got := bytesText(n); got != want {
-			t.Errorf("bytesText(%d) = %q, want %q", n, got, want)
+		if got := ctl.BytesText(n); got != want {
+			t.Errorf("ctl.BytesText(%d) = %q, want %q", n, got, want)
 		}
 	}
 }

@@ -42,12 +42,10 @@ var (
 	ErrTooLarge = errors.New("upload too large")
 )
 
-// Default upload limits. dstack's server refuses code over 2 MiB unless its
-// operator raises DSTACK_SERVER_CODE_UPLOAD_LIMIT; these leave room for that
-// and still bound the disk a caller can fill.
+// Default upload limits (api.MaxUpload: what a client may send at once).
 const (
-	DefaultMaxUpload      = 256 << 20 // one upload_code or upload_archive body
-	DefaultMaxUploadTotal = 1 << 30   // all uploads of a job together
+	DefaultMaxUpload      = api.MaxUpload // one upload_code or upload_archive body
+	DefaultMaxUploadTotal = 1 << 30       // all uploads of a job together
 )
 
 // Config is how the executor runs jobs.
