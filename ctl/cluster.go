@@ -111,7 +111,7 @@ func NewCluster(o RunOptions, nodes []Node) (*Cluster, error) {
 		return nil, errors.New("a multi-node run uses host networking (the nodes reach each other at the hosts' addresses), as dstack's does")
 	}
 	o.Network = "host"
-	if err := checkCode(o); err != nil {
+	if err := checkRun(o); err != nil {
 		return nil, err
 	}
 	if p := o.Progress; p != nil { // several nodes report at once: no redrawing

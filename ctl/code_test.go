@@ -168,3 +168,16 @@ func TestCodeFileGrowingWhileSent(t *testing.T) {
 		t.Fatalf("archive holds %q", got)
 	}
 }
+
+// A working dir the runner would refuse is refused before a task is made.
+func TestWorkDirCheckedFirst(t *testing.T) {
+	for wd, ok := range map[string]bool{"": true, "/workflow": true, "~": true, "~/src": true, "rel/dir": false, "~user/x": false, ".": false} {
+		_, err := NewRun(RunOptions{WorkDir: wd, Commands: []string{"true"}, Shim: "127.0.0.1:1"})
+		if (err == nil) != ok {
+			t.Errorf("--workdir %q: %v", wd, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "must be absolute") {
+			t.Errorf("--workdir %q: %v", wd, err)
+		}
+	}
+}

@@ -136,7 +136,7 @@ func NewRun(o RunOptions) (*Run, error) {
 	if o.Network == "" {
 		o.Network = "host"
 	}
-	if err := checkCode(o); err != nil {
+	if err := checkRun(o); err != nil {
 		return nil, err
 	}
 	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)

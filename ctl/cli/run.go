@@ -159,14 +159,16 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	o := ctl.RunOptions{Shim: shim, ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
-		Out: jobOutput(c), Workers: c.App.ErrWriter, Env: map[string]string{}}
-	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr)}
+		Env: map[string]string{}}
 	if jsonOut {
 		// Only JSON on stdout: the job's output goes to stderr, and of the
 		// progress only what the user must read.
-		o.Out = ctl.LineEnds(c.App.ErrWriter)
-		progress.quiet, progress.tty = true, false
+		o.Out = shareLines(c, ctl.LineEnds(c.App.ErrWriter), true)
+	} else {
+		o.Out = shareLines(c, jobOutput(c), sameStream(c))
 	}
+	o.Workers = c.App.ErrWriter
+	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr) && !jsonOut, quiet: jsonOut}
 	o.Progress = progress.event
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
 	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
@@ -350,7 +352,8 @@ func attachCmd() *cli.Command {
 			if err != nil {
 				return err
 			}
-			res, err := ctl.Attach(ctx, c.Args().First(), taskOptions(c, dial), sinceFlag(c), jobOutput(c), c.App.ErrWriter)
+			out := shareLines(c, jobOutput(c), sameStream(c))
+			res, err := ctl.Attach(ctx, c.Args().First(), taskOptions(c, dial), sinceFlag(c), out, c.App.ErrWriter)
 			done()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
