@@ -5,6 +5,7 @@ package ctl
 
 import (
 	"archive/tar"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -62,7 +63,7 @@ func scanCode(dir string) (codeScan, error) {
 		if fi.Mode().IsRegular() {
 			s.size += (fi.Size() + tarBlock - 1) / tarBlock * tarBlock
 			s.biggest = append(s.biggest, codeEntry{rel, fi.Size()})
-			slices.SortFunc(s.biggest, func(a, b codeEntry) int { return int(min(max(b.size-a.size, -1), 1)) })
+			slices.SortFunc(s.biggest, func(a, b codeEntry) int { return cmp.Compare(b.size, a.size) })
 			s.biggest = s.biggest[:min(len(s.biggest), 3)]
 		}
 		return nil

@@ -23,9 +23,9 @@ import (
 // ends, gives back what it took. After two dozen lifecycles of every kind
 // (jobs that finish, fail, or are stopped; host and bridge networks, whose
 // ports the shim forwards; a stop right after the submit) the shim holds
-// the descriptors, threads and goroutines it held after the first two,
-// and nothing of the tasks is left on the host: no mount, loop device,
-// runner dir, record, forwarder or container.
+// the descriptors and goroutines it held after the first two (threads
+// within threadSlack), and nothing of the tasks is left on the host: no
+// mount, loop device, runner dir, record, forwarder or container.
 func TestShimTaskLifecyclesLeakNothing(t *testing.T) {
 	// The stand-in runner ends as its task's id says.
 	runner := runnerScript(t, `case "$TANDEM_TASK_ID" in
@@ -92,7 +92,7 @@ esac`)
 	var now held
 	for i := 0; ; i++ {
 		now = holdings(t, pid, h)
-		if now.fds <= base.fds+2 && now.goroutines <= base.goroutines+3 && now.threads <= base.threads+2 {
+		if now.fds <= base.fds+2 && now.goroutines <= base.goroutines+3 && now.threads <= base.threads+threadSlack {
 			break
 		}
 		if i > 50 {
@@ -132,6 +132,13 @@ esac`)
 		t.Fatalf("tasks still listed: %+v %v", list, err)
 	}
 }
+
+// threadSlack is how many threads a process may gain over a test's
+// lifecycles without a leak: Go keeps the threads that blocking system
+// calls needed at once, and a busy machine needs more of them at some
+// moment; a thread lost per lifecycle (a locked goroutine that never
+// ends) is 20 or more.
+const threadSlack = 8
 
 // held is what the shim process holds.
 type held struct {
@@ -205,9 +212,9 @@ func loopsUnder(t *testing.T, dir string) []string {
 // logins, sessions with and without a pty, -L and -R forwards whose
 // client is killed mid-stream, file copies, connections that send garbage
 // or nothing before they close; the log stream's WebSocket and an API
-// request dropped halfway. After twenty rounds the runner
-// holds the descriptors and threads it held after two, and no session's
-// process is left in the container.
+// request dropped halfway. After twenty rounds the runner holds the
+// descriptors it held after two (threads within threadSlack), and no
+// session's process is left in the container.
 func TestRunnerClientsLeakNothing(t *testing.T) {
 	r := startSSHRunner(t, testenv.Busybox(t))
 	pid := runnerPID(t, r.container)
@@ -298,7 +305,7 @@ func TestRunnerClientsLeakNothing(t *testing.T) {
 	var now procHeld
 	for i := 0; ; i++ {
 		now = procHoldings(t, pid)
-		if now.fds <= base.fds+2 && now.threads <= base.threads+2 && now.children <= base.children {
+		if now.fds <= base.fds+2 && now.threads <= base.threads+threadSlack && now.children <= base.children {
 			break
 		}
 		if i > 100 {
