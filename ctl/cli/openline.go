@@ -17,39 +17,29 @@ type openLine struct {
 	open bool
 }
 
-// jobSide is the job's output: it notes whether its last byte ended a
-// line.
-type jobSide struct {
-	w io.Writer
-	l *openLine
+// side is one writer to the shared stream: the job's output (job), which
+// notes whether its last byte ended a line, or tandem's own lines, each of
+// which starts on a line of its own.
+type side struct {
+	w   io.Writer
+	l   *openLine
+	job bool
 }
 
-func (j jobSide) Write(p []byte) (int, error) {
-	j.l.mu.Lock()
-	defer j.l.mu.Unlock()
-	n, err := j.w.Write(p)
-	if n > 0 {
-		j.l.open = p[n-1] != '\n'
-	}
-	return n, err
-}
-
-// ownSide is tandem's own lines: each starts on a line of its own.
-type ownSide struct {
-	w io.Writer
-	l *openLine
-}
-
-func (o ownSide) Write(p []byte) (int, error) {
-	o.l.mu.Lock()
-	defer o.l.mu.Unlock()
-	if o.l.open && len(p) > 0 {
-		if _, err := o.w.Write([]byte("\n")); err != nil {
+func (s side) Write(p []byte) (int, error) {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if !s.job && s.l.open && len(p) > 0 {
+		if _, err := s.w.Write([]byte("\n")); err != nil {
 			return 0, err
 		}
-		o.l.open = false
+		s.l.open = false
 	}
-	return o.w.Write(p)
+	n, err := s.w.Write(p)
+	if s.job && n > 0 {
+		s.l.open = p[n-1] != '\n'
+	}
+	return n, err
 }
 
 // shareLines makes tandem's own lines (c.App.ErrWriter, from here on)
@@ -61,8 +51,8 @@ func shareLines(c *cli.Context, out io.Writer, shared bool) io.Writer {
 		return out
 	}
 	l := &openLine{}
-	c.App.ErrWriter = ownSide{c.App.ErrWriter, l}
-	return jobSide{out, l}
+	c.App.ErrWriter = side{c.App.ErrWriter, l, false}
+	return side{out, l, true}
 }
 
 // sameStream says whether the app's stdout and stderr are one terminal,
