@@ -333,10 +333,12 @@ func (r *readErrReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// writeFile stores an upload; a failed upload leaves no partial file.
-// storeUpload writes one upload within the per-upload and per-job limits;
-// a replaced upload (a retried request) gives its bytes back first. Nothing
-// is left on disk when a limit is hit.
+// storeUpload writes one upload within the per-upload and per-job limits.
+// It lands whole or not at all: a replaced upload (a retried request) is
+// written beside the one it replaces and takes its place only once it
+// arrived whole and within the limits, so a retry that fails, or two that
+// overlap, never leave a cut or mixed file, nor lose the one before.
+// Nothing of a refused upload is left on disk.
 func (x *Executor) storeUpload(path string, r io.Reader) error {
 	x.mu.Lock()
 	if x.uploads == nil {
@@ -351,33 +353,37 @@ func (x *Executor) storeUpload(path string, r io.Reader) error {
 	x.mu.Unlock()
 	limit := min(x.cfg.MaxUpload, x.cfg.MaxUploadTotal-used)
 	lr := &io.LimitedReader{R: r, N: limit + 1}
-	if err := writeFile(path, lr); err != nil {
+	tmp, err := writeTemp(path, lr)
+	if err != nil {
 		return err
 	}
 	size := limit + 1 - lr.N
 	if size > limit {
-		_ = os.Remove(path)
-		x.mu.Lock()
-		delete(x.uploads, path)
-		x.mu.Unlock()
+		_ = os.Remove(tmp)
 		if limit < x.cfg.MaxUpload {
 			return fmt.Errorf("%w: the job's uploads would exceed %d bytes in all", ErrTooLarge, x.cfg.MaxUploadTotal)
 		}
 		return fmt.Errorf("%w: more than %d bytes", ErrTooLarge, x.cfg.MaxUpload)
 	}
 	x.mu.Lock()
+	defer x.mu.Unlock()
+	if err := os.Rename(tmp, path); err != nil {
+		_ = os.Remove(tmp)
+		return fmt.Errorf("store upload: %w", err)
+	}
 	x.uploads[path] = size
-	x.mu.Unlock()
 	return nil
 }
 
-func writeFile(path string, r io.Reader) error {
+// writeTemp writes an upload to a new file beside path and returns its
+// name; a failed upload leaves no file.
+func writeTemp(path string, r io.Reader) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("store upload: %w", err)
+		return "", fmt.Errorf("store upload: %w", err)
 	}
-	f, err := os.Create(path)
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".part-*")
 	if err != nil {
-		return fmt.Errorf("store upload: %w", err)
+		return "", fmt.Errorf("store upload: %w", err)
 	}
 	rr := &readErrReader{r: r}
 	_, err = io.Copy(f, rr)
@@ -385,13 +391,13 @@ func writeFile(path string, r io.Reader) error {
 		err = cerr
 	}
 	if err != nil {
-		_ = os.Remove(path)
+		_ = os.Remove(f.Name())
 		if rr.err != nil {
-			return fmt.Errorf("%w: reading the upload: %v", ErrBadInput, rr.err)
+			return "", fmt.Errorf("%w: reading the upload: %v", ErrBadInput, rr.err)
 		}
-		return fmt.Errorf("store upload: %w", err)
+		return "", fmt.Errorf("store upload: %w", err)
 	}
-	return nil
+	return f.Name(), nil
 }
 
 // appendState records a job state event if the job may enter it
