@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/distribution/reference"
+	"golang.org/x/sys/unix"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/shim/gpu"
@@ -471,7 +472,8 @@ func (e *Engine) pullImage(ctx context.Context, t *task, ref, dir string, dirRea
 	if err := dirReady(); err != nil {
 		return fmt.Errorf("prepare runner dir: %w", err)
 	}
-	logFile, err := os.Create(filepath.Join(dir, "pull.log"))
+	// The runner dir is the job's too: never write through a link there.
+	logFile, err := os.OpenFile(filepath.Join(dir, "pull.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
 	if err != nil {
 		return fmt.Errorf("pull log: %w", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -385,5 +386,34 @@ func TestJobEndedBeforeItsPortsWereForwarded(t *testing.T) {
 				t.Fatalf("%d containers still run", n)
 			}
 		})
+	}
+}
+
+// The pull's log is never written through a link in the runner dir (the
+// job's too): a link there fails the start and leaves its target as it was.
+func TestPullLogNeverFollowsALink(t *testing.T) {
+	rt := newStepRuntime()
+	e, _ := newEngine(t, rt)
+	target := filepath.Join(t.TempDir(), "host-file")
+	if err := os.WriteFile(target, []byte("precious"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(e.cfg.Home, "runners", ContainerName("pl", "pl"))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(dir, "pull.log")); err != nil {
+		t.Fatal(err)
+	}
+	// :latest is always pulled.
+	if _, err := e.Submit(api.TaskConfig{ID: "pl", Name: "pl", ImageName: "img:latest"}); err != nil {
+		t.Fatal(err)
+	}
+	info := waitStatus(t, e, "pl", api.TaskTerminated)
+	if !strings.Contains(info.TerminationMessage, "pull log") {
+		t.Fatalf("ended %s %q", info.TerminationReason, info.TerminationMessage)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "precious" {
+		t.Fatalf("the link's target was written: %q", b)
 	}
 }
