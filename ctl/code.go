@@ -75,8 +75,9 @@ func scanCode(dir string) (codeScan, error) {
 const tarBlock = 512
 
 // checkCode refuses, before anything is made, a code directory that the
-// runner would refuse (api.MaxUpload) or that is not one, and says which
-// entries are left out.
+// runner would refuse (over o.CodeLimit: the runner's own limit, by
+// default api.MaxUpload) or that is not one, and says which entries are
+// left out.
 func checkCode(o RunOptions) error {
 	if o.CodeDir == "" {
 		return nil
@@ -85,13 +86,14 @@ func checkCode(o RunOptions) error {
 	if err != nil {
 		return fmt.Errorf("code: %w", err)
 	}
-	if s.size > api.MaxUpload {
+	limit := cmp.Or(o.CodeLimit, api.MaxUpload)
+	if limit > 0 && s.size > limit {
 		var big []string
 		for _, e := range s.biggest {
 			big = append(big, fmt.Sprintf("%s (%s)", e.name, BytesText(uint64(e.size))))
 		}
-		return fmt.Errorf("code: %s is %s as an archive; a runner takes at most %s (largest files: %s)",
-			o.CodeDir, BytesText(uint64(s.size)), BytesText(api.MaxUpload), strings.Join(big, ", "))
+		return fmt.Errorf("code: %s is %s as an archive; a runner takes at most %s unless its --max-upload-bytes was raised (then pass --code-limit) (largest files: %s)",
+			o.CodeDir, BytesText(uint64(s.size)), BytesText(uint64(limit)), strings.Join(big, ", "))
 	}
 	if n := len(s.skipped); n > 0 {
 		shown := s.skipped[:min(n, 3)]

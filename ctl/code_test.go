@@ -109,9 +109,19 @@ func TestCodeTooLargeIsRefusedFirst(t *testing.T) {
 	}
 	f.Close()
 	err = checkCode(RunOptions{CodeDir: dir})
-	if err == nil || !strings.Contains(err.Error(), "256MiB as an archive; a runner takes at most 256MiB") ||
+	if err == nil || !strings.Contains(err.Error(), "256MiB as an archive; a runner takes at most 256MiB unless") ||
 		!strings.Contains(err.Error(), "largest files: data/weights.bin (256MiB), train.py (1B)") {
 		t.Fatalf("%v", err)
+	}
+	// A runner whose limit was raised, and no check at all.
+	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: 1 << 30}); err != nil {
+		t.Fatalf("under a raised limit: %v", err)
+	}
+	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: -1}); err != nil {
+		t.Fatalf("with no check: %v", err)
+	}
+	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: 1 << 20}); err == nil || !strings.Contains(err.Error(), "at most 1MiB") {
+		t.Fatalf("under a lowered limit: %v", err)
 	}
 	if err := os.Truncate(big, api.MaxUpload-64<<10); err != nil {
 		t.Fatal(err)

@@ -35,9 +35,12 @@ type RunOptions struct {
 	Env                                map[string]string
 	WorkDir                            string
 	CodeDir                            string
-	Mounts                             []api.InstanceMountPoint
-	Network                            string // host or bridge
-	MaxDuration                        time.Duration
+	// CodeLimit is the largest code archive to send, checked before the
+	// task is made (0: api.MaxUpload, the runner's default; < 0: none).
+	CodeLimit   int64
+	Mounts      []api.InstanceMountPoint
+	Network     string // host or bridge
+	MaxDuration time.Duration
 	// SSHKeys are public keys authorized in the job container (tandem ssh).
 	SSHKeys  []string
 	Commands []string

@@ -1,7 +1,13 @@
 package cli
 
 import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/urfave/cli/v2"
 
 	"github.com/tandem-run/tandem/api"
 )
@@ -40,5 +46,35 @@ func TestAliasCannotShadowAHost(t *testing.T) {
 		if got := alias(info); got != want {
 			t.Errorf("alias(%q) = %q, want %q", name, got, want)
 		}
+	}
+}
+
+// --code-limit is the size the code is checked against before anything is
+// made; a shim that cannot be reached is not asked first.
+func TestCodeLimitFlag(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "data"), make([]byte, 2<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(limit string) error {
+		argv := []string{"tandem", "run", "--shim", "127.0.0.1:1", "--no-ssh-config", "--code", dir, "--code-limit", limit, "--", "true"}
+		app := App()
+		app.Metadata = map[string]any{argvKey: argv}
+		app.Writer, app.ErrWriter = io.Discard, io.Discard
+		var failed error
+		app.ExitErrHandler = func(_ *cli.Context, err error) { failed = err }
+		if err := app.Run(argv); err != nil {
+			return err
+		}
+		return failed
+	}
+	if err := run("1MiB"); err == nil || !strings.Contains(err.Error(), "takes at most 1MiB") {
+		t.Fatalf("--code-limit 1MiB: %v", err)
+	}
+	if err := run("0"); err == nil || strings.Contains(err.Error(), "takes at most") {
+		t.Fatalf("--code-limit 0 (no check) refused the code: %v", err)
+	}
+	if err := run("lots"); err == nil || !strings.Contains(err.Error(), "--code-limit") {
+		t.Fatalf("--code-limit lots: %v", err)
 	}
 }

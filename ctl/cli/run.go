@@ -64,6 +64,7 @@ the workers' with a [node N] prefix on stderr.
 			&cli.StringSliceFlag{Name: "e", Usage: "KEY=VALUE (repeatable; same as --env)"},
 			&cli.StringFlag{Name: "workdir", Value: "/workflow", Usage: "working dir in the container"},
 			&cli.StringFlag{Name: "code", Usage: "local directory uploaded into the working dir"},
+			&cli.StringFlag{Name: "code-limit", Value: "256MiB", Usage: "the largest --code archive to send, checked before anything is made: the runner's --max-upload-bytes (0: no check)"},
 			&cli.StringSliceFlag{Name: "mount", Usage: "HOSTPATH:PATH (repeatable)"},
 			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
 			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long (exit status 124)"},
@@ -179,6 +180,12 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	}
 	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
 		return o, bad("--shm-size: " + err.Error())
+	}
+	if o.CodeLimit, err = parseSize(c.String("code-limit")); err != nil {
+		return o, bad("--code-limit: " + err.Error())
+	}
+	if o.CodeLimit == 0 {
+		o.CodeLimit = -1 // no check
 	}
 	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
 		return o, bad("--pids-limit: want a positive count")
