@@ -218,7 +218,7 @@ func loopsUnder(t *testing.T, dir string) []string {
 func TestRunnerClientsLeakNothing(t *testing.T) {
 	r := startSSHRunner(t, testenv.Busybox(t))
 	pid := runnerPID(t, r.container)
-	api := portOf(t, r.runnerHarness)
+	apiPort := portOf(t, r.runnerHarness)
 	round := func() {
 		t.Helper()
 		if out, code := r.ssh(t, "root", nil, "true"); code != 0 {
@@ -229,7 +229,7 @@ func TestRunnerClientsLeakNothing(t *testing.T) {
 		}
 		// -L through to the runner's API, then the client killed.
 		local := testenv.FreeAddr(t)
-		fwd := exec.Command("ssh", r.sshArgs("root", "-N", "-L", local+":127.0.0.1:"+api)...)
+		fwd := exec.Command("ssh", r.sshArgs("root", "-N", "-L", local+":127.0.0.1:"+apiPort)...)
 		testenv.Isolate(fwd)
 		if err := fwd.Start(); err != nil {
 			t.Fatal(err)
@@ -246,7 +246,7 @@ func TestRunnerClientsLeakNothing(t *testing.T) {
 		_ = fwd.Wait()
 		// -R, its client killed while the listener is open.
 		remote := testenv.FreeAddr(t)
-		rev := exec.Command("ssh", r.sshArgs("root", "-N", "-R", remote+":127.0.0.1:"+api)...)
+		rev := exec.Command("ssh", r.sshArgs("root", "-N", "-R", remote+":127.0.0.1:"+apiPort)...)
 		testenv.Isolate(rev)
 		if err := rev.Start(); err != nil {
 			t.Fatal(err)
@@ -263,7 +263,7 @@ func TestRunnerClientsLeakNothing(t *testing.T) {
 		}
 		_ = rev.Process.Kill()
 		_ = rev.Wait()
-		// A file each way.
+		// A file copied in.
 		src := filepath.Join(t.TempDir(), "f")
 		if err := os.WriteFile(src, []byte("payload"), 0o644); err != nil {
 			t.Fatal(err)
@@ -274,7 +274,7 @@ func TestRunnerClientsLeakNothing(t *testing.T) {
 		}
 		// The log stream's WebSocket, dropped mid-stream; an API
 		// connection dropped mid-request.
-		if c, err := net.Dial("tcp", "127.0.0.1:"+api); err == nil {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+apiPort); err == nil {
 			_, _ = c.Write([]byte("GET /logs_ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n" +
 				"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"))
 			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -283,7 +283,7 @@ func TestRunnerClientsLeakNothing(t *testing.T) {
 			}
 			c.Close()
 		}
-		if c, err := net.Dial("tcp", "127.0.0.1:"+api); err == nil {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+apiPort); err == nil {
 			_, _ = c.Write([]byte("POST /api/submit HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"))
 			c.Close()
 		}
