@@ -4,9 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/procs"
 	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
@@ -68,7 +67,7 @@ esac`)
 		if _, err := h.client.ListTasks(ctx); err != nil {
 			t.Fatal(err)
 		}
-		scrape(t, h)
+		shimMetrics(t, h)
 		info := k.end(cfg.ID)
 		if k.name == "exit3" && info.TerminationReason != api.ReasonContainerExitedWithError {
 			t.Fatalf("%s on %s ended %s: %s", k.name, k.network, info.TerminationReason, info.TerminationMessage)
@@ -148,33 +147,23 @@ type held struct {
 
 func holdings(t *testing.T, pid int, h *shimHarness) held {
 	t.Helper()
-	return held{procHoldings(t, pid), int(scrape(t, h)["go_goroutines"])}
+	return held{procHoldings(t, pid), goroutines(t, h)}
 }
 
-// scrape reads the shim's /metrics: each unlabelled sample by name.
-func scrape(t *testing.T, h *shimHarness) map[string]float64 {
+// goroutines is the shim's go_goroutines sample.
+func goroutines(t *testing.T, h *shimHarness) int {
 	t.Helper()
-	resp, err := http.Get(strings.TrimSuffix(h.client.BaseURL(), "/") + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(resp.Body)
-		t.Fatalf("metrics: %s %s", resp.Status, b)
-	}
-	out := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		name, value, ok := strings.Cut(sc.Text(), " ")
-		if !ok || strings.HasPrefix(name, "#") || strings.Contains(name, "{") {
-			continue
-		}
-		if v, err := strconv.ParseFloat(value, 64); err == nil {
-			out[name] = v
+	for line := range strings.Lines(shimMetrics(t, h)) {
+		if v, ok := strings.CutPrefix(line, "go_goroutines "); ok {
+			n, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				t.Fatalf("go_goroutines %q: %v", v, err)
+			}
+			return int(n)
 		}
 	}
-	return out
+	t.Fatal("the shim's metrics have no go_goroutines")
+	return 0
 }
 
 // mountsUnder lists the mount points under dir (this test's mount
@@ -372,21 +361,14 @@ type procHeld struct {
 
 func procHoldings(t *testing.T, pid int) procHeld {
 	t.Helper()
-	var out procHeld
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	// num_threads is stat field 20.
+	f, err := procs.StatFields(fmt.Sprintf("/proc/%d", pid))
+	if err != nil || len(f) < 18 {
+		t.Fatalf("stat of %d: %d fields, %v", pid, len(f), err)
+	}
+	threads, err := strconv.Atoi(f[17])
 	if err != nil {
 		t.Fatal(err)
 	}
-	out.fds = len(fds)
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(string(status)) {
-		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
-			out.threads, _ = strconv.Atoi(strings.TrimSpace(v))
-		}
-	}
-	out.children = len(descendants(t, strconv.Itoa(pid)))
-	return out
+	return procHeld{fds: openFDs(pid), threads: threads, children: len(descendants(t, strconv.Itoa(pid)))}
 }
