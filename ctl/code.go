@@ -11,23 +11,12 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/tandem-run/tandem/api"
 )
-
-// checkRun refuses, before anything is made, what the runner would
-// refuse once the task runs: a working dir that is not absolute (or ~,
-// ~/...: the login's home), a code directory it would not take.
-func checkRun(o RunOptions) error {
-	if wd := o.WorkDir; wd != "" && !path.IsAbs(wd) && wd != "~" && !strings.HasPrefix(wd, "~/") {
-		return fmt.Errorf("--workdir %q: must be absolute (or ~/...: the login's home)", wd)
-	}
-	return checkCode(o)
-}
 
 // isCode says whether an entry of this mode travels with the code: files,
 // directories and symbolic links do. Sockets (a git fsmonitor's, an

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path"
 	"strings"
 	"time"
 
@@ -148,6 +149,16 @@ func NewRun(o RunOptions) (*Run, error) {
 	}
 	id := newID()
 	return &Run{stopper: newStopper(), o: o, shim: shim, id: id, name: runName(o.Name, id)}, nil
+}
+
+// checkRun refuses, before anything is made, what the runner would
+// refuse once the task runs: a working dir that is not absolute (or ~,
+// ~/...: the login's home), a code directory it would not take.
+func checkRun(o RunOptions) error {
+	if wd := o.WorkDir; wd != "" && !path.IsAbs(wd) && wd != "~" && !strings.HasPrefix(wd, "~/") {
+		return fmt.Errorf("--workdir %q: must be absolute (or ~/...: the login's home)", wd)
+	}
+	return checkCode(o)
 }
 
 // runName is a run's name: the one given, else tandem- and its id's start.
