@@ -346,15 +346,15 @@ func (e *Engine) endedEarly(t *task, id string, log *slog.Logger) *failure {
 	ictx, cancel := context.WithTimeout(context.Background(), dockerCallTimeout)
 	st, err := e.rt.Inspect(ictx, id)
 	cancel()
-	if errors.Is(err, ErrContainerGone) {
-		return &failure{api.ReasonContainerExitedWithError, "the container disappeared"}
-	}
-	if err != nil || st.Running {
+	switch {
+	case errors.Is(err, ErrContainerGone): // exitEnd words it
+	case err != nil || st.Running:
 		return nil
+	default:
+		e.learnJob(t) // the job's own word on its end, as watch takes it
 	}
-	e.learnJob(t) // the job's own word on its end, as watch takes it
-	f := e.exitEnd(id, st.ExitCode, nil, log)
-	log.Debug("the container stopped before its ports were forwarded", "exit_code", st.ExitCode)
+	f := e.exitEnd(id, st.ExitCode, err, log)
+	log.Debug("the container stopped before its ports were forwarded", "exit_code", st.ExitCode, "err", err)
 	return &f
 }
 

@@ -339,6 +339,7 @@ type earlyExitRuntime struct {
 	*stepRuntime
 	code    int
 	running bool
+	gone    bool // removed by someone else as well
 	tail    string
 }
 
@@ -346,6 +347,9 @@ func (r *earlyExitRuntime) Address(_ context.Context, id, _ string) (string, err
 	if !r.running {
 		r.mu.Lock()
 		x := r.exit[id]
+		if r.gone {
+			delete(r.created, id)
+		}
 		r.mu.Unlock()
 		x.stop(r.code)
 	}
@@ -369,6 +373,7 @@ func TestJobEndedBeforeItsPortsWereForwarded(t *testing.T) {
 	}{
 		{"failed", &earlyExitRuntime{code: 3, tail: "failed on purpose"}, api.ReasonContainerExitedWithError, "failed on purpose"},
 		{"done", &earlyExitRuntime{code: 0, tail: "bye"}, api.ReasonDoneByRunner, ""},
+		{"gone", &earlyExitRuntime{code: 3, gone: true}, api.ReasonContainerExitedWithError, "the container disappeared"},
 		{"still running", &earlyExitRuntime{running: true}, api.ReasonCreatingContainerError, "forward the runner's ports: container c1 has no IPv4 address"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
