@@ -378,6 +378,7 @@ func blobGate(t *testing.T, upstream string) (addr string, release func()) {
 		proxy.ServeHTTP(w, r)
 	})}
 	addr = testenv.FreeAddr(t)
+	testenv.RemoveImagesFrom(t, addr)
 	ln, err := netListen(addr)
 	if err != nil {
 		t.Fatal(err)

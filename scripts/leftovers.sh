@@ -18,4 +18,14 @@ if [ -n "$mounts" ]; then
 	echo "$mounts" >&2
 	exit 1
 fi
+# Nor an image pulled from a test's registry (testenv.RemoveImagesFrom):
+# each run would leave one more in the engine.
+if command -v docker >/dev/null 2>&1; then
+	images=$(docker images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep -E '^127\.0\.0\.1:[0-9]+/' || true)
+	if [ -n "$images" ]; then
+		echo "leftovers: images pulled from test registries are still there (docker rmi each):" >&2
+		echo "$images" >&2
+		exit 1
+	fi
+fi
 echo "leftovers: none" >&2

@@ -9,7 +9,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -30,6 +32,7 @@ func StartRegistry(t testing.TB) *Registry {
 	RequireDocker(t)
 	dir := t.TempDir()
 	r := &Registry{Addr: FreeAddr(t), Username: "tandem", Password: "s3cret-pass"}
+	RemoveImagesFrom(t, r.Addr)
 	out, err := exec.Command("htpasswd", "-Bbn", r.Username, r.Password).Output()
 	if err != nil {
 		t.Fatalf("htpasswd (install apache2-utils): %v", err)
@@ -75,6 +78,46 @@ auth:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// RemoveImagesFrom removes, when the test ends (after the cleanups
+// registered later: the shims and tasks that pulled), every image of the
+// machine's engine named under addr: what a shim or tandem pulled from a
+// test's registry (or a proxy in front of it) would otherwise stay in the
+// engine, one more per run of the suite.
+func RemoveImagesFrom(t testing.TB, addr string) {
+	t.Helper()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		out, err := Docker(ctx, "images", "--no-trunc", "--format", "{{.Repository}} {{.Tag}} {{.ID}}")
+		if err != nil {
+			t.Logf("list the images pulled from %s: %v", addr, err)
+			return
+		}
+		// By name, so that an image also tagged otherwise only loses this
+		// name; one whose tag moved on (<none>) has no other.
+		var refs []string
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) != 3 || !strings.HasPrefix(f[0], addr+"/") {
+				continue
+			}
+			ref := f[0] + ":" + f[1]
+			if f[1] == "<none>" {
+				ref = f[2]
+			}
+			if !slices.Contains(refs, ref) {
+				refs = append(refs, ref)
+			}
+		}
+		if len(refs) == 0 {
+			return
+		}
+		if _, err := Docker(ctx, append([]string{"rmi", "-f"}, refs...)...); err != nil {
+			t.Errorf("remove the images pulled from %s: %v", addr, err)
+		}
+	})
 }
 
 // Push tags local image as <addr>/<repo>, pushes it with the registry's
