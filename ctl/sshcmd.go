@@ -227,9 +227,9 @@ func CopyTarget(arg string) (task, path string, remote bool) {
 // SCPCommand returns the OpenSSH scp argv that copies src to dst, one of
 // them TASK:PATH in a running task's container, through the runner's SSH
 // server with the same endpoint as tandem ssh (its pinned host key, the
-// jump host). Modes and times are kept (-p); recursive copies directories.
+// jump host). Modes and times are kept (-p), and directories are copied whole.
 // An empty PATH is the login's home, as scp reads host:.
-func SCPCommand(ctx context.Context, o SSHOptions, src, dst string, recursive bool) ([]string, error) {
+func SCPCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
 	st, sp, sRemote := CopyTarget(src)
 	dt, dp, dRemote := CopyTarget(dst)
 	if sRemote == dRemote {
@@ -243,10 +243,9 @@ func SCPCommand(ctx context.Context, o SSHOptions, src, dst string, recursive bo
 	if err != nil {
 		return nil, err
 	}
-	argv := []string{"scp", "-p"}
-	if recursive {
-		argv = append(argv, "-r")
-	}
+	// -r always: a directory is copied whole, as docker cp copies one
+	// (scp -r copies a file as plain scp does, so nothing changes for one).
+	argv := []string{"scp", "-p", "-r"}
 	argv = append(argv, ep.optionArgs()...)
 	host := ep.Host
 	if strings.Contains(host, ":") {

@@ -390,7 +390,7 @@ func TestTandemSSHIntoTask(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{filepath.Join(src, "data.bin"), task + ":/tmp/up.bin"},
-		{"-r", filepath.Join(src, "tree"), task + ":/tmp/tree"},
+		{filepath.Join(src, "tree"), task + ":/tmp/tree"}, // a directory without -r, as docker cp
 		{task + ":/tmp/up.bin", filepath.Join(back, "down.bin")},
 		{"-r", task + ":/tmp/tree", filepath.Join(back, "tree")},
 	} {

@@ -219,18 +219,21 @@ func cpCmd() *cli.Command {
 		ArgsUsage: "SRC DST",
 		Description: "One of SRC and DST is TASK:PATH (a relative PATH is from the login's home). It runs OpenSSH's scp through the\n" +
 			"runner's SSH server, the way tandem ssh connects (the task's pinned host key, --ssh as the jump host);\n" +
-			"modes and times are kept. Examples:\n  tandem cp ./data train:/workflow/data\n  tandem cp -r train:/workflow/checkpoints ./ckpt",
-		Flags:        append(taskSSHFlags(), &cli.BoolFlag{Name: "recursive", Aliases: []string{"r"}, Usage: "copy directories"}),
+			"modes and times are kept; a directory is copied with all it holds, as docker cp copies one (-r is\n" +
+			"accepted, as scp takes it, and changes nothing). A link is copied as what it points to, as scp does\n" +
+			"(docker cp keeps it a link). Examples:\n  tandem cp ./data train:/workflow/data\n  tandem cp train:/workflow/checkpoints ./ckpt",
+		Flags: append(taskSSHFlags(), &cli.BoolFlag{Name: "recursive", Aliases: []string{"r"},
+			Usage: "copy directories (they always are, as docker cp; accepted for scp habits)"}),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 2 {
-				return exitError{ctl.ExitFailure, "usage: tandem cp [-r] SRC DST (one of them TASK:PATH)"}
+				return exitError{ctl.ExitFailure, "usage: tandem cp SRC DST (one of them TASK:PATH)"}
 			}
 			o, closeDial, err := taskSSHOptions(c)
 			if err != nil {
 				return err
 			}
-			argv, err := ctl.SCPCommand(c.Context, o, c.Args().Get(0), c.Args().Get(1), c.Bool("recursive"))
+			argv, err := ctl.SCPCommand(c.Context, o, c.Args().Get(0), c.Args().Get(1))
 			closeDial()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
