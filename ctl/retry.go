@@ -16,13 +16,19 @@ import (
 // Transient says whether a failed call to an agent may succeed if made
 // again: a call that timed out, a connection refused, reset or cut short,
 // an answer of 5xx (503 while a restarted shim restores its tasks) or 429.
-// A 4xx answer, a decode failure or a refused host key is final.
+// A 4xx answer, a decode failure or a refused host key is final, as are
+// 507 (the shim's home is full: nothing frees it but its operator, so the
+// user reads that now, not after minutes of silent retries) and 501.
 func Transient(err error) bool {
 	if err == nil {
 		return false
 	}
 	var se *api.StatusError
 	if errors.As(err, &se) {
+		switch se.Code {
+		case http.StatusInsufficientStorage, http.StatusNotImplemented:
+			return false
+		}
 		return se.Code >= 500 || se.Code == http.StatusTooManyRequests
 	}
 	var ne net.Error

@@ -21,6 +21,8 @@ func TestTransient(t *testing.T) {
 		&api.StatusError{Code: http.StatusServiceUnavailable}:  true,
 		&api.StatusError{Code: http.StatusInternalServerError}: true,
 		&api.StatusError{Code: http.StatusNotFound}:            false,
+		&api.StatusError{Code: http.StatusInsufficientStorage}: false, // a full home: only its operator frees it
+		&api.StatusError{Code: http.StatusNotImplemented}:      false,
 		&api.StatusError{Code: http.StatusConflict}:            false,
 		errors.New("decode answer: invalid character"):         false,
 	} {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/ctl"
 	"github.com/tandem-run/tandem/e2e/testenv"
 	"github.com/tandem-run/tandem/internal/diskfill"
 	"github.com/tandem-run/tandem/internal/loopdev"
@@ -208,6 +209,13 @@ func TestSubmitOnFullShimHome(t *testing.T) {
 	}
 	if containerExists(t, task.ContainerName(b.Name, b.ID)) {
 		t.Fatal("a refused submit started a container")
+	}
+	// tandem says so at once and exits 125: a full home is not a shim
+	// that will answer if asked again (it retried for two minutes).
+	cmd, _, errb := tandem(t, "run", "--shim", "127.0.0.1:"+p.port, "--no-ssh-config", "--image", img, "--", "true")
+	if code := exitCodeOf(cmd.Run()); code != ctl.ExitFailure || !strings.Contains(errb.String(), "free space in its home") ||
+		strings.Contains(errb.String(), "tried") {
+		t.Fatalf("tandem run on a full home: exit %d: %s", code, errb)
 	}
 
 	p.kill9()

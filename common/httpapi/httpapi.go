@@ -15,6 +15,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 )
@@ -32,6 +33,11 @@ type Error struct {
 
 func (e *Error) Error() string {
 	if e.Err != nil {
+		if cause := e.Err.Error(); strings.HasPrefix(cause, e.Message) {
+			// The cause already says it (a class error wrapped with its
+			// detail): once in the log is enough.
+			return fmt.Sprintf("%d %s", e.Status, cause)
+		}
 		return fmt.Sprintf("%d %s: %v", e.Status, e.Message, e.Err)
 	}
 	return fmt.Sprintf("%d %s", e.Status, e.Message)
@@ -176,8 +182,12 @@ func ErrorHandler(log *slog.Logger) echo.HTTPErrorHandler {
 		}
 		attrs := []any{"method", c.Request().Method, "path", c.Request().URL.Path, "status", status, "err", err}
 		switch {
-		case status >= 500:
+		case status == http.StatusInternalServerError:
 			log.Error("internal error", attrs...)
+		case status >= 500:
+			// The agent could not do it (full storage, still restoring):
+			// said to the caller, not a fault inside the agent.
+			log.Error("request failed", attrs...)
 		case errors.Is(err, net.ErrClosed):
 			// The connection was closed under the request (a full gate
 			// evicted a slow body): one line per eviction would let a

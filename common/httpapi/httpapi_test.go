@@ -188,3 +188,21 @@ func IsClientError(err error) bool {
 	var apiErr *Error
 	return errors.As(err, &apiErr) && apiErr.Status >= 400 && apiErr.Status < 500
 }
+
+// An error's text says its message once, also when the cause wraps the
+// message's own class error (the shim's 507 logged it twice).
+func TestErrorSaysItsMessageOnce(t *testing.T) {
+	class := errors.New("the shim cannot save the task's record")
+	for _, c := range []struct {
+		e    *Error
+		want string
+	}{
+		{&Error{Status: 507, Message: class.Error(), Err: fmt.Errorf("%w: disk full", class)}, "507 the shim cannot save the task's record: disk full"},
+		{&Error{Status: 500, Message: "failed to stop", Err: errors.New("timeout")}, "500 failed to stop: timeout"},
+		{&Error{Status: 409, Message: "conflict"}, "409 conflict"},
+	} {
+		if got := c.e.Error(); got != c.want {
+			t.Errorf("%q, want %q", got, c.want)
+		}
+	}
+}
