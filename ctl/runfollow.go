@@ -57,23 +57,23 @@ func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, sinc
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
 	defer cancelWS()
+	moved := make(chan struct{}, 1) // output arrived since the last look
 	go func() {
 		defer close(wsDone)
-		streamLogs(wsCtx, r, since, out, status, connected)
+		streamLogs(wsCtx, r, since, movedWriter{out, moved}, status, connected)
 	}()
 	var ts int64
 	for {
-		p, err := r.Pull(ctx, ts)
+		// States only: the output comes from the stream above, and a
+		// pull of the logs would make the runner hold the job for them.
+		p, err := r.PullStates(ctx, ts)
 		if err != nil {
 			return fmt.Errorf("pull job state: %w", err)
 		}
 		ts = p.LastUpdated
 		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
 			res.endedWith(p.JobStates[n-1])
-			select {
-			case <-wsDone: // every byte of output shown
-			case <-clk.After(10 * time.Second):
-			}
+			drainOutput(clk, wsDone, moved)
 			return nil
 		}
 		select {
@@ -86,6 +86,47 @@ func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, sinc
 		case <-clk.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// outputStall is how long the end of a run waits for output that does not
+// come: a job runs at its own pace, not its watcher's, so its output may
+// still be on its way when it ends (a slow link, a terminal behind), and
+// that wait lasts as long as output keeps arriving.
+const outputStall = 10 * time.Second
+
+// drainOutput returns once the output stream ended (every byte shown) or
+// no output arrived for outputStall.
+func drainOutput(clk Clock, done <-chan struct{}, moved <-chan struct{}) {
+	select { // what arrived before the end does not count
+	case <-moved:
+	default:
+	}
+	for {
+		select {
+		case <-done:
+			return
+		case <-clk.After(outputStall):
+			select {
+			case <-moved: // output arrived meanwhile: wait on
+			default:
+				return
+			}
+		}
+	}
+}
+
+// movedWriter is out that says, on moved, that output arrived.
+type movedWriter struct {
+	out   io.Writer
+	moved chan<- struct{}
+}
+
+func (w movedWriter) Write(p []byte) (int, error) {
+	select {
+	case w.moved <- struct{}{}:
+	default:
+	}
+	return w.out.Write(p)
 }
 
 // streamLogs copies the job's raw output from since on to out until it

@@ -124,6 +124,34 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	}
 }
 
+// TestTandemRunShowsEveryByteAtTheJobsPace: a job prints 48 MB, more than
+// the runner keeps of a job's log (32 MiB), while tandem run watches it.
+// tandem reads the output from the stream and pulls only the job's states,
+// so the runner never holds the job for its journal (held, the job ran at
+// one 1 MiB page per poll: 2 MiB/s). Every byte arrives, in order, with no
+// "dropped" marker, and the run ends with the job's own status.
+func TestTandemRunShowsEveryByteAtTheJobsPace(t *testing.T) {
+	h, shim, rport := realStack(t)
+	const size = 48_000_000
+	gen := "yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c " + strconv.Itoa(size)
+	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--no-ssh-config",
+		"--", "/bin/sh", "-c", gen+" > /tmp/out && cat /tmp/out")
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("tandem run: %v\n%s", err, tailStr(errb.String(), 800))
+	}
+	want := bytes.Repeat([]byte("0123456789abcdefghijklmnopqrstuvwxyz\n"), size/37+1)[:size]
+	if got := out.Bytes(); !bytes.Equal(got, want) {
+		i := 0
+		for i < min(len(got), len(want)) && got[i] == want[i] {
+			i++
+		}
+		t.Fatalf("output differs from byte %d (%d of %d bytes): %q", i, len(got), size, tailStr(string(got[i:min(len(got), i+200)]), 200))
+	}
+	if !strings.Contains(errb.String(), "job done") {
+		t.Fatalf("the run's end: %s", tailStr(errb.String(), 400))
+	}
+}
+
 func TestTandemRunCtrlCLeavesNothing(t *testing.T) {
 	h, shim, rport := realStack(t)
 	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",

@@ -123,6 +123,14 @@ func (c *Client) Peek(ctx context.Context, timestamp int64) (api.PullResponse, e
 	return c.pull(ctx, "/api/pull?peek=1&timestamp="+strconv.FormatInt(timestamp, 10))
 }
 
+// PullStates is Pull without the logs, for a caller that reads the job's
+// output from /logs_ws: the job's output is never held back for it, and
+// reading the end still counts as the logs' collection. A runner that does
+// not know the flag (dstack's) sends the logs too; they can be ignored.
+func (c *Client) PullStates(ctx context.Context, timestamp int64) (api.PullResponse, error) {
+	return c.pull(ctx, "/api/pull?logs=0&timestamp="+strconv.FormatInt(timestamp, 10))
+}
+
 // pull reads the answer into a pooled buffer (a page is up to ~1.4 MB of
 // JSON; growing a fresh one per call cost page faults and GC) and decodes
 // it with api.DecodePull, which copies what it keeps.

@@ -422,36 +422,62 @@ func (x *Executor) Stop() {
 // Pull returns the events after ts, at most PullCap bytes of logs; when the
 // cap cut the answer, last_updated is the last included event and has_more
 // is true.
-func (x *Executor) Pull(after int64) (api.PullResponse, error) { return x.pull(after, true) }
+func (x *Executor) Pull(after int64) (api.PullResponse, error) {
+	return x.pull(after, pullMode{consume: true, logs: true})
+}
 
 // Peek is Pull for onlookers (tandem ps): reading the end does not count as
 // the logs being collected, so the runner does not finish on account of it.
-func (x *Executor) Peek(after int64) (api.PullResponse, error) { return x.pull(after, false) }
+func (x *Executor) Peek(after int64) (api.PullResponse, error) {
+	return x.pull(after, pullMode{logs: true})
+}
 
-func (x *Executor) pull(after int64, consume bool) (api.PullResponse, error) {
+// PullStates is Pull without the logs, for a driver that reads the job's
+// output from /logs_ws (tandem run): the answer holds the job's states and
+// last_updated is the newest event, whatever the logs hold. It counts as
+// collection at the end, as Pull does, but not as a reader of the logs: the
+// job's output is never held back for it (a journal it does not read would
+// pace the job at one page per poll, 2 MiB/s).
+func (x *Executor) PullStates(after int64) (api.PullResponse, error) {
+	return x.pull(after, pullMode{consume: true})
+}
+
+// pullMode is what a pull reads and counts as.
+type pullMode struct {
+	consume bool // reading the end collects the logs (the runner may finish)
+	logs    bool // the answer carries the logs; with consume, acks them
+}
+
+func (x *Executor) pull(after int64, m pullMode) (api.PullResponse, error) {
 	resp := api.PullResponse{JobStates: []api.JobStateEvent{}, JobLogs: []api.LogEvent{}, RunnerLogs: []api.LogEvent{}}
-	if consume {
-		x.journal.Acked(after)
-	}
-	w, err := x.journal.Since(after, x.cfg.PullCap)
-	if err != nil {
-		return resp, err
-	}
-	capped := w.Capped
-	resp.LastUpdated = w.LastUpdated
-	resp.JobStates = append(resp.JobStates, w.States...)
-	for _, e := range w.JobLogs {
-		resp.JobLogs = append(resp.JobLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
-	}
-	for _, e := range w.RunnerLogs {
-		resp.RunnerLogs = append(resp.RunnerLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
+	capped := false
+	if m.logs {
+		if m.consume {
+			x.journal.Acked(after)
+		}
+		w, err := x.journal.Since(after, x.cfg.PullCap)
+		if err != nil {
+			return resp, err
+		}
+		capped = w.Capped
+		resp.LastUpdated = w.LastUpdated
+		resp.JobStates = append(resp.JobStates, w.States...)
+		for _, e := range w.JobLogs {
+			resp.JobLogs = append(resp.JobLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
+		}
+		for _, e := range w.RunnerLogs {
+			resp.RunnerLogs = append(resp.RunnerLogs, api.LogEvent{Message: e.Data, Timestamp: e.Timestamp})
+		}
+	} else {
+		states, last := x.journal.StatesSince(after)
+		resp.JobStates, resp.LastUpdated = append(resp.JobStates, states...), last
 	}
 	if x.cfg.Connections != nil {
 		resp.NoConnectionsSecs = x.cfg.Connections.NoConnectionsSecs(x.cfg.Now())
 	}
 	state := x.State()
 	resp.HasMore = capped || state != WaitLogsFinished
-	if consume && state == WaitLogsFinished && !capped {
+	if m.consume && state == WaitLogsFinished && !capped {
 		x.pullOnce.Do(func() { close(x.pullDone) })
 	}
 	return resp, nil

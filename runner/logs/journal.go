@@ -154,6 +154,23 @@ type Window struct {
 	Capped      bool
 }
 
+// StatesSince returns the job states after ts and the clock's last stamp,
+// where the next pull starts: the answer to a caller that reads the
+// output elsewhere (/logs_ws) and wants only how the job stands.
+func (j *Journal) StatesSince(after int64) (states []api.JobStateEvent, last int64) {
+	j.clock.Lock(func(l int64) {
+		last = l
+		j.mu.Lock()
+		for _, s := range j.states {
+			if s.Timestamp > after && s.Timestamp <= last {
+				states = append(states, s)
+			}
+		}
+		j.mu.Unlock()
+	})
+	return states, last
+}
+
 // Since returns the events after ts, with at most byteCap bytes of logs
 // (the two log streams merged by time; at least one event, so a huge one
 // cannot stall the stream). Only the window's bounds are decided under the

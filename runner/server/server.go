@@ -182,9 +182,13 @@ func (s *srv) pull(c echo.Context) error {
 		}
 		ts = v
 	}
+	// Tandem's own flags; dstack's server never sends them.
 	pull := s.d.Executor.Pull
-	if c.QueryParam("peek") == "1" { // Tandem's onlookers; dstack never sends it
+	switch {
+	case c.QueryParam("peek") == "1": // onlookers
 		pull = s.d.Executor.Peek
+	case c.QueryParam("logs") == "0": // a driver that reads /logs_ws
+		pull = s.d.Executor.PullStates
 	}
 	resp, err := pull(ts)
 	if err != nil {
