@@ -73,8 +73,11 @@ func startJob(ctx context.Context, r *runnerclient.Client, o RunOptions) error {
 	if err != nil {
 		return fmt.Errorf("start job: %w", err)
 	}
-	if rr.WorkingDir != "" {
+	switch {
+	case rr.WorkingDir != "" && rr.Username != "":
 		o.status("job running in %s as %s", rr.WorkingDir, rr.Username)
+	case rr.WorkingDir != "": // a user the image's /etc/passwd does not name (FROM scratch)
+		o.status("job running in %s", rr.WorkingDir)
 	}
 	return nil
 }

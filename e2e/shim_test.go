@@ -277,7 +277,7 @@ func TestShimLimitsMountsAndEnv(t *testing.T) {
 	if tmpfs := c.HostConfig.Tmpfs["/dev/shm"]; !strings.Contains(tmpfs, "exec") || !strings.Contains(tmpfs, "size="+strconv.Itoa(64<<20)) {
 		t.Fatalf("/dev/shm must be an exec tmpfs of shm_size: %q", tmpfs)
 	}
-	if c.HostConfig.Init == nil || !*c.HostConfig.Init || c.HostConfig.NetworkMode != "host" || c.Config.User != "root" {
+	if c.HostConfig.Init == nil || !*c.HostConfig.Init || c.HostConfig.NetworkMode != "host" || c.Config.User != "0" { // root, as uid 0 (engineUser)
 		t.Fatalf("init/network/user: %+v %+v", c.HostConfig, c.Config.User)
 	}
 	if c.Config.Labels["ai.dstack.shim.is-task"] != "true" || c.Config.Labels["ai.dstack.shim.task-id"] != cfg.ID {

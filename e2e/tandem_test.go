@@ -152,6 +152,31 @@ func TestTandemRunShowsEveryByteAtTheJobsPace(t *testing.T) {
 	}
 }
 
+// TestTandemRunImageWithoutPasswd: an image with no /etc/passwd (FROM
+// scratch, distroless) runs, as root. The shim names the user uid 0 to
+// Docker: told "root", Docker refused to start it ("unable to find user
+// root: no matching entries in passwd file").
+func TestTandemRunImageWithoutPasswd(t *testing.T) {
+	h, shim, rport := realStack(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM "+h.image+"\nRUN rm /etc/passwd /etc/group\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tag := "tandem-test/nopasswd:" + strings.ToLower(randomID("p"))
+	if _, err := testenv.Docker(context.Background(), "build", "-q", "-t", tag, dir); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rmi", "-f", tag) })
+	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", tag, "--no-ssh-config",
+		"--", "/bin/sh", "-c", "test -e /etc/passwd && echo has-passwd; echo uid=$(id -u)")
+	if err := cmd.Run(); err != nil || strings.TrimSpace(out.String()) != "uid=0" {
+		t.Fatalf("tandem run: %v: %q\n%s", err, out, tailStr(errb.String(), 800))
+	}
+	if strings.Contains(errb.String(), " as \n") {
+		t.Fatalf("a user with no name is shown as an empty one: %s", errb)
+	}
+}
+
 func TestTandemRunCtrlCLeavesNothing(t *testing.T) {
 	h, shim, rport := realStack(t)
 	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",

@@ -197,6 +197,19 @@ type Login struct {
 func (a Accounts) Login(name string) (Login, error) {
 	u := name
 	ju, err := a.Resolve(&api.JobUser{Username: &u}, 0)
+	if err != nil && name == "root" {
+		// An image whose /etc/passwd does not name root, or that has
+		// none (FROM scratch, distroless): root is uid 0 all the same,
+		// as the job itself runs there.
+		zero := 0
+		ju, err = a.Resolve(&api.JobUser{UID: &zero}, 0)
+		ju.Username = name
+		if err == nil && ju.Home == "/" {
+			if fi, serr := os.Stat(a.path("/root")); serr == nil && fi.IsDir() {
+				ju.Home = "/root"
+			}
+		}
+	}
 	if err != nil {
 		return Login{}, err
 	}

@@ -80,3 +80,42 @@ func TestHomeOf(t *testing.T) {
 		t.Fatalf("%q %q %q", a.HomeOf(1000), a.HomeOf(0), a.HomeOf(4242))
 	}
 }
+
+// An SSH login as root works in an image whose /etc/passwd does not name
+// root or that has none (FROM scratch, distroless): uid 0, group 0, home
+// /root when there is one (else /), no shell named. Other unknown names
+// are still refused.
+func TestLoginAsRootWithoutPasswd(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		passwd string // "": no /etc/passwd
+		root   bool   // a /root dir
+		home   string
+	}{
+		{"no passwd, /root", "", true, "/root"},
+		{"no passwd, no /root", "", false, "/"},
+		{"passwd without root", "alice:x:1000:1000::/home/alice:/bin/sh\n", true, "/root"},
+	} {
+		dir := t.TempDir()
+		_ = os.MkdirAll(filepath.Join(dir, "etc"), 0o755)
+		if c.root {
+			_ = os.MkdirAll(filepath.Join(dir, "root"), 0o700)
+		}
+		if c.passwd != "" {
+			_ = os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte(c.passwd), 0o644)
+		}
+		a := Accounts{Root: dir}
+		l, err := a.Login("root")
+		if err != nil || l.UID != 0 || l.GID != 0 || l.Home != c.home || l.Shell != "" || l.Username != "root" {
+			t.Errorf("%s: %+v %v", c.name, l, err)
+		}
+		if _, err := a.Login("mallory"); err == nil {
+			t.Errorf("%s: an unknown name logged in", c.name)
+		}
+	}
+	// Where passwd names root, its entry stands.
+	l, err := Accounts{Root: fixtureRoot(t)}.Login("root")
+	if err != nil || l.Shell != "/bin/bash" || l.Home != "/root" || l.Username != "root" {
+		t.Fatalf("root from passwd: %+v %v", l, err)
+	}
+}

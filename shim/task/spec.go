@@ -54,7 +54,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 	spec := ContainerSpec{
 		Name:        t.name,
 		Image:       cfg.ImageName,
-		User:        cfg.ContainerUser,
+		User:        engineUser(cfg.ContainerUser),
 		Entrypoint:  []string{RunnerBinaryInContainer},
 		Cmd:         cmd,
 		Env:         env,
@@ -146,4 +146,16 @@ func (e *Engine) containerEnv(taskID, networkMode string) []string {
 		env = append(env, RunnerAPIUIDsEnv+"="+strings.Join(parts, ","))
 	}
 	return env
+}
+
+// engineUser is the container user as the engine is told it. root is
+// given as uid 0: Docker resolves a name in the image's /etc/passwd and
+// refuses to start an image that has none (FROM scratch, distroless:
+// "unable to find user root"), while uid 0 needs no entry, and where one
+// exists it is the same user with the same groups.
+func engineUser(u string) string {
+	if u == "root" {
+		return "0"
+	}
+	return u
 }
