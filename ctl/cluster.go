@@ -209,7 +209,7 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 			return err
 		}
 		if info.Status == api.TaskTerminated {
-			return taskEnded(info, c.o.Network)
+			return taskEnded(ctx, n.shim, info, c.o.Network)
 		}
 		n.info = info
 		n.runner, err = readyRunner(ctx, c.o.Clock, n.shim, n.Shim, info, c.o.Network, c.o.RunnerPort, n.Dial)

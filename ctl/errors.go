@@ -24,6 +24,9 @@ const (
 	// HintBridgeNetwork: run in bridge networking, so that tasks do not
 	// share the host's runner ports.
 	HintBridgeNetwork
+	// HintPortsTaken: a process that is no task holds the runner's ports
+	// on the host: stop it, or run in bridge networking.
+	HintPortsTaken
 	// HintNodeIP: each node's address, when it cannot be found.
 	HintNodeIP
 	// HintForce: do it although a task is still running.

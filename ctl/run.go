@@ -199,7 +199,7 @@ func (r *Run) WaitTask(ctx context.Context) error {
 	}
 	r.info = info
 	if info.Status == api.TaskTerminated {
-		return taskEnded(info, r.o.Network)
+		return taskEnded(ctx, r.shim, info, r.o.Network)
 	}
 	return nil
 }

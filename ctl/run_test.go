@@ -12,6 +12,8 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
+	"github.com/tandem-run/tandem/api/shimclient"
+	"slices"
 )
 
 func TestResultExitCodeAndDescribe(t *testing.T) {
@@ -97,5 +99,65 @@ func TestFollowAwaitsTheShimsWordWhenTheRunnerIsGone(t *testing.T) {
 	_, _, err = r.Follow(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "removed by someone else") || gets.Load() < 4 {
 		t.Fatalf("after %d shim looks: %v", gets.Load(), err)
+	}
+}
+
+// A runner that could not bind its ports on the host network is explained
+// by who holds them, as the shim's task list tells: another running
+// host-network task (named; bridge and ended tasks do not count), no task
+// (another process: its own hint), or, when the list cannot be read, the
+// old guess. In bridge networking nothing is added.
+func TestTaskEndedSaysWhoHoldsTheRunnersPorts(t *testing.T) {
+	ended := api.TaskInfoResponse{ID: "self", Status: api.TaskTerminated, TerminationReason: api.ReasonContainerExitedWithError,
+		TerminationMessage: "dstack-runner: api: listen tcp 127.0.0.1:10999: bind: address already in use"}
+	shimWith := func(tasks ...string) *shimclient.Client {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			switch r.URL.Path {
+			case "/api/tasks":
+				_, _ = w.Write([]byte(`{"tasks":[{"id":"self","status":"terminated"},{"id":"b1","status":"running"},{"id":"h0","status":"terminated"},{"id":"h1","status":"running"}]}`))
+			case "/api/tasks/self":
+				_, _ = w.Write([]byte(`{"id":"self","status":"terminated","tandem":{"name":"me","network_mode":"host"}}`))
+			case "/api/tasks/b1":
+				_, _ = w.Write([]byte(`{"id":"b1","status":"running","tandem":{"name":"web","network_mode":"bridge"}}`))
+			case "/api/tasks/h0":
+				_, _ = w.Write([]byte(`{"id":"h0","status":"terminated","tandem":{"name":"old","network_mode":"host"}}`))
+			case "/api/tasks/h1":
+				if !slices.Contains(tasks, "h1") {
+					http.NotFound(w, r) // removed since the list
+					return
+				}
+				_, _ = w.Write([]byte(`{"id":"h1","status":"running","tandem":{"name":"train","network_mode":"host"}}`))
+			default:
+				http.Error(w, "broken", http.StatusBadRequest)
+			}
+		}))
+		t.Cleanup(srv.Close)
+		c, err := shimclient.New(strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ctx := context.Background()
+	err := taskEnded(ctx, shimWith("h1"), ended, "host")
+	if HintOf(err) != HintBridgeNetwork || !strings.Contains(err.Error(), "task train runs on the host network") {
+		t.Errorf("another host task: %v (hint %v)", err, HintOf(err))
+	}
+	err = taskEnded(ctx, shimWith(), ended, "host")
+	if HintOf(err) != HintPortsTaken || !strings.Contains(err.Error(), "another process on this host") {
+		t.Errorf("no task: %v (hint %v)", err, HintOf(err))
+	}
+	dead, _ := shimclient.New("127.0.0.1:1")
+	err = taskEnded(ctx, dead, ended, "host")
+	if HintOf(err) != HintBridgeNetwork || !strings.Contains(err.Error(), "may hold") {
+		t.Errorf("unreadable list: %v (hint %v)", err, HintOf(err))
+	}
+	var te *TaskEndedError
+	if !errors.As(err, &te) {
+		t.Errorf("not a TaskEndedError: %v", err)
+	}
+	if err := taskEnded(ctx, shimWith("h1"), ended, "bridge"); HintOf(err) != HintNone || strings.Contains(err.Error(), "\n") {
+		t.Errorf("bridge: %v", err)
 	}
 }

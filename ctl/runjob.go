@@ -51,7 +51,7 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 func prepareJob(ctx context.Context, r *runnerclient.Client, o RunOptions, body api.SubmitBody) error {
 	if err := r.Submit(ctx, body); err != nil {
 		if o.Network == "host" && errors.Is(err, api.ErrConflict) {
-			return withHint(HintBridgeNetwork, fmt.Errorf("submit job: %w: the runner at this port already has a job", err))
+			return withHint(HintBridgeNetwork, fmt.Errorf("submit job: %w: the runner at this port already has a job: another host-network task's (tandem ps)", err))
 		}
 		return fmt.Errorf("submit job: %w", err)
 	}

@@ -4,6 +4,7 @@ package ctl
 // coming up, and what is left when a run ends early.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,14 +65,44 @@ func taskConfig(o RunOptions, id, name string) api.TaskConfig {
 }
 
 // taskEnded says why a task ended before its job started: the shim's
-// reason and the container's last lines (escaped per line), with a hint
-// for the host-network port clash.
-func taskEnded(info api.TaskInfoResponse, network string) error {
+// reason and the container's last lines (escaped per line). When its runner
+// could not bind the runner's ports on the host network it says who holds
+// them, as the shim's task list tells: another host-network task (named),
+// or, when none runs, a process that is no task of this shim.
+func taskEnded(ctx context.Context, shim *shimclient.Client, info api.TaskInfoResponse, network string) error {
 	err := error(&TaskEndedError{Info: info})
-	if network != "bridge" && strings.Contains(info.TerminationMessage, "address already in use") {
-		return withHint(HintBridgeNetwork, err)
+	if network == "bridge" || !strings.Contains(info.TerminationMessage, "address already in use") {
+		return err
 	}
-	return err
+	holder, known := hostPortsHolder(ctx, shim, info.ID)
+	switch {
+	case !known:
+		return withHint(HintBridgeNetwork, fmt.Errorf("%w\nanother host-network task on this shim may hold the runner's ports (tandem ps)", err))
+	case holder != "":
+		return withHint(HintBridgeNetwork, fmt.Errorf("%w\ntask %s runs on the host network and holds the runner's ports", err, holder))
+	}
+	return withHint(HintPortsTaken, fmt.Errorf("%w\nno task of this shim holds the runner's ports: another process on this host listens on them", err))
+}
+
+// hostPortsHolder names a task of the shim other than self that runs on
+// the host network (the runner's ports are then its); known is false when
+// the shim's tasks could not be read.
+func hostPortsHolder(ctx context.Context, shim *shimclient.Client, self string) (name string, known bool) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	tasks, err := Tasks(ctx, shim)
+	if err != nil {
+		return "", false
+	}
+	for _, t := range tasks {
+		if t.ID == self || t.Status == api.TaskTerminated {
+			continue
+		}
+		if t.Tandem == nil || t.Tandem.NetworkMode == "" || t.Tandem.NetworkMode == "host" {
+			return cmp.Or(TaskName(t), ShortID(t.ID)), true
+		}
+	}
+	return "", true
 }
 
 // printableLines is msg trimmed, each line made printable.
@@ -93,7 +124,7 @@ func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAd
 	}
 	ended := func(ctx context.Context) error {
 		if now, err := shim.GetTask(ctx, info.ID); err == nil && now.Status == api.TaskTerminated {
-			return taskEnded(now, network)
+			return taskEnded(ctx, shim, now, network)
 		}
 		return nil
 	}

@@ -118,7 +118,8 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	// While a host-network job runs, another cannot have the runner's
 	// ports: the error says what to do.
 	run, _, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", h.image, "--", "true")
-	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "--network bridge") {
+	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "--network bridge") ||
+		!strings.Contains(errb.String(), "task holder runs on the host network") {
 		t.Fatalf("second host-network task: %v %s", err, errb)
 	}
 	rm0, _, rm0Err := tandemIn(t, dir, nil, "rm", "-f", "--shim", shim, "holder")

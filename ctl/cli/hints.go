@@ -7,7 +7,8 @@ import "github.com/tandem-run/tandem/ctl"
 var hints = map[ctl.Hint]string{
 	ctl.HintRunnerPort:    " (if the shim runs it elsewhere, give --runner-port)",
 	ctl.HintRunnerSSHPort: "; give it with --runner-ssh-port",
-	ctl.HintBridgeNetwork: "\nanother host-network task on this shim holds the runner's ports (tandem ps); use --network bridge, or stop that task",
+	ctl.HintBridgeNetwork: "\nuse --network bridge, or stop that task (tandem stop NAME)",
+	ctl.HintPortsTaken:    "\nstop that process, or use --network bridge (the shim forwards a bridge task's ports from free ones)",
 	ctl.HintNodeIP:        "\ngive each node's address with --node-ip, in node order",
 	ctl.HintForce:         " (tandem stop), or use --force",
 	ctl.HintBinaries:      ": give --shim-binary and --runner-binary, or --dist (a `make release` directory)",
