@@ -78,3 +78,37 @@ func TestCodeLimitFlag(t *testing.T) {
 		t.Fatalf("--code-limit lots: %v", err)
 	}
 }
+
+// --mount takes /host/path:/container/path and nothing else: docker's
+// ":ro" is refused before anything is made (the shim's instance mounts
+// have no options), never read as the container path "/b:ro".
+func TestMountFlag(t *testing.T) {
+	run := func(m string) error {
+		argv := []string{"tandem", "run", "--shim", "127.0.0.1:1", "--no-ssh-config", "--mount", m, "--", "true"}
+		app := App()
+		app.Metadata = map[string]any{argvKey: argv}
+		app.Writer, app.ErrWriter = io.Discard, io.Discard
+		var failed error
+		app.ExitErrHandler = func(_ *cli.Context, err error) { failed = err }
+		if err := app.Run(argv); err != nil {
+			return err
+		}
+		return failed
+	}
+	for m, want := range map[string]string{
+		"/data:/data:ro": "mount options (\"ro\") are not in the shim's protocol",
+		"/a:/b:c:d":      "mount options (\"c:d\")",
+		"rel:/x":         "want /host/path:/container/path",
+		"/tmp:rel":       "want /host/path:/container/path",
+		"/tmp":           "want /host/path:/container/path",
+	} {
+		if err := run(m); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("--mount %s: %v", m, err)
+		}
+	}
+	// A well-formed mount passes the flag's checks: the run fails only on
+	// the unreachable shim.
+	if err := run("/tmp:/x"); err == nil || strings.Contains(err.Error(), "--mount") || !strings.Contains(err.Error(), "not reachable") {
+		t.Errorf("--mount /tmp:/x: %v", err)
+	}
+}

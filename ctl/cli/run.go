@@ -195,6 +195,12 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	}
 	for _, m := range c.StringSlice("mount") {
 		host, path, ok := strings.Cut(m, ":")
+		if _, opts, more := strings.Cut(path, ":"); more {
+			// docker's -v /a:/b:ro. The shim's protocol has no options for
+			// an instance mount (it is read-write): refused, never read as
+			// a container path "/b:ro".
+			return o, bad(fmt.Sprintf("--mount %q: mount options (%q) are not in the shim's protocol, and a path may not hold ':'; instance mounts are read-write: want /host/path:/container/path", m, opts))
+		}
 		if !ok || !filepath.IsAbs(host) || !filepath.IsAbs(path) {
 			return o, bad(fmt.Sprintf("--mount %q: want /host/path:/container/path", m))
 		}
