@@ -165,6 +165,25 @@ func parseEnv(kvs []string, into map[string]string) error {
 	return nil
 }
 
+// parseRunEnv is parseEnv for a job, as docker run takes -e: a bare KEY
+// passes this machine's value (lookup), or nothing when it has none.
+func parseRunEnv(kvs []string, into map[string]string, lookup func(string) (string, bool)) error {
+	for _, kv := range kvs {
+		if k, _, ok := strings.Cut(kv, "="); ok || k == "" {
+			if err := parseEnv([]string{kv}, into); err != nil {
+				return err
+			}
+			continue
+		}
+		if v, ok := lookup(kv); ok {
+			into[kv] = v
+		} else {
+			delete(into, kv) // unset here: unset there, as docker does
+		}
+	}
+	return nil
+}
+
 func parseGPUs(s string) (int, error) {
 	if s == "all" {
 		return -1, nil

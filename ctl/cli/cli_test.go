@@ -10,6 +10,8 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tandem-run/tandem/api"
+
+	"github.com/tandem-run/tandem/ctl"
 )
 
 func TestParseSizeAndGPUs(t *testing.T) {
@@ -110,5 +112,45 @@ func TestMountFlag(t *testing.T) {
 	// the unreachable shim.
 	if err := run("/tmp:/x"); err == nil || strings.Contains(err.Error(), "--mount") || !strings.Contains(err.Error(), "not reachable") {
 		t.Errorf("--mount /tmp:/x: %v", err)
+	}
+}
+
+// -e takes each value whole, in command-line order across --env and -e
+// (urfave's slices split at commas: LIST=a,b failed as a bad "b"), and a
+// bare KEY passes this machine's value, or nothing when it has none, as
+// docker run does.
+func TestRunEnvFlags(t *testing.T) {
+	var got ctl.RunOptions
+	app := App()
+	for _, cmd := range app.Commands {
+		if cmd.Name == "run" {
+			cmd.Action = func(c *cli.Context) error {
+				var err error
+				got, err = runOptions(c, c.Args().Slice(), "127.0.0.1:1", false)
+				return err
+			}
+		}
+	}
+	app.Writer, app.ErrWriter = io.Discard, io.Discard
+	t.Setenv("TANDEM_TEST_FROM_HERE", "here,too")
+	argv := []string{"tandem", "run", "--no-ssh-config", "-e", "LIST=a,b", "--env", "A=1", "-e", "A=2", "-e", "TANDEM_TEST_FROM_HERE",
+		"-e", "TANDEM_TEST_UNSET_XYZ", "--mount", "/data,x:/in,y", "--authorized-key", `from="10.0.0.1,10.0.0.2" ssh-ed25519 AAAA k`, "--", "true"}
+	if err := app.Run(argv); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{"LIST": "a,b", "A": "2", "TANDEM_TEST_FROM_HERE": "here,too"}
+	if len(got.Env) != len(want) {
+		t.Errorf("env %v, want %v", got.Env, want)
+	}
+	for k, v := range want {
+		if got.Env[k] != v {
+			t.Errorf("env %s=%q, want %q (all: %v)", k, got.Env[k], v, got.Env)
+		}
+	}
+	if len(got.Mounts) != 1 || got.Mounts[0].InstancePath != "/data,x" || got.Mounts[0].Path != "/in,y" {
+		t.Errorf("mounts %+v", got.Mounts)
+	}
+	if len(got.SSHKeys) != 1 || !strings.HasPrefix(got.SSHKeys[0], `from="10.0.0.1,10.0.0.2"`) {
+		t.Errorf("keys %q", got.SSHKeys)
 	}
 }

@@ -34,7 +34,7 @@ func hostOptions(c *cli.Context) (ctl.HostOptions, error) {
 		ShimBinary: c.String("shim-binary"), RunnerBinary: c.String("runner-binary"), Dist: c.String("dist"),
 		Progress: (&progressPrinter{w: c.App.ErrWriter}).event, Force: c.Bool("force"),
 	}
-	if err := parseEnv(c.StringSlice("env"), o.VM.Env); err != nil {
+	if err := parseEnv(wholeValues(c, "env"), o.VM.Env); err != nil {
 		return o, err
 	}
 	return o, o.Layout.Validate()
@@ -53,7 +53,7 @@ func hostCmd() *cli.Command {
 				&cli.StringFlag{Name: "dist", Usage: "a `make release` directory (dist/<version>) with binaries per architecture"},
 				&cli.StringFlag{Name: "shim-home", Usage: "DSTACK_SHIM_HOME (default /root/.dstack under the prefix)"},
 				&cli.BoolFlag{Name: "privileged", Usage: "run every container privileged"},
-				&cli.StringSliceFlag{Name: "env", Usage: "extra KEY=VALUE for the shim (repeatable)"},
+				wholeFlags("extra KEY=VALUE for the shim (repeatable)", "env")[0],
 			),
 			Action: func(c *cli.Context) error {
 				o, err := hostOptions(c)

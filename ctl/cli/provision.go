@@ -30,16 +30,16 @@ func cloudinitCmd() *cli.Command {
 			&cli.StringFlag{Name: "pjrt-device", Usage: "PJRT_DEVICE for containers (TPU)"},
 			&cli.BoolFlag{Name: "firewall", Usage: "deny incoming except SSH and --allow-cidr (private ranges by default)"},
 			&cli.StringSliceFlag{Name: "allow-cidr", Usage: "CIDR allowed in with --firewall (repeatable)"},
-			&cli.StringSliceFlag{Name: "authorized-key", Usage: "public key for the provisioning user (repeatable)"},
-			&cli.StringSliceFlag{Name: "env", Usage: "extra KEY=VALUE for the shim (repeatable)"},
+			wholeFlags("public key for the provisioning user (repeatable)", "authorized-key")[0],
+			wholeFlags("extra KEY=VALUE for the shim (repeatable)", "env")[0],
 		},
 		Action: func(c *cli.Context) error {
 			v := cloudinit.VM{ShimURL: c.String("shim-url"), RunnerURL: c.String("runner-url"), ShimSHA256: c.String("shim-sha256"),
 				RunnerSHA256: c.String("runner-sha256"), Baked: c.Bool("baked"), ShimHome: c.String("shim-home"), LogLevel: c.String("log-level"),
 				Privileged: c.Bool("privileged"), PJRTDevice: c.String("pjrt-device"), Firewall: c.Bool("firewall"),
-				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: c.StringSlice("authorized-key"), Env: map[string]string{},
+				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: wholeValues(c, "authorized-key"), Env: map[string]string{},
 				InstallDocker: c.Bool("install-docker"), KeepDockerDataRoot: c.Bool("keep-docker-data-root")}
-			if err := parseEnv(c.StringSlice("env"), v.Env); err != nil {
+			if err := parseEnv(wholeValues(c, "env"), v.Env); err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			render := v.UserData
@@ -63,7 +63,7 @@ func entrypointCmd() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "runner-url", Usage: "download URL of the static dstack-runner"},
 			&cli.StringFlag{Name: "runner-sha256", Usage: "expected SHA-256 of dstack-runner"},
-			&cli.StringSliceFlag{Name: "authorized-key", Usage: "public key allowed in over SSH (repeatable)"},
+			wholeFlags("public key allowed in over SSH (repeatable)", "authorized-key")[0],
 			&cli.IntFlag{Name: "http-port", Value: api.RunnerHTTPPort},
 			&cli.IntFlag{Name: "ssh-port", Value: api.RunnerSSHPort},
 			&cli.StringFlag{Name: "log-level", Value: "4"},
@@ -71,7 +71,7 @@ func entrypointCmd() *cli.Command {
 		},
 		Action: func(c *cli.Context) error {
 			e := cloudinit.Entrypoint{RunnerURL: c.String("runner-url"), RunnerSHA256: c.String("runner-sha256"),
-				AuthorizedKeys: c.StringSlice("authorized-key"), HTTPPort: c.Int("http-port"), SSHPort: c.Int("ssh-port"), LogLevel: c.String("log-level")}
+				AuthorizedKeys: wholeValues(c, "authorized-key"), HTTPPort: c.Int("http-port"), SSHPort: c.Int("ssh-port"), LogLevel: c.String("log-level")}
 			if c.Bool("json") {
 				argv, err := e.Command()
 				if err != nil {

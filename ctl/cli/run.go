@@ -44,7 +44,7 @@ the workers' with a [node N] prefix on stderr.
 
   tandem run --nodes 2 --ssh root@10.0.0.5 --ssh root@10.0.0.6 --image my/mpi -- \
     sh -c 'if [ $DSTACK_NODE_RANK = 0 ]; then mpirun -np 2 --hostfile $DSTACK_MPI_HOSTFILE hostname; else sleep infinity; fi'`,
-		Flags: append(runConnFlags(),
+		Flags: slices.Concat(runConnFlags(), []cli.Flag{
 			runnerPortFlag,
 			&cli.IntFlag{Name: "nodes", Value: 1, Usage: "hosts to run the job on (one --ssh or --shim each; node 0 is the master)"},
 			&cli.StringSliceFlag{Name: "node-ip", Usage: "with --nodes: each node's address on the network the nodes share, in node order (default: found from the shims)"},
@@ -58,19 +58,19 @@ the workers' with a [node N] prefix on stderr.
 			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 8GiB"},
 			&cli.StringFlag{Name: "shm-size", Usage: "/dev/shm size, e.g. 1GiB"},
 			&cli.Int64Flag{Name: "pids-limit", Usage: "the job's processes and threads at most (default: the shim's)"},
-			// Two flags rather than an alias: urfave refuses both forms of
-			// one flag in a command line, and people mix them.
-			&cli.StringSliceFlag{Name: "env", Usage: "KEY=VALUE (repeatable; -e too)"},
-			&cli.StringSliceFlag{Name: "e", Usage: "KEY=VALUE (repeatable; same as --env)"},
 			&cli.StringFlag{Name: "workdir", Value: "/workflow", Usage: "working dir in the container"},
 			&cli.StringFlag{Name: "code", Usage: "local directory uploaded into the working dir"},
 			&cli.StringFlag{Name: "code-limit", Value: "256MiB", Usage: "the largest --code archive to send, checked before anything is made: the runner's --max-upload-bytes (0: no check)"},
-			&cli.StringSliceFlag{Name: "mount", Usage: "HOSTPATH:PATH (repeatable)"},
 			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
 			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long (exit status 124)"},
-			&cli.StringSliceFlag{Name: "authorized-key", Usage: "public key allowed into the container for tandem ssh (default: yours)"},
 			&cli.BoolFlag{Name: "no-ssh-config", Usage: "do not add the task to tandem's SSH config (tandem ssh-config)"},
 			outputFlag,
+		},
+			// Two flags rather than an alias: urfave refuses both forms of
+			// one flag in a command line, and people mix them.
+			wholeFlags("KEY=VALUE, or KEY for this machine's value, as docker run (repeatable; --env and -e are one list)", "env", "e"),
+			wholeFlags("HOSTPATH:PATH (repeatable)", "mount"),
+			wholeFlags("public key allowed into the container for tandem ssh (repeatable; default: yours)", "authorized-key"),
 		),
 		Action: runAction,
 	}
@@ -190,10 +190,10 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
 		return o, bad("--pids-limit: want a positive count")
 	}
-	if err := parseEnv(append(c.StringSlice("env"), c.StringSlice("e")...), o.Env); err != nil {
+	if err := parseRunEnv(wholeValues(c, "env"), o.Env, os.LookupEnv); err != nil {
 		return o, bad(err.Error())
 	}
-	for _, m := range c.StringSlice("mount") {
+	for _, m := range wholeValues(c, "mount") {
 		host, path, ok := strings.Cut(m, ":")
 		if _, opts, more := strings.Cut(path, ":"); more {
 			// docker's -v /a:/b:ro. The shim's protocol has no options for
@@ -214,7 +214,7 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	if o.Network != "host" && o.Network != "bridge" {
 		return o, bad("--network must be host or bridge")
 	}
-	o.SSHKeys = c.StringSlice("authorized-key")
+	o.SSHKeys = wholeValues(c, "authorized-key")
 	identity := c.String("identity")
 	if len(o.SSHKeys) == 0 {
 		if k, _ := ctl.DefaultPublicKey(identity); k != "" {
