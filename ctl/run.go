@@ -161,6 +161,31 @@ func checkRun(o RunOptions) error {
 	return checkCode(o)
 }
 
+// ErrNameInUse means a run's --name is a task's of the shim already.
+var ErrNameInUse = errors.New("name in use")
+
+// checkNameFree refuses a name given to a run that a task of the shim has,
+// as docker refuses a container name in use until that container is
+// removed: tandem stop NAME, attach NAME and the ssh config's Host entry
+// each want one task per name. A run's own name (tandem-<id>) is not
+// looked up: it is new.
+func checkNameFree(ctx context.Context, shim *shimclient.Client, name string) error {
+	if name == "" {
+		return nil
+	}
+	tasks, err := Tasks(ctx, shim)
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		if TaskName(t) == name {
+			return fmt.Errorf("%w: task %s is named %q (%s): remove it (tandem rm %s) or give another --name",
+				ErrNameInUse, ShortID(t.ID), name, t.Status, ShortID(t.ID))
+		}
+	}
+	return nil
+}
+
 // runName is a run's name: the one given, else tandem- and its id's start.
 func runName(given, id string) string {
 	if given != "" {
@@ -185,6 +210,9 @@ func (r *Run) Submit(ctx context.Context) error {
 	}
 	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
 	if err := checkGPUs(ctx, r.shim, r.o.GPUs); err != nil {
+		return err
+	}
+	if err := checkNameFree(ctx, r.shim, r.o.Name); err != nil {
 		return err
 	}
 	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))

@@ -71,8 +71,10 @@ func TaskName(t api.TaskInfoResponse) string {
 var ErrNoTask = errors.New("no such task")
 
 // Match picks the task ref names among tasks, as docker does: an exact id,
-// then an exact name, then a unique id prefix. An ambiguous prefix is an
-// error naming the candidates.
+// then an exact name, then a unique id prefix. A name that more than one
+// task has (dstack's server reuses a job's name; another client may too)
+// or an ambiguous prefix is an error naming the candidates: a stop or rm
+// never picks one of them.
 func Match(tasks []api.TaskInfoResponse, ref string) (api.TaskInfoResponse, error) {
 	if ref == "" {
 		return api.TaskInfoResponse{}, errors.New("empty task reference")
@@ -82,10 +84,18 @@ func Match(tasks []api.TaskInfoResponse, ref string) (api.TaskInfoResponse, erro
 			return t, nil
 		}
 	}
+	var named []api.TaskInfoResponse
 	for _, t := range tasks {
 		if n := TaskName(t); n != "" && n == ref {
-			return t, nil
+			named = append(named, t)
 		}
+	}
+	switch len(named) {
+	case 1:
+		return named[0], nil
+	case 0:
+	default:
+		return api.TaskInfoResponse{}, fmt.Errorf("%d tasks are named %q (%s): give the id", len(named), ref, idsOf(named))
 	}
 	var hits []api.TaskInfoResponse
 	for _, t := range tasks {
@@ -99,12 +109,17 @@ func Match(tasks []api.TaskInfoResponse, ref string) (api.TaskInfoResponse, erro
 	case 1:
 		return hits[0], nil
 	}
-	var ids []string
-	for _, t := range hits {
+	return api.TaskInfoResponse{}, fmt.Errorf("%q matches %d tasks (%s): give more of the id", ref, len(hits), idsOf(hits))
+}
+
+// idsOf lists the tasks' ids, sorted.
+func idsOf(tasks []api.TaskInfoResponse) string {
+	ids := make([]string, 0, len(tasks))
+	for _, t := range tasks {
 		ids = append(ids, t.ID)
 	}
 	slices.Sort(ids)
-	return api.TaskInfoResponse{}, fmt.Errorf("%q matches %d tasks (%s): give more of the id", ref, len(hits), strings.Join(ids, ", "))
+	return strings.Join(ids, ", ")
 }
 
 // Resolve finds the task ref names on the shim (see Match).

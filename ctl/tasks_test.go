@@ -39,6 +39,15 @@ func TestMatchByIDNameAndPrefix(t *testing.T) {
 	if _, err := Match(tasks, ""); err == nil {
 		t.Error("empty ref matched")
 	}
+	// Two tasks of one name: neither is picked (a stop must not guess);
+	// each id still works.
+	twice := append(tasks, named("bbbb0000-0000", "train"))
+	if got, err := Match(twice, "train"); err == nil || !strings.Contains(err.Error(), "2 tasks are named \"train\" (abc12345-0000, bbbb0000-0000)") {
+		t.Errorf("a name two tasks have: %s, %v", got.ID, err)
+	}
+	if got, err := Match(twice, "bbbb0000-0000"); err != nil || got.ID != "bbbb0000-0000" {
+		t.Errorf("by id among same names: %s, %v", got.ID, err)
+	}
 }
 
 func TestRunnerPorts(t *testing.T) {

@@ -122,6 +122,16 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 		!strings.Contains(errb.String(), "task holder runs on the host network") {
 		t.Fatalf("second host-network task: %v %s", err, errb)
 	}
+	// A name in use is refused before anything is made, as docker refuses
+	// a container name until that container is removed.
+	before, _ := h.client.ListTasks(t.Context())
+	run, _, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--network", "bridge", "--name", "holder", h.image, "true")
+	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "name in use") || !strings.Contains(errb.String(), "tandem rm") {
+		t.Fatalf("a second task named holder: %v %s", err, errb)
+	}
+	if after, _ := h.client.ListTasks(t.Context()); len(after) != len(before) {
+		t.Fatalf("a refused name made a task: %d tasks, then %d", len(before), len(after))
+	}
 	rm0, _, rm0Err := tandemIn(t, dir, nil, "rm", "-f", "--shim", shim, "holder")
 	if err := rm0.Run(); err != nil {
 		t.Fatalf("rm -f holder: %v %s", err, rm0Err)
