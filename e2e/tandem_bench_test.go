@@ -1,0 +1,100 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
+)
+
+// BenchmarkTandemRunOutput: a job prints TANDEM_BENCH_LOG_MB (100) MiB
+// (a file it made first, then a START line) while `tandem run` shows it;
+// the bench reads tandem's stdout from START to the last byte. Beside it,
+// the raw pty reader of runner_bench_test reads the same file in a plain
+// container: the machine's bound. The ratio has a target: tandem run once
+// paced every job at 2 MiB/s (its state pulls counted as the journal's
+// reader and the runner held the job for them): 0.09 for 40 MiB here,
+// less the more a job prints.
+// At most 3 rounds whatever b.N is.
+func BenchmarkTandemRunOutput(b *testing.B) {
+	mb := mbEnv("TANDEM_BENCH_LOG_MB", 100)
+	bins := testenv.Binaries(b)
+	_, runnerPort, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	_, runnerSSH, _ := net.SplitHostPort(testenv.FreeAddr(b))
+	h := startShimTB(b, bins.Runner, nil, "--runner-http-port", runnerPort, "--runner-ssh-port", runnerSSH)
+	shim := strings.TrimPrefix(h.client.BaseURL(), "http://")
+	reader := rawReader(b)
+	ctx := context.Background()
+	raw := randomID("rawpty")
+	if _, err := testenv.Docker(ctx, "run", "-d", "--name", raw, "--entrypoint", "/bin/sleep", h.image, "3600"); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rm", "-f", raw) })
+	if _, err := testenv.Docker(ctx, "exec", raw, "sh", "-c", writeCmd(mb)+" > /tmp/big"); err != nil {
+		b.Fatal(err)
+	}
+	var shown, raws, ratios []float64
+	for i := 0; i < min(b.N, 3); i++ {
+		r := rawPtyRead(b, raw, reader, mb)
+		cmd := exec.Command(bins.Tandem, "run", "--shim", shim, "--runner-port", runnerPort, "--image", h.image, "--no-ssh-config",
+			"--", "/bin/sh", "-c", writeCmd(mb)+" > /tmp/big && echo START && cat /tmp/big")
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		n, took, rerr := readAfterStart(out)
+		werr := cmd.Wait()
+		if rerr != nil || werr != nil || n != int64(mb)<<20 {
+			b.Fatalf("tandem run: %d of %d bytes after START: %v %v\n%s", n, mb<<20, rerr, werr, tailStr(errb.String(), 600))
+		}
+		mibs := float64(mb) / took.Seconds()
+		shown, raws, ratios = append(shown, mibs), append(raws, r), append(ratios, mibs/r)
+	}
+	b.ReportMetric(medianOf(shown), "shown-MiB/s")
+	b.ReportMetric(medianOf(raws), "raw-pty-MiB/s")
+	b.ReportMetric(medianOf(ratios), "ratio-vs-raw-pty")
+	target(b, "tandem run's output vs the raw pty reader", medianOf(ratios), ">=", 0.5)
+}
+
+// readAfterStart reads r to its end and returns the bytes after the START
+// line and how long they took from that line to the last of them.
+func readAfterStart(r io.Reader) (int64, time.Duration, error) {
+	br := bufio.NewReaderSize(r, 256<<10)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return 0, 0, errors.New("no START line")
+		}
+		if line == "START\n" || line == "START\r\n" {
+			break
+		}
+	}
+	began, last := time.Now(), time.Now()
+	buf := make([]byte, 256<<10)
+	var n int64
+	for {
+		k, err := br.Read(buf)
+		if k > 0 {
+			n, last = n+int64(k), time.Now()
+		}
+		if errors.Is(err, io.EOF) {
+			return n, last.Sub(began), nil
+		}
+		if err != nil {
+			return n, last.Sub(began), err
+		}
+	}
+}
