@@ -1,6 +1,12 @@
 package cli
 
-import "github.com/tandem-run/tandem/ctl"
+import (
+	"errors"
+	"net/http"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/ctl"
+)
 
 // hints say, in this CLI's flags, how to get past an error the library
 // marked with a ctl.Hint.
@@ -14,7 +20,13 @@ var hints = map[ctl.Hint]string{
 	ctl.HintBinaries:      ": give --shim-binary and --runner-binary, or --dist (a `make release` directory)",
 }
 
-// errText is err for people: its text and the hint it carries, if any.
+// errText is err for people: its text and the hint it carries, if any. A
+// shim's 401 says how to give it its token, whichever command met it.
 func errText(err error) string {
-	return err.Error() + hints[ctl.HintOf(err)]
+	text := err.Error() + hints[ctl.HintOf(err)]
+	var se *api.StatusError
+	if errors.As(err, &se) && se.Code == http.StatusUnauthorized {
+		text += "\nthe shim was started with --api-token: give it with --shim-token or TANDEM_SHIM_API_TOKEN"
+	}
+	return text
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/ctl"
 )
 
@@ -22,5 +23,9 @@ func TestErrTextAddsTheFlag(t *testing.T) {
 	}
 	if got := errText(errors.New("plain")); got != "plain" {
 		t.Fatalf("an error without a hint: %q", got)
+	}
+	unauth := fmt.Errorf("list tasks: %w", &api.StatusError{Method: "GET", Path: "/api/tasks", Code: 401, Message: "a valid bearer token is required"})
+	if got := errText(unauth); !strings.HasSuffix(got, "give it with --shim-token or TANDEM_SHIM_API_TOKEN") {
+		t.Fatalf("a shim's 401: %q", got)
 	}
 }
