@@ -160,15 +160,22 @@ type Window struct {
 func (j *Journal) StatesSince(after int64) (states []api.JobStateEvent, last int64) {
 	j.clock.Lock(func(l int64) {
 		last = l
-		j.mu.Lock()
-		for _, s := range j.states {
-			if s.Timestamp > after && s.Timestamp <= last {
-				states = append(states, s)
-			}
-		}
-		j.mu.Unlock()
+		states = j.statesIn(after, last)
 	})
 	return states, last
+}
+
+// statesIn returns the job states stamped in (after, upTo].
+func (j *Journal) statesIn(after, upTo int64) []api.JobStateEvent {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var out []api.JobStateEvent
+	for _, s := range j.states {
+		if s.Timestamp > after && s.Timestamp <= upTo {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // Since returns the events after ts, with at most byteCap bytes of logs
@@ -180,13 +187,7 @@ func (j *Journal) Since(after int64, byteCap int) (Window, error) {
 	var w Window
 	j.clock.Lock(func(last int64) {
 		w.LastUpdated, w.Capped = PullWindow(after, last, byteCap, j.jobLogs, j.runnerLogs)
-		j.mu.Lock()
-		for _, s := range j.states {
-			if s.Timestamp > after && s.Timestamp <= w.LastUpdated {
-				w.States = append(w.States, s)
-			}
-		}
-		j.mu.Unlock()
+		w.States = j.statesIn(after, w.LastUpdated)
 	})
 	var err error
 	if w.JobLogs, _, err = j.jobLogs.After(after, w.LastUpdated, 1<<62); err != nil {
