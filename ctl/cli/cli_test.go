@@ -59,16 +59,7 @@ func TestCodeLimitFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	run := func(limit string) error {
-		argv := []string{"tandem", "run", "--shim", "127.0.0.1:1", "--no-ssh-config", "--code", dir, "--code-limit", limit, "--", "true"}
-		app := App()
-		app.Metadata = map[string]any{argvKey: argv}
-		app.Writer, app.ErrWriter = io.Discard, io.Discard
-		var failed error
-		app.ExitErrHandler = func(_ *cli.Context, err error) { failed = err }
-		if err := app.Run(argv); err != nil {
-			return err
-		}
-		return failed
+		return runTandem("run", "--shim", "127.0.0.1:1", "--no-ssh-config", "--code", dir, "--code-limit", limit, "--", "true")
 	}
 	if err := run("1MiB"); err == nil || !strings.Contains(err.Error(), "takes at most 1MiB") {
 		t.Fatalf("--code-limit 1MiB: %v", err)
@@ -86,16 +77,7 @@ func TestCodeLimitFlag(t *testing.T) {
 // have no options), never read as the container path "/b:ro".
 func TestMountFlag(t *testing.T) {
 	run := func(m string) error {
-		argv := []string{"tandem", "run", "--shim", "127.0.0.1:1", "--no-ssh-config", "--mount", m, "--", "true"}
-		app := App()
-		app.Metadata = map[string]any{argvKey: argv}
-		app.Writer, app.ErrWriter = io.Discard, io.Discard
-		var failed error
-		app.ExitErrHandler = func(_ *cli.Context, err error) { failed = err }
-		if err := app.Run(argv); err != nil {
-			return err
-		}
-		return failed
+		return runTandem("run", "--shim", "127.0.0.1:1", "--no-ssh-config", "--mount", m, "--", "true")
 	}
 	for m, want := range map[string]string{
 		"/data:/data:ro": "mount options (\"ro\") are not in the shim's protocol",
@@ -153,4 +135,19 @@ func TestRunEnvFlags(t *testing.T) {
 	if len(got.SSHKeys) != 1 || !strings.HasPrefix(got.SSHKeys[0], `from="10.0.0.1,10.0.0.2"`) {
 		t.Errorf("keys %q", got.SSHKeys)
 	}
+}
+
+// runTandem runs the CLI on args, its output discarded, and returns how it
+// failed (nil: it did not).
+func runTandem(args ...string) error {
+	argv := append([]string{"tandem"}, args...)
+	app := App()
+	app.Metadata = map[string]any{argvKey: argv}
+	app.Writer, app.ErrWriter = io.Discard, io.Discard
+	var failed error
+	app.ExitErrHandler = func(_ *cli.Context, err error) { failed = err }
+	if err := app.Run(argv); err != nil {
+		return err
+	}
+	return failed
 }
