@@ -195,7 +195,8 @@ func parseGPUs(s string) (int, error) {
 	return n, nil
 }
 
-// parseSize reads 512MiB, 8GiB, 1GB, 100M or plain bytes.
+// parseSize reads 512MiB, 8GiB, 1GB, 100M or plain bytes, and docker's
+// lowercase 512m, 8g (binary, as docker reads them).
 func parseSize(s string) (int64, error) {
 	if s == "" {
 		return 0, nil
@@ -204,7 +205,8 @@ func parseSize(s string) (int64, error) {
 		suffix string
 		mult   int64
 	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3},
-		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1}}
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"B", 1},
+		{"t", 1 << 40}, {"g", 1 << 30}, {"m", 1 << 20}, {"k", 1 << 10}, {"b", 1}}
 	for _, u := range units {
 		if num, ok := strings.CutSuffix(s, u.suffix); ok {
 			f, err := strconv.ParseFloat(strings.TrimSpace(num), 64)

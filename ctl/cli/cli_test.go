@@ -22,6 +22,8 @@ func TestParseSizeAndGPUs(t *testing.T) {
 	}{
 		{"", 0, true}, {"512MiB", 512 << 20, true}, {"8GiB", 8 << 30, true}, {"1.5G", 3 << 29, true},
 		{"2GB", 2e9, true}, {"100", 100, true}, {"-1G", 0, false}, {"lots", 0, false}, {"8 GiB", 8 << 30, true},
+		// docker's lowercase forms, binary as docker reads them
+		{"8g", 8 << 30, true}, {"512m", 512 << 20, true}, {"1k", 1 << 10, true}, {"64b", 64, true}, {"1kib", 0, false},
 	} {
 		got, err := parseSize(tc.in)
 		if (err == nil) != tc.ok || got != tc.want {
@@ -134,6 +136,17 @@ func TestRunEnvFlags(t *testing.T) {
 	}
 	if len(got.SSHKeys) != 1 || !strings.HasPrefix(got.SSHKeys[0], `from="10.0.0.1,10.0.0.2"`) {
 		t.Errorf("keys %q", got.SSHKeys)
+	}
+}
+
+// A negative --max-duration (read as none before) or --cpu is refused
+// before anything is made.
+func TestNegativeLimitsRefused(t *testing.T) {
+	for _, args := range [][]string{{"--max-duration", "-5s"}, {"--cpu", "-1"}} {
+		if err := runTandem(append(append([]string{"run", "--shim", "127.0.0.1:1", "--no-ssh-config"}, args...), "--", "true")...); err == nil ||
+			!strings.Contains(err.Error(), "must not be negative") {
+			t.Errorf("%v: %v", args, err)
+		}
 	}
 }
 

@@ -190,6 +190,11 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
 		return o, bad("--pids-limit: want a positive count")
 	}
+	if o.MaxDuration < 0 || c.Float64("cpu") < 0 {
+		// Refused here, not read as "none" (a negative duration) or left
+		// to the shim's 400 after the run began.
+		return o, bad("--max-duration and --cpu must not be negative")
+	}
 	if err := parseRunEnv(wholeValues(c, "env"), o.Env, os.LookupEnv); err != nil {
 		return o, bad(err.Error())
 	}
