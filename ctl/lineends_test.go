@@ -46,4 +46,10 @@ func TestTailWriter(t *testing.T) {
 	if got := string(tw.bytes()); got != "b\nc\n" {
 		t.Errorf("ended lines: %q", got)
 	}
+	// --tail 0: no line at all, an unended one neither (docker logs --tail 0).
+	tw = &tailWriter{n: 0}
+	_, _ = tw.Write([]byte("a\nb\nc"))
+	if got := tw.bytes(); len(got) != 0 {
+		t.Errorf("tail 0: %q", got)
+	}
 }

@@ -62,16 +62,17 @@ type LogsOptions struct {
 	Follow bool
 	// Since (with Follow) starts the stream at this time.
 	Since time.Time
-	// Tail, when > 0, prints only the last Tail lines kept so far (then,
-	// with Follow, what comes after).
-	Tail int
+	// Tail, when TailSet, prints only the last Tail lines kept so far (0:
+	// none, as docker logs --tail 0; then, with Follow, what comes after).
+	Tail    int
+	TailSet bool
 }
 
 // Logs prints a task's raw output to w: what its shim kept so far, or with
 // Follow the stream from its runner until the job's output ends.
 func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.Writer) error {
 	since := lo.Since
-	if !lo.Follow || lo.Tail > 0 {
+	if !lo.Follow || lo.TailSet {
 		shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 		if err != nil {
 			return err
@@ -83,7 +84,7 @@ func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.W
 		now := clockOr(o.Clock).Now()
 		out := w
 		var tail *tailWriter
-		if lo.Tail > 0 {
+		if lo.TailSet {
 			tail = &tailWriter{n: lo.Tail}
 			out = tail
 		}

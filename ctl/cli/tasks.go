@@ -167,7 +167,7 @@ func logsCmd() *cli.Command {
 	return &cli.Command{Name: "logs", Usage: "print a task's output (-f: follow it)", ArgsUsage: "TASK (name, id or id prefix)",
 		Flags: append(connFlags(), runnerPortFlag,
 			&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "stream the output until the job ends"},
-			&cli.IntFlag{Name: "tail", Aliases: []string{"n"}, Usage: "only the last N lines (then, with -f, what follows)"},
+			&cli.IntFlag{Name: "tail", Aliases: []string{"n"}, Usage: "only the last N lines (0: none; then, with -f, what follows)"},
 			&cli.DurationFlag{Name: "since", Usage: "with -f: only output newer than this, e.g. 5m"}),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
@@ -185,7 +185,7 @@ func logsCmd() *cli.Command {
 			if c.IsSet("since") && !c.Bool("follow") {
 				return exitError{ctl.ExitFailure, "--since needs -f (the kept output has no times)"}
 			}
-			lo := ctl.LogsOptions{Follow: c.Bool("follow"), Since: sinceFlag(c), Tail: c.Int("tail")}
+			lo := ctl.LogsOptions{Follow: c.Bool("follow"), Since: sinceFlag(c), Tail: c.Int("tail"), TailSet: c.IsSet("tail")}
 			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), lo, jobOutput(c)); err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
