@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/ctl"
 	"github.com/tandem-run/tandem/e2e/testenv"
 	"github.com/tandem-run/tandem/shim/task"
 )
@@ -171,9 +172,23 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	if !strings.Contains(psOut.String(), "broken") || !strings.Contains(psOut.String(), "terminated (creating_container_error)") {
 		t.Fatalf("ps -a:\n%s", psOut)
 	}
+	// A task whose job ended while its runner still lingers (status
+	// running) is finished too, as rm takes it.
+	// (tandem wait looked at it, so its runner lingers for the logs.)
+	early, earlyOut, earlyErr := tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--network", "bridge", "--name", "ended-early", h.image, "sleep", "1")
+	if err := early.Run(); err != nil {
+		t.Fatalf("run -d ended-early: %v %s %s", err, earlyOut, earlyErr)
+	}
+	earlyID := strings.TrimSpace(strings.TrimPrefix(earlyOut.String(), "ended-early\t"))
+	wait, waitOut, waitErr := tandemIn(t, dir, nil, "wait", "--shim", shim, "ended-early")
+	if err := wait.Run(); err != nil || strings.TrimSpace(waitOut.String()) != "0" {
+		t.Fatalf("wait ended-early: %v %q %s", err, waitOut, waitErr)
+	}
+	lingering := h.wait(earlyID, time.Minute, func(i api.TaskInfoResponse) bool { return ctl.JobEnded(i) || i.Status == api.TaskTerminated })
 	prune, pruneOut, pruneErr := tandemIn(t, dir, nil, "prune", "--shim", shim)
-	if err := prune.Run(); err != nil || !strings.Contains(pruneOut.String(), "removed\tbroken\t"+failed.ID) || strings.Contains(pruneOut.String(), id) && !strings.Contains(pruneOut.String(), "train-1") {
-		t.Fatalf("prune: %v %s %s", err, pruneOut, pruneErr)
+	if err := prune.Run(); err != nil || !strings.Contains(pruneOut.String(), "removed\tbroken\t"+failed.ID) || strings.Contains(pruneOut.String(), id) && !strings.Contains(pruneOut.String(), "train-1") ||
+		!strings.Contains(pruneOut.String(), "removed\tended-early\t"+earlyID) {
+		t.Fatalf("prune (ended-early was %s when it began): %v %s %s", lingering.Status, err, pruneOut, pruneErr)
 	}
 	if _, err := h.client.GetTask(t.Context(), failed.ID); err == nil {
 		t.Fatal("prune left the finished task")

@@ -338,7 +338,7 @@ func rmCmd() *cli.Command {
 }
 
 func pruneCmd() *cli.Command {
-	return &cli.Command{Name: "prune", Usage: "remove every finished (terminated) task", Flags: connFlags(),
+	return &cli.Command{Name: "prune", Usage: "remove every finished task (terminated, or its job ended)", Flags: connFlags(),
 		Action: func(c *cli.Context) error {
 			infos, err := listTasks(c)
 			if err != nil {
@@ -346,7 +346,9 @@ func pruneCmd() *cli.Command {
 			}
 			var refs []string
 			for _, info := range infos {
-				if info.Status == api.TaskTerminated {
+				// As rm: a task whose job ended is finished, also while its
+				// runner lingers for the logs to be collected.
+				if info.Status == api.TaskTerminated || ctl.JobEnded(info) {
 					refs = append(refs, info.ID)
 				}
 			}
