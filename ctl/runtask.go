@@ -4,7 +4,6 @@ package ctl
 // coming up, and what is left when a run ends early.
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -99,7 +98,7 @@ func hostPortsHolder(ctx context.Context, shim *shimclient.Client, self string) 
 			continue
 		}
 		if t.Tandem == nil || t.Tandem.NetworkMode == "" || t.Tandem.NetworkMode == "host" {
-			return cmp.Or(TaskName(t), ShortID(t.ID)), true
+			return DisplayName(t), true
 		}
 	}
 	return "", true

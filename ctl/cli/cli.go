@@ -153,32 +153,23 @@ func usageError(c *cli.Context, err error, _ bool) error {
 	return exitError{ctl.ExitFailure, err.Error() + " (see tandem " + c.Command.Name + " --help)"}
 }
 
-// parseEnv adds --env KEY=VALUE pairs to into (a later pair wins).
-func parseEnv(kvs []string, into map[string]string) error {
+// parseEnv adds --env KEY=VALUE pairs to into (a later pair wins). With
+// lookup (a job's -e, as docker run takes it), a bare KEY passes this
+// machine's value, or nothing when it has none; without, it is refused.
+func parseEnv(kvs []string, into map[string]string, lookup func(string) (string, bool)) error {
 	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
+		switch {
+		case k == "" || !ok && lookup == nil:
 			return fmt.Errorf("--env %q: want KEY=VALUE", kv)
-		}
-		into[k] = v
-	}
-	return nil
-}
-
-// parseRunEnv is parseEnv for a job, as docker run takes -e: a bare KEY
-// passes this machine's value (lookup), or nothing when it has none.
-func parseRunEnv(kvs []string, into map[string]string, lookup func(string) (string, bool)) error {
-	for _, kv := range kvs {
-		if k, _, ok := strings.Cut(kv, "="); ok || k == "" {
-			if err := parseEnv([]string{kv}, into); err != nil {
-				return err
+		case ok:
+			into[k] = v
+		default:
+			if v, set := lookup(k); set {
+				into[k] = v
+			} else {
+				delete(into, k) // unset here: unset there, as docker does
 			}
-			continue
-		}
-		if v, ok := lookup(kv); ok {
-			into[kv] = v
-		} else {
-			delete(into, kv) // unset here: unset there, as docker does
 		}
 	}
 	return nil

@@ -34,7 +34,7 @@ func hostOptions(c *cli.Context) (ctl.HostOptions, error) {
 		ShimBinary: c.String("shim-binary"), RunnerBinary: c.String("runner-binary"), Dist: c.String("dist"),
 		Progress: (&progressPrinter{w: c.App.ErrWriter}).event, Force: c.Bool("force"),
 	}
-	if err := parseEnv(wholeValues(c, "env"), o.VM.Env); err != nil {
+	if err := parseEnv(wholeValues(c, "env"), o.VM.Env, nil); err != nil {
 		return o, err
 	}
 	return o, o.Layout.Validate()

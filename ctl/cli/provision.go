@@ -39,7 +39,7 @@ func cloudinitCmd() *cli.Command {
 				Privileged: c.Bool("privileged"), PJRTDevice: c.String("pjrt-device"), Firewall: c.Bool("firewall"),
 				AllowCIDRs: c.StringSlice("allow-cidr"), AuthorizedKeys: wholeValues(c, "authorized-key"), Env: map[string]string{},
 				InstallDocker: c.Bool("install-docker"), KeepDockerDataRoot: c.Bool("keep-docker-data-root")}
-			if err := parseEnv(wholeValues(c, "env"), v.Env); err != nil {
+			if err := parseEnv(wholeValues(c, "env"), v.Env, nil); err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			render := v.UserData

@@ -195,7 +195,7 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		// to the shim's 400 after the run began.
 		return o, bad("--max-duration and --cpu must not be negative")
 	}
-	if err := parseRunEnv(wholeValues(c, "env"), o.Env, os.LookupEnv); err != nil {
+	if err := parseEnv(wholeValues(c, "env"), o.Env, os.LookupEnv); err != nil {
 		return o, bad(err.Error())
 	}
 	for _, m := range wholeValues(c, "mount") {
