@@ -185,19 +185,25 @@ func containerExists(t *testing.T, nameOrID string) bool {
 // pull of it must download that layer.
 func uniqueImage(t *testing.T, size int) string {
 	t.Helper()
-	base := testenv.Busybox(t)
-	dir := t.TempDir()
 	blob := make([]byte, size)
 	_, _ = rand.Read(blob)
-	if err := os.WriteFile(filepath.Join(dir, "blob"), blob, 0o644); err != nil {
-		t.Fatal(err)
+	return buildImage(t, "unique", map[string][]byte{"blob": blob,
+		"Dockerfile": fmt.Appendf(nil, "FROM %s\nCOPY blob /blob\n", testenv.Busybox(t))})
+}
+
+// buildImage builds files (a Dockerfile and what it copies) as
+// tandem-test/<repo>:<random>, removed when the test ends, and returns
+// the tag.
+func buildImage(t *testing.T, repo string, files map[string][]byte) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(fmt.Sprintf("FROM %s\nCOPY blob /blob\n", base)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tag := "tandem-test/unique:" + strings.ToLower(randomID("u"))
-	ctx := context.Background()
-	if _, err := testenv.Docker(ctx, "build", "-q", "-t", tag, dir); err != nil {
+	tag := "tandem-test/" + repo + ":" + strings.ToLower(randomID("i"))
+	if _, err := testenv.Docker(context.Background(), "build", "-q", "-t", tag, dir); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rmi", "-f", tag) })

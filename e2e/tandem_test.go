@@ -158,15 +158,7 @@ func TestTandemRunShowsEveryByteAtTheJobsPace(t *testing.T) {
 // root: no matching entries in passwd file").
 func TestTandemRunImageWithoutPasswd(t *testing.T) {
 	h, shim, rport := realStack(t)
-	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM "+h.image+"\nRUN rm /etc/passwd /etc/group\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tag := "tandem-test/nopasswd:" + strings.ToLower(randomID("p"))
-	if _, err := testenv.Docker(context.Background(), "build", "-q", "-t", tag, dir); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rmi", "-f", tag) })
+	tag := buildImage(t, "nopasswd", map[string][]byte{"Dockerfile": []byte("FROM " + h.image + "\nRUN rm /etc/passwd /etc/group\n")})
 	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", tag, "--no-ssh-config",
 		"--", "/bin/sh", "-c", "test -e /etc/passwd && echo has-passwd; echo uid=$(id -u)")
 	if err := cmd.Run(); err != nil || strings.TrimSpace(out.String()) != "uid=0" {
