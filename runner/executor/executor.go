@@ -209,12 +209,18 @@ func New(cfg Config) (*Executor, error) {
 			cfg.HostMinFree = logs.DefaultMinFree(size)
 		}
 	}
-	j, err := logs.OpenJournal(cfg.TempDir, logs.JournalConfig{Now: cfg.Now, Log: cfg.Log, Retention: cfg.LogRetention, ReaderGrace: cfg.ReaderGrace})
+	x := &Executor{cfg: cfg, state: WaitSubmit,
+		started: make(chan struct{}), finished: make(chan struct{}), pullDone: make(chan struct{}), historyReady: make(chan struct{})}
+	// The shim's file has the end before any reader does: one who saw
+	// the job end and at once removes its task (tandem attach, then rm)
+	// finds the shim knowing it ended too.
+	j, err := logs.OpenJournal(cfg.TempDir, logs.JournalConfig{Now: cfg.Now, Log: cfg.Log, Retention: cfg.LogRetention, ReaderGrace: cfg.ReaderGrace,
+		BeforeFinal: x.writeFinal})
 	if err != nil {
 		return nil, err
 	}
-	return &Executor{cfg: cfg, state: WaitSubmit, journal: j,
-		started: make(chan struct{}), finished: make(chan struct{}), pullDone: make(chan struct{}), historyReady: make(chan struct{})}, nil
+	x.journal = j
+	return x, nil
 }
 
 // Close releases the event stores' files. The job must have finished (or

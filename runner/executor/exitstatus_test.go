@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,6 +35,16 @@ func runJob(t *testing.T, cfg Config, commands ...string) api.JobStateEvent {
 			t.Fatal(err)
 		}
 		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
+			// The shim's file has the end as soon as a reader does (a
+			// client that saw it may remove the task at once).
+			b, err := os.ReadFile(filepath.Join(cfg.TempDir, FinalFile))
+			var left api.JobStateEvent
+			if err == nil {
+				err = json.Unmarshal(b, &left)
+			}
+			if err != nil || left.State != p.JobStates[n-1].State || left.Timestamp != p.JobStates[n-1].Timestamp {
+				t.Fatalf("the job's end is pullable but its file says %+v (%v)", left, err)
+			}
 			// The final state is pullable before the executor has
 			// written everything into its temp dir: wait for that, or
 			// the dir's removal races the last writes.

@@ -80,9 +80,9 @@ func (x *Executor) openRunnerLog() *slog.Logger {
 	return logging.New(slog.LevelInfo, sinks...)
 }
 
-// finish ends the job: state wait_logs_finished, Finished closed.
+// finish ends the job: state wait_logs_finished, Finished closed. (The
+// final state's file for the shim was written as the state was recorded.)
 func (x *Executor) finish() {
-	x.writeFinal()
 	x.mu.Lock()
 	_ = x.moveLocked(WaitLogsFinished, "finish") // allowed from every state
 	x.mu.Unlock()
@@ -105,12 +105,9 @@ func (x *Executor) failure(reason api.TerminationReason, msg string, cause error
 	return api.JobStateEvent{State: api.JobFailed, TerminationReason: reason, TerminationMessage: msg}
 }
 
-// writeFinal leaves the job's final state for the shim (atomically).
-func (x *Executor) writeFinal() {
-	ev, ok := x.journal.LastStateEvent()
-	if !ok || !ev.State.Final() {
-		return
-	}
+// writeFinal leaves the job's final state ev for the shim (atomically),
+// before the journal records it (logs.JournalConfig.BeforeFinal).
+func (x *Executor) writeFinal(ev api.JobStateEvent) {
 	b, err := json.Marshal(ev)
 	if err == nil {
 		err = atomicfile.WriteBytes(filepath.Join(x.cfg.TempDir, FinalFile), b, atomicfile.Options{Perm: 0o644, UID: -1})

@@ -25,6 +25,8 @@ type Journal struct {
 
 	mu     sync.Mutex // guards states; appended under the clock's stamp
 	states []api.JobStateEvent
+
+	beforeFinal func(api.JobStateEvent)
 }
 
 // JournalConfig is how a journal keeps its events.
@@ -40,6 +42,11 @@ type JournalConfig struct {
 	// job's output waits for it rather than have the bound drop what it
 	// has not had; ≤ 0 never waits.
 	ReaderGrace time.Duration
+	// BeforeFinal, when set, gets the job's final state once it is
+	// allowed and before any reader can see it: what must hold by the
+	// time a reader learns the job ended (the state file the shim reads)
+	// is done here.
+	BeforeFinal func(api.JobStateEvent)
 }
 
 // OpenJournal creates the journal's stores in dir.
@@ -57,7 +64,7 @@ func OpenJournal(dir string, c JournalConfig) (*Journal, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	j := &Journal{clock: NewClock(c.Now), jobLogs: jl, runnerLogs: rl, log: log, pace: newPacer(c.ReaderGrace)}
+	j := &Journal{clock: NewClock(c.Now), jobLogs: jl, runnerLogs: rl, log: log, pace: newPacer(c.ReaderGrace), beforeFinal: c.BeforeFinal}
 	j.pace.onHold = func(behind int64) {
 		log.Info("job output is held until the log's reader catches up (as a terminal holds a writer): pulling on would drop what it has not had",
 			"over_bytes", behind, "reader_grace", c.ReaderGrace)
@@ -100,19 +107,12 @@ func (j *Journal) AppendState(ev api.JobStateEvent) error {
 			j.log.Error("job state transition refused", "from", prev, "to", ev.State)
 			return
 		}
+		if ev.State.Final() && j.beforeFinal != nil {
+			j.beforeFinal(ev)
+		}
 		j.states = append(j.states, ev)
 	})
 	return err
-}
-
-// LastStateEvent is the latest recorded job state event; false before any.
-func (j *Journal) LastStateEvent() (api.JobStateEvent, bool) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	if n := len(j.states); n > 0 {
-		return j.states[n-1], true
-	}
-	return api.JobStateEvent{}, false
 }
 
 // AppendJobLog stores one stripped chunk of the job's output, first waiting

@@ -169,3 +169,35 @@ func (j *Journal) LastState() api.JobState {
 	}
 	return ""
 }
+
+// BeforeFinal gets the job's final state, stamped as it is recorded,
+// once, and only when the state is allowed; no other state reaches it.
+// It runs before the state is recorded: what it leaves (the shim's state
+// file) is there before any reader of the journal learns the job ended.
+func TestBeforeFinalGetsTheEndBeforeItIsRecorded(t *testing.T) {
+	var got []api.JobStateEvent
+	var j *Journal
+	var recordedBefore []int
+	j, err := OpenJournal(t.TempDir(), JournalConfig{BeforeFinal: func(ev api.JobStateEvent) {
+		got = append(got, ev)
+		recordedBefore = append(recordedBefore, len(j.states)) // j.mu is held: read directly
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	_ = j.AppendState(api.JobStateEvent{State: api.JobDone}) // refused: not running yet
+	_ = j.AppendState(api.JobStateEvent{State: api.JobRunning})
+	code := 3
+	if err := j.AppendState(api.JobStateEvent{State: api.JobFailed, ExitStatus: &code}); err != nil {
+		t.Fatal(err)
+	}
+	_ = j.AppendState(api.JobStateEvent{State: api.JobTerminated}) // refused: after the end
+	states, _ := j.StatesSince(0)
+	if len(got) != 1 || got[0].State != api.JobFailed || got[0].Timestamp == 0 || len(states) != 2 || got[0].Timestamp != states[1].Timestamp {
+		t.Fatalf("BeforeFinal got %+v; recorded %+v", got, states)
+	}
+	if recordedBefore[0] != 1 {
+		t.Fatalf("the final state was recorded before BeforeFinal ran: %d states then", recordedBefore[0])
+	}
+}
