@@ -36,8 +36,26 @@ var errWaitedOut = errors.New("timed out")
 // ends (ctx's error); it waits every between calls. A limit ≤ 0 tries
 // once.
 func poll(ctx context.Context, clk Clock, every, limit time.Duration, try func() (done bool, err error)) error {
+	return pollPaced(ctx, clk, pace{every: every}, limit, try)
+}
+
+// pace is how often a wait looks: every quick for its first quickFor,
+// then every every.
+type pace struct{ quick, quickFor, every time.Duration }
+
+// after is the wait before the next look, elapsed into the wait.
+func (p pace) after(elapsed time.Duration) time.Duration {
+	if elapsed < p.quickFor {
+		return p.quick
+	}
+	return p.every
+}
+
+// pollPaced is poll at the pace p.
+func pollPaced(ctx context.Context, clk Clock, p pace, limit time.Duration, try func() (done bool, err error)) error {
 	clk = clockOr(clk)
-	deadline := clk.Now().Add(limit)
+	start := clk.Now()
+	deadline := start.Add(limit)
 	for {
 		done, err := try()
 		if done {
@@ -52,7 +70,7 @@ func poll(ctx context.Context, clk Clock, every, limit time.Duration, try func()
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-clk.After(every):
+		case <-clk.After(p.after(clk.Now().Sub(start))):
 		}
 	}
 }

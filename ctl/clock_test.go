@@ -3,6 +3,7 @@ package ctl
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -72,4 +73,41 @@ func TestPollRunsOnTheClock(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: %v", err)
 	}
+}
+
+// A paced poll looks at the quick pace for its first stretch, then at the
+// slow one, and its limit still holds: a run sees a started task and its
+// runner moments after they are up, and a long pull is not asked after
+// at the quick pace.
+func TestPollPacedLooksQuicklyFirst(t *testing.T) {
+	clk := &recordingClock{fakeClock: fakeClock{now: time.Unix(1000, 0)}}
+	p := pace{quick: 10 * time.Millisecond, quickFor: 50 * time.Millisecond, every: 100 * time.Millisecond}
+	err := pollPaced(context.Background(), clk, p, 300*time.Millisecond, func() (bool, error) { return false, nil })
+	if !errors.Is(err, errWaitedOut) {
+		t.Fatalf("limit: %v", err)
+	}
+	want := []time.Duration{10, 10, 10, 10, 10, 100, 100, 100}
+	for i := range want {
+		want[i] *= time.Millisecond
+	}
+	if !slices.Equal(clk.waited, want) {
+		t.Fatalf("waits %v, want %v", clk.waited, want)
+	}
+	if got := taskPace.after(0); got > 20*time.Millisecond {
+		t.Fatalf("a task's start is looked at every %v at first", got)
+	}
+	if got := runnerPace.after(0); got > 10*time.Millisecond {
+		t.Fatalf("a runner's start is looked at every %v at first", got)
+	}
+}
+
+// recordingClock is a fakeClock that keeps each wait asked for.
+type recordingClock struct {
+	fakeClock
+	waited []time.Duration
+}
+
+func (c *recordingClock) After(d time.Duration) <-chan time.Time {
+	c.waited = append(c.waited, d)
+	return c.fakeClock.After(d)
 }

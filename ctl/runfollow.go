@@ -63,6 +63,8 @@ func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, sinc
 		streamLogs(wsCtx, r, since, movedWriter{out, moved}, status, connected)
 	}()
 	var ts int64
+	streamEnd := (<-chan struct{})(wsDone)
+	quick := 0 // looks left at the quick pace
 	for {
 		// States only: the output comes from the stream above, and a
 		// pull of the logs would make the runner hold the job for them.
@@ -76,6 +78,10 @@ func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, sinc
 			drainOutput(clk, wsDone, moved)
 			return nil
 		}
+		every := statePoll
+		if quick > 0 {
+			every, quick = endPoll, quick-1
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -83,10 +89,24 @@ func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, sinc
 			if onStop() {
 				return nil
 			}
-		case <-clk.After(500 * time.Millisecond):
+		case <-streamEnd:
+			// The output ended: the job is ending, and its final state
+			// follows within moments. Looked for at once, then at the
+			// quick pace for a while, so a short job is not held to the
+			// slow pace's half second.
+			streamEnd, quick = nil, endLooks
+		case <-clk.After(every):
 		}
 	}
 }
+
+// How often a run asks its runner for the job's states: statePoll while
+// the job runs, endPoll for endLooks looks once its output ended.
+const (
+	statePoll = 500 * time.Millisecond
+	endPoll   = 10 * time.Millisecond
+	endLooks  = 200
+)
 
 // outputStall is how long the end of a run waits for output that does not
 // come: a job runs at its own pace, not its watcher's, so its output may

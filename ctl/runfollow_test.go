@@ -1,8 +1,20 @@
 package ctl
 
 import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/runnerclient"
 )
 
 // stepClock hands each wait to the test, which decides when it passes.
@@ -51,4 +63,113 @@ func TestDrainOutputWaitsWhileOutputArrives(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the stream's end did not end the wait")
 	}
+}
+
+// A short job's end is seen when its output stream ends, not after the
+// state poll's slow pace: here that pace never comes (the clock is
+// stuck), and the run still ends with the job's final state and all of
+// its output. The runner writes the final state a moment after the
+// stream ends, as a real one may: the quick looks that follow find it.
+func TestRunSeesTheJobEndWhenItsOutputEnds(t *testing.T) {
+	ended := make(chan struct{})
+	var done atomic.Bool // the final state is written
+	var pulls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/logs_ws":
+			conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_ = conn.WriteMessage(websocket.BinaryMessage, []byte("hello\n"))
+			<-ended
+			_ = conn.WriteMessage(websocket.BinaryMessage, []byte("bye\n"))
+			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
+			go func() { time.Sleep(50 * time.Millisecond); done.Store(true) }()
+		case "/api/pull":
+			if r.URL.Query().Get("logs") != "0" {
+				http.Error(w, "the watch must pull states only", http.StatusBadRequest)
+				return
+			}
+			pulls.Add(1)
+			states := `[{"state":"running","timestamp":1,"termination_reason":"","termination_message":""}`
+			if done.Load() {
+				states += `,{"state":"done","timestamp":2,"termination_reason":"done_by_runner","termination_message":"","exit_status":0}`
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"job_states":` + states + `],"job_logs":[],"runner_logs":[],"last_updated":0,"has_more":false}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	r, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &quickOnlyClock{slow: statePoll}
+	var out syncBuffer
+	var res Result
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go func() {
+		for !strings.Contains(out.String(), "hello") {
+			time.Sleep(5 * time.Millisecond)
+		}
+		time.Sleep(50 * time.Millisecond) // the watch waits at its slow pace
+		close(ended)
+	}()
+	err = watchJob(ctx, clk, r, time.Time{}, &out, nil, nil, &res, func() bool { return false })
+	if err != nil {
+		t.Fatalf("watch: %v (after %d pulls)", err, pulls.Load())
+	}
+	if res.State != api.JobDone || out.String() != "hello\nbye\n" {
+		t.Fatalf("ended %q with output %q", res.State, out.String())
+	}
+}
+
+// quickOnlyClock passes every wait shorter than slow at once (and reads
+// that much later), and never passes a wait of slow or longer.
+type quickOnlyClock struct {
+	slow time.Duration
+	mu   sync.Mutex
+	now  time.Time
+}
+
+func (c *quickOnlyClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *quickOnlyClock) After(d time.Duration) <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	if d >= c.slow {
+		return ch
+	}
+	time.Sleep(time.Millisecond) // a real runner's moment: no busy spin
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	ch <- c.now
+	c.mu.Unlock()
+	return ch
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader together.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

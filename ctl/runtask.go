@@ -192,15 +192,25 @@ func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOpti
 		select {
 		case <-ctx.Done():
 			return info, ctx.Err()
-		case <-clk.After(100 * time.Millisecond):
+		case <-clk.After(taskPace.after(clk.Now().Sub(start))):
 		}
 	}
 }
 
+// How often a run looks while its task and then its runner start: quickly
+// at first (a container whose image is here starts in about a tenth of a
+// second and its runner answers moments later; a run should not wait out
+// a slow pace's step after each), then at a pace for a pull or a slow
+// start. A look at a runner not yet listening is a refused connection.
+var (
+	taskPace   = pace{quick: 15 * time.Millisecond, quickFor: 2 * time.Second, every: 100 * time.Millisecond}
+	runnerPace = pace{quick: 5 * time.Millisecond, quickFor: time.Second, every: 50 * time.Millisecond}
+)
+
 func waitRunner(ctx context.Context, clk Clock, r *runnerclient.Client, taskID string, ended func(context.Context) error) error {
 	clk = clockOr(clk)
 	lastLook := clk.Now()
-	return poll(ctx, clk, 50*time.Millisecond, 60*time.Second, func() (bool, error) {
+	return pollPaced(ctx, clk, runnerPace, 60*time.Second, func() (bool, error) {
 		hc, err := r.Healthcheck(ctx)
 		if err == nil && hc.TaskID != "" && hc.TaskID != taskID {
 			// The port's previous runner (a task that just ended) is
