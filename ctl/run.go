@@ -164,13 +164,24 @@ func checkRun(o RunOptions) error {
 // ErrNameInUse means a run's --name is a task's of the shim already.
 var ErrNameInUse = errors.New("name in use")
 
-// checkNameFree refuses a name given to a run that a task of the shim has,
-// as docker refuses a container name in use until that container is
-// removed: tandem stop NAME, attach NAME and the ssh config's Host entry
-// each want one task per name. A run's own name (tandem-<id>) is not
-// looked up: it is new.
-func checkNameFree(ctx context.Context, shim *shimclient.Client, name string) error {
-	if name == "" {
+// ErrPortsHeld means another task of the shim runs on the host network,
+// where a run's runner needs the same ports.
+var ErrPortsHeld = errors.New("the runner's ports are held")
+
+// checkShimRoom refuses, before anything is made, a run the shim's tasks
+// leave no room for:
+//   - a name given to a run that a task of the shim has, as docker refuses
+//     a container name in use until that container is removed: tandem
+//     stop NAME, attach NAME and the ssh config's Host entry each want one
+//     task per name. A run's own name (tandem-<id>) is not looked up: it
+//     is new.
+//   - a host-network run while another task of the shim runs on the host
+//     network and its job has not ended: its runner holds the runner's
+//     ports, and the new task's runner would wait for them (3 s) and fail.
+//     A task whose job ended is no obstacle: its runner is leaving.
+func checkShimRoom(ctx context.Context, shim *shimclient.Client, name, network string) error {
+	hostNet := network == "" || network == "host"
+	if name == "" && !hostNet {
 		return nil
 	}
 	tasks, err := Tasks(ctx, shim)
@@ -178,12 +189,27 @@ func checkNameFree(ctx context.Context, shim *shimclient.Client, name string) er
 		return err
 	}
 	for _, t := range tasks {
-		if TaskName(t) == name {
+		if name != "" && TaskName(t) == name {
 			return fmt.Errorf("%w: task %s is named %q (%s): remove it (tandem rm %s) or give another --name",
 				ErrNameInUse, ShortID(t.ID), name, t.Status, ShortID(t.ID))
 		}
 	}
+	if !hostNet {
+		return nil
+	}
+	for _, t := range tasks {
+		if t.Status != api.TaskTerminated && onHostNetwork(t) && !JobEnded(t) {
+			return withHint(HintBridgeNetwork, fmt.Errorf("%w: task %s runs on the host network (%s), and a host-network run's runner needs the same ports",
+				ErrPortsHeld, DisplayName(t), t.Status))
+		}
+	}
 	return nil
+}
+
+// onHostNetwork says whether a task runs on the host network (a shim that
+// does not say, dstack's, runs its tasks there).
+func onHostNetwork(t api.TaskInfoResponse) bool {
+	return t.Tandem == nil || t.Tandem.NetworkMode == "" || t.Tandem.NetworkMode == "host"
 }
 
 // runName is a run's name: the one given, else tandem- and its id's start.
@@ -212,7 +238,7 @@ func (r *Run) Submit(ctx context.Context) error {
 	if err := checkGPUs(ctx, r.shim, r.o.GPUs); err != nil {
 		return err
 	}
-	if err := checkNameFree(ctx, r.shim, r.o.Name); err != nil {
+	if err := checkShimRoom(ctx, r.shim, r.o.Name, r.o.Network); err != nil {
 		return err
 	}
 	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -159,5 +160,67 @@ func TestTaskEndedSaysWhoHoldsTheRunnersPorts(t *testing.T) {
 	}
 	if err := taskEnded(ctx, shimWith("h1"), ended, "bridge"); HintOf(err) != HintNone || strings.Contains(err.Error(), "\n") {
 		t.Errorf("bridge: %v", err)
+	}
+}
+
+// A host-network run is refused before anything is made while another
+// task of the shim runs on the host network with its job not ended: its
+// runner holds the ports the new one needs. A task whose job ended (its
+// runner is leaving), a bridge task, a terminated one do not count, nor
+// does anything for a bridge run; a shim that does not say a task's
+// network (dstack's) runs it on the host's. A name in use is refused
+// first, as before.
+func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
+	shimWith := func(tasks map[string]string) *shimclient.Client {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			if r.URL.Path == "/api/tasks" {
+				var ids []string
+				for id := range tasks {
+					ids = append(ids, `{"id":"`+id+`","status":"running"}`)
+				}
+				_, _ = w.Write([]byte(`{"tasks":[` + strings.Join(ids, ",") + `]}`))
+				return
+			}
+			body, ok := tasks[strings.TrimPrefix(r.URL.Path, "/api/tasks/")]
+			if !ok {
+				http.NotFound(w, r)
+				return
+			}
+			_, _ = w.Write([]byte(body))
+		}))
+		t.Cleanup(srv.Close)
+		c, err := shimclient.New(strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	ctx := context.Background()
+	harmless := map[string]string{
+		"b1": `{"id":"b1","status":"running","tandem":{"name":"web","network_mode":"bridge"}}`,
+		"h0": `{"id":"h0","status":"terminated","tandem":{"name":"old","network_mode":"host"}}`,
+		"h2": `{"id":"h2","status":"running","tandem":{"name":"ended","network_mode":"host","job":{"state":"done","timestamp":5,"termination_reason":"done_by_runner","termination_message":""}}}`,
+	}
+	if err := checkShimRoom(ctx, shimWith(harmless), "", "host"); err != nil {
+		t.Fatalf("no holder: %v", err)
+	}
+	for name, holder := range map[string]string{
+		"train": `{"id":"h1","status":"running","tandem":{"name":"train","network_mode":"host"}}`,
+		"boot":  `{"id":"h1","status":"creating","tandem":{"name":"boot","network_mode":"host"}}`,
+		"h1":    `{"id":"h1","status":"running"}`, // dstack's shim: no details
+	} {
+		tasks := maps.Clone(harmless)
+		tasks["h1"] = holder
+		err := checkShimRoom(ctx, shimWith(tasks), "", "host")
+		if !errors.Is(err, ErrPortsHeld) || HintOf(err) != HintBridgeNetwork || !strings.Contains(err.Error(), "task "+name+" runs on the host network") {
+			t.Errorf("holder %s: %v (hint %v)", name, err, HintOf(err))
+		}
+		if err := checkShimRoom(ctx, shimWith(tasks), "", "bridge"); err != nil {
+			t.Errorf("bridge run beside %s: %v", name, err)
+		}
+		if err := checkShimRoom(ctx, shimWith(tasks), "web", "bridge"); !errors.Is(err, ErrNameInUse) {
+			t.Errorf("name in use beside %s: %v", name, err)
+		}
 	}
 }

@@ -97,7 +97,7 @@ func hostPortsHolder(ctx context.Context, shim *shimclient.Client, self string) 
 		if t.ID == self || t.Status == api.TaskTerminated {
 			continue
 		}
-		if t.Tandem == nil || t.Tandem.NetworkMode == "" || t.Tandem.NetworkMode == "host" {
+		if onHostNetwork(t) {
 			return DisplayName(t), true
 		}
 	}
