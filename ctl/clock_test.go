@@ -99,6 +99,9 @@ func TestPollPacedLooksQuicklyFirst(t *testing.T) {
 	if got := runnerPace.after(0); got > 10*time.Millisecond {
 		t.Fatalf("a runner's start is looked at every %v at first", got)
 	}
+	if got := waitPace.after(0); got > 100*time.Millisecond {
+		t.Fatalf("tandem wait looks at a job every %v at first", got)
+	}
 }
 
 // recordingClock is a fakeClock that keeps each wait asked for.

@@ -9,8 +9,10 @@ import (
 	"github.com/tandem-run/tandem/api/runnerclient"
 )
 
-// waitEvery is how often Wait asks after a job that has not ended.
-const waitEvery = 500 * time.Millisecond
+// waitPace is how often Wait asks after a job that has not ended: a job
+// that ends within moments (a script's run -d, then wait) is seen within
+// 50 ms, a long one every half second.
+var waitPace = pace{quick: 50 * time.Millisecond, quickFor: 5 * time.Second, every: 500 * time.Millisecond}
 
 // Wait blocks until the job of the task ref names ends, and returns how it
 // ended (Result.ExitCode is the code `tandem run` would have exited with).
@@ -32,6 +34,8 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 	// One runner client for the whole wait: a client per poll would leave
 	// an idle connection to the runner open per poll, for 90 s each.
 	var r *runnerclient.Client
+	clk := clockOr(o.Clock)
+	start := clk.Now()
 	for {
 		switch {
 		case JobEnded(info):
@@ -55,7 +59,7 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 		select {
 		case <-ctx.Done():
 			return res, ctx.Err()
-		case <-clockOr(o.Clock).After(waitEvery):
+		case <-clk.After(waitPace.after(clk.Now().Sub(start))):
 		}
 		next, err := retry(ctx, o.Clock, 2*time.Minute, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, info.ID) })
 		if errors.Is(err, api.ErrNotFound) {
