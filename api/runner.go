@@ -8,6 +8,11 @@ import "encoding/json"
 // room for that and still bounds the disk a caller can fill.
 const MaxUpload = 256 << 20
 
+// MaxJSONBody is the most a JSON request body to either agent may hold
+// (a job's submit with its commands and environment, a task's submit):
+// they answer 413 past it.
+const MaxJSONBody = 1 << 20
+
 // SubmitBody is the body of the runner's POST /api/submit. Only the keys the
 // server's include-list sends are modelled; the deprecated top-level run_spec
 // and anything newer are ignored on decode.

@@ -119,6 +119,9 @@ func NewCluster(o RunOptions, nodes []Node) (*Cluster, error) {
 	}
 	c := &Cluster{stopper: newStopper(), o: o, runID: newID()}
 	c.name = runName(o.Name, c.runID)
+	if err := checkJobBody(jobBody(o, c.runID, c.name)); err != nil { // each node's adds only its addresses and key
+		return nil, err
+	}
 	for i, n := range nodes {
 		if n.Label == "" {
 			n.Label = n.Shim

@@ -4,13 +4,16 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"path"
+	"slices"
 	"strings"
 	"time"
 
@@ -148,7 +151,44 @@ func NewRun(o RunOptions) (*Run, error) {
 		return nil, err
 	}
 	id := newID()
-	return &Run{stopper: newStopper(), o: o, shim: shim, id: id, name: runName(o.Name, id)}, nil
+	name := runName(o.Name, id)
+	if err := checkJobBody(jobBody(o, id, name)); err != nil {
+		return nil, err
+	}
+	return &Run{stopper: newStopper(), o: o, shim: shim, id: id, name: name}, nil
+}
+
+// checkJobBody refuses, before anything is made, a job whose submit the
+// runner would refuse as too large (413, once the task runs): its
+// commands and environment, with the largest named.
+func checkJobBody(body api.SubmitBody) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("job: %w", err)
+	}
+	if len(b) <= api.MaxJSONBody {
+		return nil
+	}
+	type part struct {
+		what string
+		size int
+	}
+	var parts []part
+	for k, v := range body.JobSpec.Env {
+		parts = append(parts, part{"env " + k, len(k) + len(v)})
+	}
+	cmds := 0
+	for _, c := range body.JobSpec.Commands {
+		cmds += len(c)
+	}
+	parts = append(parts, part{"the command", cmds})
+	slices.SortFunc(parts, func(a, b part) int { return cmp.Compare(b.size, a.size) })
+	var big []string
+	for _, p := range parts[:min(len(parts), 3)] {
+		big = append(big, fmt.Sprintf("%s (%s)", p.what, BytesText(uint64(p.size))))
+	}
+	return fmt.Errorf("job: its commands and environment take %s as the runner's submit, which takes at most %s; pass large values as files (--code, --mount) (largest: %s)",
+		BytesText(uint64(len(b))), BytesText(api.MaxJSONBody), strings.Join(big, ", "))
 }
 
 // checkRun refuses, before anything is made, what the runner would

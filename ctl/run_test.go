@@ -3,6 +3,7 @@ package ctl
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -222,5 +223,29 @@ func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
 		if err := checkShimRoom(ctx, shimWith(tasks), "web", "bridge"); !errors.Is(err, ErrNameInUse) {
 			t.Errorf("name in use beside %s: %v", name, err)
 		}
+	}
+}
+
+// A job whose submit the runner would refuse as too large (413 once its
+// task runs) is refused before anything is made, with its largest parts
+// named; one just under the bound passes.
+func TestRunRefusesAJobTooLargeToSubmit(t *testing.T) {
+	big := strings.Repeat("a", 120_000)
+	env := map[string]string{}
+	for i := range 9 {
+		env[fmt.Sprintf("B%d", i)] = big
+	}
+	env["SMALL"] = "1"
+	o := RunOptions{Shim: "127.0.0.1:1", Commands: []string{"true"}, Env: env}
+	_, err := NewRun(o)
+	if err == nil || !strings.Contains(err.Error(), "takes at most 1MiB") || !strings.Contains(err.Error(), "env B") || strings.Contains(err.Error(), "SMALL") {
+		t.Fatalf("too large: %v", err)
+	}
+	if _, err := NewCluster(o, []Node{{Shim: "127.0.0.1:1"}, {Shim: "127.0.0.1:2"}}); err == nil || !strings.Contains(err.Error(), "takes at most 1MiB") {
+		t.Fatalf("too large, multi-node: %v", err)
+	}
+	delete(env, "B0")
+	if _, err := NewRun(o); err != nil {
+		t.Fatalf("under the bound: %v", err)
 	}
 }

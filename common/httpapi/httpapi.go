@@ -18,10 +18,12 @@ import (
 	"strings"
 
 	"github.com/labstack/echo/v4"
+
+	"github.com/tandem-run/tandem/api"
 )
 
 // MaxBodyBytes is the JSON request body limit of both agents.
-const MaxBodyBytes = 1 << 20
+const MaxBodyBytes = api.MaxJSONBody
 
 // Error is an API error: a status and the message shown to the client.
 // Err, if set, is the internal cause, logged but never sent.
