@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -169,20 +168,14 @@ func FuzzPickNodeIPs(f *testing.F) {
 // address it was dialed at.
 func TestClusterFacts(t *testing.T) {
 	host := func(body string) *shimclient.Client {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		return testShim(t, func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Path != "/api/instance/host" || body == "" {
 				http.NotFound(w, r)
 				return
 			}
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(body))
-		}))
-		t.Cleanup(srv.Close)
-		c, err := shimclient.New(strings.TrimPrefix(srv.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
+		})
 	}
 	cs := []*clusterNode{
 		{rank: 0, shim: host(`{"hostname":"a","addresses":["172.17.0.1/16","10.0.0.2/24"],"gpu_count":8}`)},

@@ -113,7 +113,7 @@ func TestTaskEndedSaysWhoHoldsTheRunnersPorts(t *testing.T) {
 	ended := api.TaskInfoResponse{ID: "self", Status: api.TaskTerminated, TerminationReason: api.ReasonContainerExitedWithError,
 		TerminationMessage: "dstack-runner: api: listen tcp 127.0.0.1:10999: bind: address already in use"}
 	shimWith := func(tasks ...string) *shimclient.Client {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		return testShim(t, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			switch r.URL.Path {
 			case "/api/tasks":
@@ -133,13 +133,7 @@ func TestTaskEndedSaysWhoHoldsTheRunnersPorts(t *testing.T) {
 			default:
 				http.Error(w, "broken", http.StatusBadRequest)
 			}
-		}))
-		t.Cleanup(srv.Close)
-		c, err := shimclient.New(strings.TrimPrefix(srv.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
+		})
 	}
 	ctx := context.Background()
 	err := taskEnded(ctx, shimWith("h1"), ended, "host")
@@ -173,7 +167,7 @@ func TestTaskEndedSaysWhoHoldsTheRunnersPorts(t *testing.T) {
 // first, as before.
 func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
 	shimWith := func(tasks map[string]string) *shimclient.Client {
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		return testShim(t, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
 			if r.URL.Path == "/api/tasks" {
 				var ids []string
@@ -189,13 +183,7 @@ func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
 				return
 			}
 			_, _ = w.Write([]byte(body))
-		}))
-		t.Cleanup(srv.Close)
-		c, err := shimclient.New(strings.TrimPrefix(srv.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return c
+		})
 	}
 	ctx := context.Background()
 	harmless := map[string]string{
@@ -248,4 +236,16 @@ func TestRunRefusesAJobTooLargeToSubmit(t *testing.T) {
 	if _, err := NewRun(o); err != nil {
 		t.Fatalf("under the bound: %v", err)
 	}
+}
+
+// testShim is a client of a shim played by h, closed with the test.
+func testShim(t *testing.T, h http.HandlerFunc) *shimclient.Client {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	c, err := shimclient.New(strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
