@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -116,6 +117,8 @@ type Connections interface {
 // Executor runs one job.
 type Executor struct {
 	cfg Config
+
+	finalErr atomic.Pointer[error] // writing the final state's file failed
 
 	mu       sync.Mutex // guards the fields below
 	state    State

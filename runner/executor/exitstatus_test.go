@@ -15,7 +15,16 @@ import (
 // state event.
 func runJob(t *testing.T, cfg Config, commands ...string) api.JobStateEvent {
 	t.Helper()
-	cfg.TempDir = t.TempDir()
+	return runJobFile(t, cfg, true, commands...)
+}
+
+// runJobFile is runJob in cfg.TempDir when set; finalFile says whether the
+// final state's file must be there as soon as the end is pullable.
+func runJobFile(t *testing.T, cfg Config, finalFile bool, commands ...string) api.JobStateEvent {
+	t.Helper()
+	if cfg.TempDir == "" {
+		cfg.TempDir = t.TempDir()
+	}
 	x, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +51,7 @@ func runJob(t *testing.T, cfg Config, commands ...string) api.JobStateEvent {
 			if err == nil {
 				err = json.Unmarshal(b, &left)
 			}
-			if err != nil || left.State != p.JobStates[n-1].State || left.Timestamp != p.JobStates[n-1].Timestamp {
+			if finalFile && (err != nil || left.State != p.JobStates[n-1].State || left.Timestamp != p.JobStates[n-1].Timestamp) {
 				t.Fatalf("the job's end is pullable but its file says %+v (%v)", left, err)
 			}
 			// The final state is pullable before the executor has
@@ -172,5 +181,31 @@ func TestOutputCutKeepsAChunkInFlight(t *testing.T) {
 	got = append(got, d.rest()...)
 	if string(got) != "ready\n" {
 		t.Fatalf("kept %q", got)
+	}
+}
+
+// A final state's file that cannot be written (here a directory stands in
+// its place) does not stop the job's end: it is recorded and pullable,
+// and the failure is in the runner's log. The file is written under the
+// journal's clock, which the runner's log takes too: logging there hung
+// the runner.
+func TestJobEndsWhenItsFinalFileCannotBeWritten(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, FinalFile, "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan api.JobStateEvent, 1)
+	go func() { done <- runJobFile(t, Config{TempDir: dir}, false, "/bin/sh", "-c", "exit 4") }()
+	select {
+	case ev := <-done:
+		if ev.State != api.JobFailed || ev.ExitStatus == nil || *ev.ExitStatus != 4 {
+			t.Fatalf("ended %+v", ev)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the job's end hung on its final state's file")
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "runner.log"))
+	if !strings.Contains(string(b), "could not leave the job's final state for the shim") {
+		t.Fatalf("runner log:\n%s", b)
 	}
 }

@@ -83,6 +83,9 @@ func (x *Executor) openRunnerLog() *slog.Logger {
 // finish ends the job: state wait_logs_finished, Finished closed. (The
 // final state's file for the shim was written as the state was recorded.)
 func (x *Executor) finish() {
+	if err := x.finalErr.Load(); err != nil {
+		x.runnerLog.Warn("could not leave the job's final state for the shim", "err", *err)
+	}
 	x.mu.Lock()
 	_ = x.moveLocked(WaitLogsFinished, "finish") // allowed from every state
 	x.mu.Unlock()
@@ -106,14 +109,16 @@ func (x *Executor) failure(reason api.TerminationReason, msg string, cause error
 }
 
 // writeFinal leaves the job's final state ev for the shim (atomically),
-// before the journal records it (logs.JournalConfig.BeforeFinal).
+// before the journal records it (logs.JournalConfig.BeforeFinal). It runs
+// under the journal's clock, which the runner's log also takes: it cannot
+// log, so a failure is kept for finish to log.
 func (x *Executor) writeFinal(ev api.JobStateEvent) {
 	b, err := json.Marshal(ev)
 	if err == nil {
 		err = atomicfile.WriteBytes(filepath.Join(x.cfg.TempDir, FinalFile), b, atomicfile.Options{Perm: 0o644, UID: -1})
 	}
 	if err != nil {
-		x.runnerLog.Warn("could not leave the job's final state for the shim", "err", err)
+		x.finalErr.Store(&err)
 	}
 }
 
