@@ -29,3 +29,14 @@ func TestErrTextAddsTheFlag(t *testing.T) {
 		t.Fatalf("a shim's 401: %q", got)
 	}
 }
+
+// An error is printed with the control characters of its lines escaped:
+// it may carry a hostile shim's words (a task named with a terminal's
+// escape sequence); its line breaks and already escaped text stay.
+func TestErrTextIsPrintable(t *testing.T) {
+	err := &ctl.HintError{Hint: ctl.HintBridgeNetwork, Err: errors.New("task \x1b]0;owned\x07 runs on the host network\nsecond \\x1b line")}
+	got := errText(err)
+	if strings.ContainsAny(got, "\x1b\x07") || !strings.Contains(got, `task \x1b]0;owned\x07 runs`) || !strings.Contains(got, "\nsecond \\x1b line\nuse --network bridge") {
+		t.Fatalf("errText = %q", got)
+	}
+}
