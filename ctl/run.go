@@ -15,6 +15,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -269,16 +270,23 @@ func (r *Run) Name() string { return r.name }
 // Submit checks that the shim answers and submits the task. A submit
 // repeated with the same config is a no-op on the shim, so one lost to a
 // slow or restarting shim is made again.
+//
+// The checks before the submit are asked at once, each over its own
+// connection: over a long link (tandem run --ssh from far away) each is a
+// round trip. The shim's hello speaks first: an address that is no shim
+// is said as that, whatever the others met.
 func (r *Run) Submit(ctx context.Context) error {
+	var gpuErr, roomErr error
+	var wg sync.WaitGroup
+	wg.Go(func() { gpuErr = checkGPUs(ctx, r.shim, r.o.GPUs) })
+	wg.Go(func() { roomErr = checkShimRoom(ctx, r.shim, r.o.Name, r.o.Network) })
 	hc, err := helloShim(ctx, r.shim, r.o.Shim)
+	wg.Wait()
 	if err != nil {
 		return err
 	}
 	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
-	if err := checkGPUs(ctx, r.shim, r.o.GPUs); err != nil {
-		return err
-	}
-	if err := checkShimRoom(ctx, r.shim, r.o.Name, r.o.Network); err != nil {
+	if err := cmp.Or(gpuErr, roomErr); err != nil {
 		return err
 	}
 	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))
