@@ -207,7 +207,7 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 		if err := submitTask(ctx, c.o.Clock, n.shim, taskConfig(c.o, n.id, n.name)); err != nil {
 			return err
 		}
-		info, err := waitTask(ctx, n.shim, n.id, c.o)
+		info, err := waitTask(ctx, n.shim, n.id, c.o, nil)
 		if err != nil {
 			return err
 		}

@@ -216,7 +216,7 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 		return res, withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, hcErr))
 	}
 	var connected atomic.Bool
-	err = watchJobStream(ctx, o.Clock, r, since, out, nil, nil, &res, nil, &connected) // no stops: onStop is never called
+	err = watchJobStream(ctx, o.Clock, r, sinceOpener(r, since), out, nil, nil, &res, nil, &connected) // no stops: onStop is never called
 	if ctx.Err() == nil && !connected.Load() {
 		// The runner left as we attached (a detached run's runner leaves
 		// at the job's end) before showing anything: the shim keeps the

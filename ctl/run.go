@@ -134,6 +134,17 @@ type Run struct {
 	name   string
 	info   api.TaskInfoResponse // as WaitTask last saw it
 	runner *runnerclient.Client // set by StartJob
+	probe  *runnerProbe         // set by WaitTask on the host network
+	logs   <-chan openedLogs    // the job's output stream, dialed by StartJob
+}
+
+// runnerProbe waits for a task's runner to answer while the task is still
+// being created (see WaitTask); done is closed once r or err is set.
+type runnerProbe struct {
+	done   chan struct{}
+	cancel context.CancelFunc
+	r      *runnerclient.Client
+	err    error
 }
 
 // NewRun checks o and returns its run, not started yet.
@@ -294,29 +305,86 @@ func (r *Run) Submit(ctx context.Context) error {
 
 // WaitTask waits until the task runs with its ports known; a task that
 // ended first is a *TaskEndedError.
+//
+// On the host network the runner's port is known from the task's first
+// answer, so once the task is being created (its image is here) its
+// runner is waited for beside it: over a long link the runner's first
+// answer (a new connection, then the healthcheck) no longer follows the
+// task's last poll but overlaps it. StartJob takes what it found.
 func (r *Run) WaitTask(ctx context.Context) error {
-	info, err := waitTask(ctx, r.shim, r.id, r.o)
-	if err != nil {
-		return err
+	seen := func(info api.TaskInfoResponse) {
+		if r.probe != nil || r.o.Network != "host" || (info.Status != api.TaskCreating && info.Status != api.TaskRunning) {
+			return
+		}
+		pctx, cancel := context.WithCancel(ctx)
+		p := &runnerProbe{done: make(chan struct{}), cancel: cancel}
+		r.probe = p
+		go func() {
+			defer close(p.done)
+			p.r, p.err = readyRunner(pctx, r.o.Clock, r.shim, r.o.Shim, info, r.o.Network, r.o.RunnerPort, r.o.Dial)
+		}()
 	}
-	r.info = info
-	if info.Status == api.TaskTerminated {
-		return taskEnded(ctx, r.shim, info, r.o.Network)
+	info, err := waitTask(ctx, r.shim, r.id, r.o, seen)
+	if err == nil {
+		r.info = info
+		if info.Status == api.TaskTerminated {
+			err = taskEnded(ctx, r.shim, info, r.o.Network)
+		}
 	}
-	return nil
+	if err != nil && r.probe != nil {
+		r.probe.cancel()
+		<-r.probe.done
+		r.probe = nil
+	}
+	return err
 }
 
 // StartJob waits for the task's runner, submits the job, uploads the code
 // and starts the job; from here on Stop stops the job.
 func (r *Run) StartJob(ctx context.Context) error {
-	runner, err := readyRunner(ctx, r.o.Clock, r.shim, r.o.Shim, r.info, r.o.Network, r.o.RunnerPort, r.o.Dial)
+	var runner *runnerclient.Client
+	var err error
+	if p := r.probe; p != nil {
+		select {
+		case <-p.done:
+		case <-ctx.Done():
+			p.cancel()
+			<-p.done
+		}
+		p.cancel()
+		r.probe = nil
+		runner, err = p.r, p.err
+		if err == nil && ctx.Err() != nil {
+			err = ctx.Err()
+		}
+	} else {
+		runner, err = readyRunner(ctx, r.o.Clock, r.shim, r.o.Shim, r.info, r.o.Network, r.o.RunnerPort, r.o.Dial)
+	}
 	if err != nil {
 		return err
 	}
 	r.runner = runner
-	if err := submitJob(ctx, runner, r.o, r.id, r.name); err != nil {
+	if err := prepareJob(ctx, runner, r.o, jobBody(r.o, r.id, r.name)); err != nil {
 		return err
 	}
+	// The output stream is dialed beside the job's start (it waits for
+	// the job's output to begin): over a long link its connection no
+	// longer follows the start but overlaps it. Follow reads it.
+	var logs chan openedLogs
+	if !r.o.Detach {
+		logs = make(chan openedLogs, 1)
+		go func() {
+			ls, err := runner.Logs(ctx, time.Time{})
+			logs <- openedLogs{ls, err}
+		}()
+	}
+	if err := startJob(ctx, runner, r.o); err != nil {
+		if logs != nil {
+			go func() { (<-logs).close() }()
+		}
+		return err
+	}
+	r.logs = logs
 	r.started()
 	if r.o.Started != nil {
 		r.o.Started(r.info)
@@ -331,7 +399,11 @@ func (r *Run) StartJob(ctx context.Context) error {
 // its business: turn them into Stop and a cancelled context.
 func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 	res = Result{TaskID: r.id, Name: r.name}
-	res, killed, err = follow(ctx, r.runner, r.stops, r.o, res)
+	var open logOpener
+	if r.logs != nil {
+		open, r.logs = openedStream(r.logs), nil
+	}
+	res, killed, err = follow(ctx, r.runner, open, r.stops, r.o, res)
 	if err == nil || killed {
 		return res, killed, err
 	}

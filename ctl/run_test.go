@@ -9,8 +9,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
@@ -248,4 +250,57 @@ func testShim(t *testing.T, h http.HandlerFunc) *shimclient.Client {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// A run's cleanup sends the remove right behind the terminate. A shim that
+// serves a task's calls one at a time (ours) removes the task once the
+// stop ended: one remove. One that refuses a remove while the task still
+// runs (the remove got there first, or dstack's shim) is asked again once
+// the terminate answered. Either way the task is gone and nothing fails.
+func TestCleanupRemovesRightBehindTheTerminate(t *testing.T) {
+	for _, serial := range []bool{true, false} {
+		var mu sync.Mutex
+		var calls []string
+		terminated := make(chan struct{})
+		var once sync.Once
+		shim := testShim(t, func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			calls = append(calls, strings.TrimPrefix(r.URL.Path, "/api/tasks/t1/"))
+			mu.Unlock()
+			switch r.URL.Path {
+			case "/api/tasks/t1/terminate":
+				time.Sleep(50 * time.Millisecond) // Docker's stop
+				once.Do(func() { close(terminated) })
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"id":"t1","status":"terminated"}`))
+			case "/api/tasks/t1/remove":
+				if serial {
+					<-terminated // the task's lock: after the stop
+				} else {
+					select {
+					case <-terminated:
+					default:
+						http.Error(w, `{"detail":{"code":"conflict","msg":"cannot remove task t1 with running status"}}`, http.StatusConflict)
+						return
+					}
+				}
+				w.WriteHeader(http.StatusOK)
+			default:
+				http.NotFound(w, r)
+			}
+		})
+		if err := cleanup(context.Background(), nil, shim, "t1", 5); err != nil {
+			t.Fatalf("serial %v: %v", serial, err)
+		}
+		want := []string{"terminate", "remove"}
+		if !serial {
+			want = append(want, "remove")
+		}
+		mu.Lock()
+		got := slices.Clone(calls)
+		mu.Unlock()
+		if !slices.Equal(got, want) {
+			t.Errorf("serial %v: calls %v, want %v", serial, got, want)
+		}
+	}
 }

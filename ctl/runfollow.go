@@ -17,20 +17,23 @@ import (
 // follow streams raw output and waits for the job's end; the first signal
 // stops the job, the second returns at once (killed: the caller kills the
 // task).
-func follow(ctx context.Context, r *runnerclient.Client, stops <-chan struct{}, o RunOptions, res Result) (out Result, killed bool, err error) {
+func follow(ctx context.Context, r *runnerclient.Client, open logOpener, stops <-chan struct{}, o RunOptions, res Result) (out Result, killed bool, err error) {
 	stopped := false
 	var notes io.Writer
 	if o.Progress != nil {
 		notes = progressWriter{o}
 	}
-	err = watchJob(ctx, o.Clock, r, time.Time{}, o.Out, notes, stops, &res, func() bool {
+	if open == nil {
+		open = sinceOpener(r, time.Time{})
+	}
+	err = watchJobStream(ctx, o.Clock, r, open, o.Out, notes, stops, &res, func() bool {
 		if !stopped {
 			stopped = true
 			o.emit(Event{Kind: EventStopping, Text: "stopping the job"})
 			_ = r.Stop(ctx)
 		}
 		return false
-	})
+	}, nil)
 	if ctx.Err() != nil {
 		o.status("killing the job")
 		res.State, res.Interrupted = api.JobTerminated, true
@@ -47,12 +50,47 @@ func follow(ctx context.Context, r *runnerclient.Client, stops <-chan struct{}, 
 // output was shown (or 10 s passed). Each stop request calls onStop; true
 // ends the watch there.
 func watchJob(ctx context.Context, clk Clock, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
-	return watchJobStream(ctx, clk, r, since, out, status, stops, res, onStop, nil)
+	return watchJobStream(ctx, clk, r, sinceOpener(r, since), out, status, stops, res, onStop, nil)
 }
 
-// watchJobStream is watchJob that also reports (connected, when not nil)
-// whether the log stream opened.
-func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, connected *atomic.Bool) error {
+// logOpener opens the job's output stream.
+type logOpener func(ctx context.Context) (*runnerclient.LogStream, error)
+
+// sinceOpener opens r's output stream from since on.
+func sinceOpener(r *runnerclient.Client, since time.Time) logOpener {
+	return func(ctx context.Context) (*runnerclient.LogStream, error) { return r.Logs(ctx, since) }
+}
+
+// openedStream is a stream opened ahead: open hands over what the dial
+// sent on ch; a caller that leaves first has the stream closed when it
+// comes.
+func openedStream(ch <-chan openedLogs) logOpener {
+	return func(ctx context.Context) (*runnerclient.LogStream, error) {
+		select {
+		case d := <-ch:
+			return d.ls, d.err
+		case <-ctx.Done():
+			go func() { (<-ch).close() }()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// openedLogs is the outcome of a stream's dial.
+type openedLogs struct {
+	ls  *runnerclient.LogStream
+	err error
+}
+
+func (d openedLogs) close() {
+	if d.ls != nil {
+		d.ls.Close()
+	}
+}
+
+// watchJobStream is watchJob with the stream's opener, that also reports
+// (connected, when not nil) whether the log stream opened.
+func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, connected *atomic.Bool) error {
 	clk = clockOr(clk)
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
@@ -60,7 +98,7 @@ func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, sinc
 	moved := make(chan struct{}, 1) // output arrived since the last look
 	go func() {
 		defer close(wsDone)
-		streamLogs(wsCtx, r, since, movedWriter{out, moved}, status, connected)
+		streamLogs(wsCtx, open, movedWriter{out, moved}, status, connected)
 	}()
 	var ts int64
 	streamEnd := (<-chan struct{})(wsDone)
@@ -149,10 +187,10 @@ func (w movedWriter) Write(p []byte) (int, error) {
 	return w.out.Write(p)
 }
 
-// streamLogs copies the job's raw output from since on to out until it
-// ends or ctx does.
-func streamLogs(ctx context.Context, r *runnerclient.Client, since time.Time, out, status io.Writer, connected *atomic.Bool) {
-	ls, err := r.Logs(ctx, since)
+// streamLogs copies the job's raw output (the stream open opens) to out
+// until it ends or ctx does.
+func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, connected *atomic.Bool) {
+	ls, err := open(ctx)
 	if err != nil {
 		if status != nil && ctx.Err() == nil {
 			fmt.Fprintf(status, "log stream: %v\n", err)
@@ -163,6 +201,9 @@ func streamLogs(ctx context.Context, r *runnerclient.Client, since time.Time, ou
 		connected.Store(true)
 	}
 	defer ls.Close()
+	// A stream opened ahead lives on its dialer's context: it ends with
+	// this one.
+	defer context.AfterFunc(ctx, func() { ls.Close() })()
 	for {
 		b, err := ls.Next()
 		if err != nil {

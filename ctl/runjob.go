@@ -13,13 +13,6 @@ import (
 	"github.com/tandem-run/tandem/api/runnerclient"
 )
 
-func submitJob(ctx context.Context, r *runnerclient.Client, o RunOptions, id, name string) error {
-	if err := prepareJob(ctx, r, o, jobBody(o, id, name)); err != nil {
-		return err
-	}
-	return startJob(ctx, r, o)
-}
-
 // jobBody is the runner's submit body for a one-node run, shaped as the
 // dstack server's.
 func jobBody(o RunOptions, id, name string) api.SubmitBody {

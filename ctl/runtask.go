@@ -139,12 +139,33 @@ func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAd
 
 // cleanup terminates and removes a task, retrying transient failures for
 // cleanupPatience; a task already gone is fine.
+//
+// The remove is sent right behind the terminate, not after its answer (a
+// round trip saved over a long link): the shim serves a task's calls one
+// at a time, so it removes the task once the stop ended. A remove that
+// got there first is refused (the task still ran) and is asked again
+// once the terminate answered, as it always was.
 func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint) error {
+	early := make(chan error, 1)
+	go func() {
+		t := time.NewTimer(removeBehind) // real time: an order, not a wait
+		defer t.Stop()
+		select {
+		case <-t.C:
+			early <- shim.RemoveTask(ctx, id)
+		case <-ctx.Done():
+			early <- ctx.Err()
+		}
+	}()
 	_, err := retry(ctx, clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
 		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
 	})
+	removed := <-early
 	if err != nil && !errors.Is(err, api.ErrNotFound) {
 		return fmt.Errorf("terminate: %w", err)
+	}
+	if removed == nil || errors.Is(removed, api.ErrNotFound) {
+		return nil
 	}
 	_, err = retry(ctx, clk, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.RemoveTask(ctx, id) })
 	if err != nil && !errors.Is(err, api.ErrNotFound) {
@@ -152,6 +173,10 @@ func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string,
 	}
 	return nil
 }
+
+// removeBehind is how long after the terminate the remove is sent: enough
+// for the terminate to reach the shim first when both leave together.
+const removeBehind = 2 * time.Millisecond
 
 func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
 
@@ -167,7 +192,9 @@ func failEarly(ctx context.Context, o RunOptions, res *Result, err error, removi
 	return *res, ErrInterrupted
 }
 
-func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions) (api.TaskInfoResponse, error) {
+// waitTask polls the task until it runs with its ports known, or ended;
+// seen, when not nil, gets each answer on the way.
+func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions, seen func(api.TaskInfoResponse)) (api.TaskInfoResponse, error) {
 	var last api.TaskStatus
 	clk := clockOr(o.Clock)
 	start, phase := clk.Now(), clk.Now()
@@ -175,6 +202,9 @@ func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOpti
 		info, err := retry(ctx, o.Clock, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
 		if err != nil {
 			return info, fmt.Errorf("task %s: %w", id, err)
+		}
+		if seen != nil {
+			seen(info)
 		}
 		if info.Status != last {
 			if last != "" {
