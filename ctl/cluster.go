@@ -245,7 +245,7 @@ func (c *Cluster) removeAll(ctx context.Context, now bool) {
 		if n.shim == nil {
 			return nil
 		}
-		if err := cleanup(ctx, c.o.Clock, n.shim, n.id, stopGrace(now)); err != nil {
+		if err := cleanup(ctx, c.o.Clock, n.shim, n.id, stopGrace(now), false); err != nil {
 			c.o.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
 		}
 		return nil

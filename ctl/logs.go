@@ -291,7 +291,7 @@ func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoRespo
 			return withHint(HintForce, fmt.Errorf("task %s is %s: stop it first", DisplayName(info), info.Status))
 		}
 	}
-	if err := cleanup(ctx, nil, shim, info.ID, timeout); err != nil {
+	if err := cleanup(ctx, nil, shim, info.ID, timeout, false); err != nil {
 		return fmt.Errorf("%s %s", DisplayName(info), err)
 	}
 	return nil

@@ -135,7 +135,10 @@ type Run struct {
 	info   api.TaskInfoResponse // as WaitTask last saw it
 	runner *runnerclient.Client // set by StartJob
 	probe  *runnerProbe         // set by WaitTask on the host network
-	logs   <-chan openedLogs    // the job's output stream, dialed by StartJob
+	// tandemShim: the shim said it is Tandem's (its hello), which takes a
+	// task's overlapping calls one at a time; dstack's exits on them.
+	tandemShim bool
+	logs       <-chan openedLogs // the job's output stream, dialed by StartJob
 }
 
 // runnerProbe waits for a task's runner to answer while the task is still
@@ -297,6 +300,7 @@ func (r *Run) Submit(ctx context.Context) error {
 		return err
 	}
 	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
+	r.tandemShim = hc.TandemVersion != ""
 	if err := cmp.Or(gpuErr, roomErr); err != nil {
 		return err
 	}
@@ -434,7 +438,7 @@ const runnerGoneWait = 15 * time.Second
 // Remove terminates the task (with a 5 s grace, none when now) and
 // removes it; a task already gone is fine.
 func (r *Run) Remove(ctx context.Context, now bool) error {
-	return cleanup(ctx, r.o.Clock, r.shim, r.id, stopGrace(now))
+	return cleanup(ctx, r.o.Clock, r.shim, r.id, stopGrace(now), r.tandemShim)
 }
 
 // stopGrace is the seconds a run's job gets to stop when its task is

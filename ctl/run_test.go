@@ -252,11 +252,13 @@ func testShim(t *testing.T, h http.HandlerFunc) *shimclient.Client {
 	return c
 }
 
-// A run's cleanup sends the remove right behind the terminate. A shim that
-// serves a task's calls one at a time (ours) removes the task once the
-// stop ended: one remove. One that refuses a remove while the task still
-// runs (the remove got there first, or dstack's shim) is asked again once
-// the terminate answered. Either way the task is gone and nothing fails.
+// A run's cleanup on a Tandem shim sends the remove right behind the
+// terminate. A shim that serves a task's calls one at a time (ours)
+// removes the task once the stop ended: one remove. One that refuses a
+// remove while the task still runs (the remove got there first) is asked
+// again once the terminate answered. Either way the task is gone and
+// nothing fails. dstack's shim exits when a task's terminate and remove
+// overlap: without behind, the remove never comes during the terminate.
 func TestCleanupRemovesRightBehindTheTerminate(t *testing.T) {
 	for _, serial := range []bool{true, false} {
 		var mu sync.Mutex
@@ -289,7 +291,7 @@ func TestCleanupRemovesRightBehindTheTerminate(t *testing.T) {
 				http.NotFound(w, r)
 			}
 		})
-		if err := cleanup(context.Background(), nil, shim, "t1", 5); err != nil {
+		if err := cleanup(context.Background(), nil, shim, "t1", 5, true); err != nil {
 			t.Fatalf("serial %v: %v", serial, err)
 		}
 		want := []string{"terminate", "remove"}
@@ -302,5 +304,32 @@ func TestCleanupRemovesRightBehindTheTerminate(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("serial %v: calls %v, want %v", serial, got, want)
 		}
+	}
+}
+
+func TestCleanupNeverOverlapsOnDstacksShim(t *testing.T) {
+	var busy, overlapped atomic.Bool
+	var removes atomic.Int32
+	shim := testShim(t, func(w http.ResponseWriter, r *http.Request) {
+		if !busy.CompareAndSwap(false, true) {
+			overlapped.Store(true) // dstack's shim: log.Fatal("already locked!")
+			http.Error(w, "shim gone", http.StatusInternalServerError)
+			return
+		}
+		defer busy.Store(false)
+		switch r.URL.Path {
+		case "/api/tasks/t1/terminate":
+			time.Sleep(50 * time.Millisecond)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"t1","status":"terminated"}`))
+		case "/api/tasks/t1/remove":
+			removes.Add(1)
+			w.WriteHeader(http.StatusOK)
+		default:
+			http.NotFound(w, r)
+		}
+	})
+	if err := cleanup(context.Background(), nil, shim, "t1", 5, false); err != nil || overlapped.Load() || removes.Load() != 1 {
+		t.Fatalf("cleanup: %v; overlapped %v; %d removes", err, overlapped.Load(), removes.Load())
 	}
 }

@@ -140,23 +140,29 @@ func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAd
 // cleanup terminates and removes a task, retrying transient failures for
 // cleanupPatience; a task already gone is fine.
 //
-// The remove is sent right behind the terminate, not after its answer (a
-// round trip saved over a long link): the shim serves a task's calls one
-// at a time, so it removes the task once the stop ended. A remove that
-// got there first is refused (the task still ran) and is asked again
-// once the terminate answered, as it always was.
-func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint) error {
+// With behind (a Tandem shim), the remove is sent right behind the
+// terminate, not after its answer (a round trip saved over a long link):
+// that shim serves a task's calls one at a time, so it removes the task
+// once the stop ended, and a remove that got there first is refused (the
+// task still ran) and asked again once the terminate answered. dstack's
+// shim exits (log.Fatal "already locked!") when a task's terminate and
+// remove overlap: it is asked one call after the other.
+func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint, behind bool) error {
 	early := make(chan error, 1)
-	go func() {
-		t := time.NewTimer(removeBehind) // real time: an order, not a wait
-		defer t.Stop()
-		select {
-		case <-t.C:
-			early <- shim.RemoveTask(ctx, id)
-		case <-ctx.Done():
-			early <- ctx.Err()
-		}
-	}()
+	if behind {
+		go func() {
+			t := time.NewTimer(removeBehind) // real time: an order, not a wait
+			defer t.Stop()
+			select {
+			case <-t.C:
+				early <- shim.RemoveTask(ctx, id)
+			case <-ctx.Done():
+				early <- ctx.Err()
+			}
+		}()
+	} else {
+		early <- api.ErrConflict // as a remove refused: asked after the terminate
+	}
 	_, err := retry(ctx, clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
 		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
 	})
