@@ -333,3 +333,19 @@ func TestCleanupNeverOverlapsOnDstacksShim(t *testing.T) {
 		t.Fatalf("cleanup: %v; overlapped %v; %d removes", err, overlapped.Load(), removes.Load())
 	}
 }
+
+// tandem wait on a task someone stopped, seen terminated before it was
+// removed (its job never said how it ended), exits as for a removed one:
+// 143; a task that failed before its job ran stays a failure (125).
+func TestWaitOnAStoppedTaskIs143(t *testing.T) {
+	for reason, want := range map[string]int{"terminated_by_user": ExitStopped, "terminated_by_server": ExitStopped, "creating_container_error": ExitFailure} {
+		shim := testShim(t, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"id":"t1","status":"terminated","termination_reason":"` + reason + `","termination_message":""}`))
+		})
+		res, err := Wait(context.Background(), "t1", TaskOptions{Shim: strings.TrimPrefix(shim.BaseURL(), "http://")})
+		if err != nil || res.ExitCode() != want {
+			t.Errorf("%s: exit %d (%v), want %d", reason, res.ExitCode(), err, want)
+		}
+	}
+}

@@ -43,6 +43,11 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 			return res, nil
 		case info.Status == api.TaskTerminated:
 			res.Reason, res.Message = info.TerminationReason, info.TerminationMessage
+			if stoppedBySomeone(info.TerminationReason) {
+				// Stopped before its job said how it ended (a stop's
+				// terminate, seen before its remove): as a removed one.
+				res.State = api.JobTerminated
+			}
 			return res, nil
 		case info.Status == api.TaskRunning:
 			if r == nil {
@@ -73,4 +78,15 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 		}
 		info = next
 	}
+}
+
+// stoppedBySomeone says whether a task ended with reason because someone
+// stopped it (a user, the server or its policies), not because it failed.
+func stoppedBySomeone(reason api.TerminationReason) bool {
+	switch reason {
+	case api.ReasonTerminatedByUser, api.ReasonAbortedByUser, api.ReasonTerminatedByServer, api.ReasonScaledDown,
+		api.ReasonInactivityDurationExceeded, api.ReasonTerminatedByUtilization:
+		return true
+	}
+	return false
 }
