@@ -39,3 +39,13 @@ func Printable(s string) string {
 	}
 	return b.String()
 }
+
+// PrintableLines is s with each line made printable (Printable); its line
+// breaks stay. Text already escaped is left as it is.
+func PrintableLines(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = Printable(l)
+	}
+	return strings.Join(lines, "\n")
+}

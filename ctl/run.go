@@ -150,6 +150,19 @@ type runnerProbe struct {
 	err    error
 }
 
+// result is what the probe found, once it is done or ctx ends (then it is
+// stopped, and ctx's error is the result).
+func (p *runnerProbe) result(ctx context.Context) (*runnerclient.Client, error) {
+	stop := context.AfterFunc(ctx, p.cancel)
+	defer stop()
+	<-p.done
+	p.cancel()
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return p.r, p.err
+}
+
 // NewRun checks o and returns its run, not started yet.
 func NewRun(o RunOptions) (*Run, error) {
 	if len(o.Commands) == 0 {
@@ -337,7 +350,7 @@ func (r *Run) WaitTask(ctx context.Context) error {
 	}
 	if err != nil && r.probe != nil {
 		r.probe.cancel()
-		<-r.probe.done
+		_, _ = r.probe.result(ctx)
 		r.probe = nil
 	}
 	return err
@@ -349,18 +362,8 @@ func (r *Run) StartJob(ctx context.Context) error {
 	var runner *runnerclient.Client
 	var err error
 	if p := r.probe; p != nil {
-		select {
-		case <-p.done:
-		case <-ctx.Done():
-			p.cancel()
-			<-p.done
-		}
-		p.cancel()
 		r.probe = nil
-		runner, err = p.r, p.err
-		if err == nil && ctx.Err() != nil {
-			err = ctx.Err()
-		}
+		runner, err = p.result(ctx)
 	} else {
 		runner, err = readyRunner(ctx, r.o.Clock, r.shim, r.o.Shim, r.info, r.o.Network, r.o.RunnerPort, r.o.Dial)
 	}

@@ -105,13 +105,7 @@ func hostPortsHolder(ctx context.Context, shim *shimclient.Client, self string) 
 }
 
 // printableLines is msg trimmed, each line made printable.
-func printableLines(msg string) string {
-	var lines []string
-	for _, l := range strings.Split(strings.TrimSpace(msg), "\n") {
-		lines = append(lines, api.Printable(l))
-	}
-	return strings.Join(lines, "\n")
-}
+func printableLines(msg string) string { return api.PrintableLines(strings.TrimSpace(msg)) }
 
 // readyRunner is a client of the task's runner once it answers.
 // While it does not, the task is looked at once a second: a task that
@@ -148,8 +142,9 @@ func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAd
 // shim exits (log.Fatal "already locked!") when a task's terminate and
 // remove overlap: it is asked one call after the other.
 func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint, behind bool) error {
-	early := make(chan error, 1)
+	var early chan error
 	if behind {
+		early = make(chan error, 1)
 		go func() {
 			t := time.NewTimer(removeBehind) // real time: an order, not a wait
 			defer t.Stop()
@@ -160,17 +155,19 @@ func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string,
 				early <- ctx.Err()
 			}
 		}()
-	} else {
-		early <- api.ErrConflict // as a remove refused: asked after the terminate
 	}
 	_, err := retry(ctx, clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
 		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
 	})
-	removed := <-early
+	removedEarly := false
+	if early != nil {
+		removed := <-early
+		removedEarly = removed == nil || errors.Is(removed, api.ErrNotFound)
+	}
 	if err != nil && !errors.Is(err, api.ErrNotFound) {
 		return fmt.Errorf("terminate: %w", err)
 	}
-	if removed == nil || errors.Is(removed, api.ErrNotFound) {
+	if removedEarly {
 		return nil
 	}
 	_, err = retry(ctx, clk, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.RemoveTask(ctx, id) })

@@ -92,7 +92,7 @@ func Run(argv []string) error {
 			w = os.Stderr
 		}
 		if ee.msg != "" {
-			fmt.Fprintln(w, "tandem:", printableLines(ee.msg))
+			fmt.Fprintln(w, "tandem:", api.PrintableLines(ee.msg))
 		}
 		os.Exit(ee.code)
 	}
@@ -112,7 +112,7 @@ func App() *cli.App {
 			var ee exitError
 			if errors.As(err, &ee) {
 				if ee.msg != "" {
-					fmt.Fprintln(c.App.ErrWriter, "tandem:", printableLines(ee.msg))
+					fmt.Fprintln(c.App.ErrWriter, "tandem:", api.PrintableLines(ee.msg))
 				}
 				os.Exit(ee.code)
 			}

@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"net/http"
-	"strings"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/ctl"
@@ -26,20 +25,10 @@ var hints = map[ctl.Hint]string{
 // Its text is printable: an error may carry a shim's or a runner's words
 // (a task's name, its status), and those are hostile until checked.
 func errText(err error) string {
-	text := printableLines(err.Error()) + hints[ctl.HintOf(err)]
+	text := api.PrintableLines(err.Error()) + hints[ctl.HintOf(err)]
 	var se *api.StatusError
 	if errors.As(err, &se) && se.Code == http.StatusUnauthorized {
 		text += "\nthe shim was started with --api-token: give it with --shim-token or TANDEM_SHIM_API_TOKEN"
 	}
 	return text
-}
-
-// printableLines is s with the control characters of each line escaped
-// (api.Printable); its line breaks stay. Escaped text is left as it is.
-func printableLines(s string) string {
-	lines := strings.Split(s, "\n")
-	for i, l := range lines {
-		lines[i] = api.Printable(l)
-	}
-	return strings.Join(lines, "\n")
 }
