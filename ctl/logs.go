@@ -215,9 +215,12 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 	if hcErr != nil {
 		return res, withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, hcErr))
 	}
-	var connected atomic.Bool
-	err = watchJobStream(ctx, o.Clock, r, sinceOpener(r, since), out, nil, nil, &res, nil, &connected) // no stops: onStop is never called
-	if ctx.Err() == nil && !connected.Load() {
+	var st streamState
+	shown := &countingWriter{w: out}
+	err = watchJobStream(ctx, o.Clock, r, sinceOpener(r, since), shown, nil, nil, &res, nil, &st) // no stops: onStop is never called
+	switch {
+	case ctx.Err() != nil:
+	case !st.connected.Load():
 		// The runner left as we attached (a detached run's runner leaves
 		// at the job's end) before showing anything: the shim keeps the
 		// output and the end.
@@ -227,7 +230,21 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 		if status != nil {
 			fmt.Fprintf(status, "log stream: the runner of %s did not stream its output\n", DisplayName(info))
 		}
-	} else if err != nil && ctx.Err() == nil {
+	case !st.complete.Load():
+		// The stream was cut (the runner left as the job ended, with its
+		// output partly sent, or before telling the end): the shim keeps
+		// the whole output and the end. What was shown is not shown twice.
+		if ended, ok := waitJobEnd(ctx, o, info.ID); ok {
+			if since.IsZero() {
+				return attachRest(ctx, ended, o, out, shown.n.Load(), res)
+			}
+			res.endedWith(*ended.Tandem.Job)
+			if status != nil {
+				fmt.Fprintf(status, "log stream: the runner of %s left before sending all of its output (tandem logs %s has it)\n", DisplayName(info), DisplayName(info))
+			}
+			return res, nil
+		}
+	case err != nil:
 		// The output was shown, then the runner left before telling the
 		// job's end: the shim knows it.
 		if ended, ok := waitJobEnd(ctx, o, info.ID); ok {
@@ -273,15 +290,52 @@ func runnerAnswers(ctx context.Context, r *runnerclient.Client) bool {
 // attachEnded prints a finished job's kept output from the shim and
 // returns its final state.
 func attachEnded(ctx context.Context, info api.TaskInfoResponse, o TaskOptions, out io.Writer, res Result) (Result, error) {
+	return attachRest(ctx, info, o, out, 0, res)
+}
+
+// attachRest prints a finished job's kept output from the shim, less its
+// first skip bytes (shown already), and returns its final state.
+func attachRest(ctx context.Context, info api.TaskInfoResponse, o TaskOptions, out io.Writer, skip int64, res Result) (Result, error) {
 	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 	if err != nil {
 		return res, err
 	}
-	if err := shim.JobLog(ctx, info.ID, out); err != nil && !errors.Is(err, api.ErrNotFound) {
+	if err := shim.JobLog(ctx, info.ID, &skipWriter{w: out, skip: skip}); err != nil && !errors.Is(err, api.ErrNotFound) {
 		return res, fmt.Errorf("%s: %w", DisplayName(info), err)
 	}
 	res.endedWith(*info.Tandem.Job)
 	return res, nil
+}
+
+// countingWriter is w that counts the bytes written to it.
+type countingWriter struct {
+	w io.Writer
+	n atomic.Int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// skipWriter is w less the first skip bytes written to it.
+type skipWriter struct {
+	w    io.Writer
+	skip int64
+}
+
+func (s *skipWriter) Write(p []byte) (int, error) {
+	if s.skip >= int64(len(p)) {
+		s.skip -= int64(len(p))
+		return len(p), nil
+	}
+	rest := p[s.skip:]
+	s.skip = 0
+	if _, err := s.w.Write(rest); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // Remove terminates (when force or already ended) and removes a task.

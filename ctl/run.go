@@ -246,8 +246,12 @@ var ErrPortsHeld = errors.New("the runner's ports are held")
 //   - a host-network run while another task of the shim runs on the host
 //     network and its job has not ended: its runner holds the runner's
 //     ports, and the new task's runner would wait for them (3 s) and fail.
-//     A task whose job ended is no obstacle: its runner is leaving.
-func checkShimRoom(ctx context.Context, shim *shimclient.Client, name, network string) error {
+//     A task whose job ended is no obstacle: its runner is leaving. A
+//     holder is looked at again for up to holderGrace before the refusal:
+//     a run -d of a short job returns as its job starts, and a second
+//     run -d right after it should find that job ended, not be refused
+//     for the few milliseconds it still ran.
+func checkShimRoom(ctx context.Context, clk Clock, shim *shimclient.Client, name, network string) error {
 	hostNet := network == "" || network == "host"
 	if name == "" && !hostNet {
 		return nil
@@ -265,13 +269,54 @@ func checkShimRoom(ctx context.Context, shim *shimclient.Client, name, network s
 	if !hostNet {
 		return nil
 	}
+	var holders []api.TaskInfoResponse
 	for _, t := range tasks {
-		if t.Status != api.TaskTerminated && onHostNetwork(t) && !JobEnded(t) {
-			return withHint(HintBridgeNetwork, fmt.Errorf("%w: task %s runs on the host network (%s), and a host-network run's runner needs the same ports",
-				ErrPortsHeld, DisplayName(t), t.Status))
+		if holdsRunnerPorts(t) {
+			holders = append(holders, t)
 		}
 	}
-	return nil
+	if len(holders) == 0 {
+		return nil
+	}
+	var holder api.TaskInfoResponse
+	_ = pollPaced(ctx, clk, taskPace, holderGrace, func() (bool, error) {
+		kept := holders[:0]
+		for _, t := range holders {
+			info, err := shim.GetTask(ctx, t.ID)
+			switch {
+			case errors.Is(err, api.ErrNotFound):
+				continue // removed: no longer holds anything
+			case err == nil:
+				t = info
+			}
+			if holdsRunnerPorts(t) {
+				kept = append(kept, t)
+			}
+		}
+		holders = kept
+		if len(holders) > 0 {
+			holder = holders[0]
+		}
+		return len(holders) == 0, nil
+	})
+	if len(holders) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return withHint(HintBridgeNetwork, fmt.Errorf("%w: task %s runs on the host network (%s), and a host-network run's runner needs the same ports",
+		ErrPortsHeld, DisplayName(holder), holder.Status))
+}
+
+// holderGrace is how long a run looks again at a host-network task that
+// holds the runner's ports before it is refused for it.
+const holderGrace = time.Second
+
+// holdsRunnerPorts says whether t's runner holds the host's runner ports:
+// t runs on the host network, is not terminated and its job has not ended.
+func holdsRunnerPorts(t api.TaskInfoResponse) bool {
+	return t.Status != api.TaskTerminated && onHostNetwork(t) && !JobEnded(t)
 }
 
 // onHostNetwork says whether a task runs on the host network (a shim that
@@ -306,7 +351,7 @@ func (r *Run) Submit(ctx context.Context) error {
 	var gpuErr, roomErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { gpuErr = checkGPUs(ctx, r.shim, r.o.GPUs) })
-	wg.Go(func() { roomErr = checkShimRoom(ctx, r.shim, r.o.Name, r.o.Network) })
+	wg.Go(func() { roomErr = checkShimRoom(ctx, r.o.Clock, r.shim, r.o.Name, r.o.Network) })
 	hc, err := helloShim(ctx, r.shim, r.o.Shim)
 	wg.Wait()
 	if err != nil {

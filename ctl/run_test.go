@@ -166,10 +166,14 @@ func TestTaskEndedSaysWhoHoldsTheRunnersPorts(t *testing.T) {
 // runner is leaving), a bridge task, a terminated one do not count, nor
 // does anything for a bridge run; a shim that does not say a task's
 // network (dstack's) runs it on the host's. A name in use is refused
-// first, as before.
+// first, as before. A holder is looked at again for a second first: a
+// short job run -d just before ends in that time, and is no obstacle.
 func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
-	shimWith := func(tasks map[string]string) *shimclient.Client {
-		return testShim(t, func(w http.ResponseWriter, r *http.Request) {
+	var mu sync.Mutex
+	serve := func(tasks map[string]string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			defer mu.Unlock()
 			w.Header().Set("Content-Type", "application/json")
 			if r.URL.Path == "/api/tasks" {
 				var ids []string
@@ -185,16 +189,18 @@ func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
 				return
 			}
 			_, _ = w.Write([]byte(body))
-		})
+		}
 	}
+	shimWith := func(tasks map[string]string) *shimclient.Client { return testShim(t, serve(tasks)) }
 	ctx := context.Background()
 	harmless := map[string]string{
 		"b1": `{"id":"b1","status":"running","tandem":{"name":"web","network_mode":"bridge"}}`,
 		"h0": `{"id":"h0","status":"terminated","tandem":{"name":"old","network_mode":"host"}}`,
 		"h2": `{"id":"h2","status":"running","tandem":{"name":"ended","network_mode":"host","job":{"state":"done","timestamp":5,"termination_reason":"done_by_runner","termination_message":""}}}`,
 	}
-	if err := checkShimRoom(ctx, shimWith(harmless), "", "host"); err != nil {
-		t.Fatalf("no holder: %v", err)
+	clk := &fakeClock{now: time.Unix(1000, 0)}
+	if err := checkShimRoom(ctx, clk, shimWith(harmless), "", "host"); err != nil || clk.waits != 0 {
+		t.Fatalf("no holder: %v (%d waits)", err, clk.waits)
 	}
 	for name, holder := range map[string]string{
 		"train": `{"id":"h1","status":"running","tandem":{"name":"train","network_mode":"host"}}`,
@@ -203,15 +209,53 @@ func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
 	} {
 		tasks := maps.Clone(harmless)
 		tasks["h1"] = holder
-		err := checkShimRoom(ctx, shimWith(tasks), "", "host")
+		clk := &fakeClock{now: time.Unix(1000, 0)}
+		err := checkShimRoom(ctx, clk, shimWith(tasks), "", "host")
 		if !errors.Is(err, ErrPortsHeld) || HintOf(err) != HintBridgeNetwork || !strings.Contains(err.Error(), "task "+name+" runs on the host network") {
 			t.Errorf("holder %s: %v (hint %v)", name, err, HintOf(err))
 		}
-		if err := checkShimRoom(ctx, shimWith(tasks), "", "bridge"); err != nil {
+		if waited := clk.Now().Sub(time.Unix(1000, 0)); waited < holderGrace || waited > holderGrace+time.Second {
+			t.Errorf("holder %s refused after %v, not after about %v", name, waited, holderGrace)
+		}
+		if err := checkShimRoom(ctx, nil, shimWith(tasks), "", "bridge"); err != nil {
 			t.Errorf("bridge run beside %s: %v", name, err)
 		}
-		if err := checkShimRoom(ctx, shimWith(tasks), "web", "bridge"); !errors.Is(err, ErrNameInUse) {
+		if err := checkShimRoom(ctx, nil, shimWith(tasks), "web", "bridge"); !errors.Is(err, ErrNameInUse) {
 			t.Errorf("name in use beside %s: %v", name, err)
+		}
+	}
+
+	// A holder whose job ends on the third look, or that is removed, is
+	// waited for.
+	for what, ended := range map[string]string{
+		"job ended":  `{"id":"h1","status":"running","tandem":{"name":"quick","network_mode":"host","job":{"state":"done","timestamp":5,"termination_reason":"done_by_runner","termination_message":""}}}`,
+		"terminated": `{"id":"h1","status":"terminated","tandem":{"name":"quick","network_mode":"host"}}`,
+		"removed":    "",
+	} {
+		tasks := maps.Clone(harmless)
+		tasks["h1"] = `{"id":"h1","status":"running","tandem":{"name":"quick","network_mode":"host"}}`
+		looks := 0
+		h := serve(tasks)
+		clk := &fakeClock{now: time.Unix(1000, 0)}
+		hooked := testShim(t, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/api/tasks/h1" {
+				mu.Lock()
+				if looks++; looks == 3 {
+					if ended == "" {
+						delete(tasks, "h1")
+					} else {
+						tasks["h1"] = ended
+					}
+				}
+				mu.Unlock()
+			}
+			h(w, r)
+		})
+		if err := checkShimRoom(ctx, clk, hooked, "", "host"); err != nil {
+			t.Errorf("a holder whose %s: %v", what, err)
+		}
+		if clk.waits < 1 || clk.Now().Sub(time.Unix(1000, 0)) >= holderGrace {
+			t.Errorf("a holder whose %s: %d waits, %v", what, clk.waits, clk.Now().Sub(time.Unix(1000, 0)))
 		}
 	}
 }

@@ -4,6 +4,7 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -90,15 +91,20 @@ func (d openedLogs) close() {
 
 // watchJobStream is watchJob with the stream's opener, that also reports
 // (connected, when not nil) whether the log stream opened.
-func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, connected *atomic.Bool) error {
+func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, st *streamState) error {
 	clk = clockOr(clk)
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
-	defer cancelWS()
+	defer func() {
+		// The stream ends with the watch: nothing is written to out, nor
+		// recorded in st, once it returned.
+		cancelWS()
+		<-wsDone
+	}()
 	moved := make(chan struct{}, 1) // output arrived since the last look
 	go func() {
 		defer close(wsDone)
-		streamLogs(wsCtx, open, movedWriter{out, moved}, status, connected)
+		streamLogs(wsCtx, open, movedWriter{out, moved}, status, st)
 	}()
 	var ts int64
 	streamEnd := (<-chan struct{})(wsDone)
@@ -187,9 +193,16 @@ func (w movedWriter) Write(p []byte) (int, error) {
 	return w.out.Write(p)
 }
 
+// streamState is how an output stream went: whether it connected, and
+// whether it ended with the runner's close (every byte delivered) rather
+// than cut (the runner left mid-stream, the link broke).
+type streamState struct {
+	connected, complete atomic.Bool
+}
+
 // streamLogs copies the job's raw output (the stream open opens) to out
-// until it ends or ctx does.
-func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, connected *atomic.Bool) {
+// until it ends or ctx does; st (when not nil) records how it went.
+func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, st *streamState) {
 	ls, err := open(ctx)
 	if err != nil {
 		if status != nil && ctx.Err() == nil {
@@ -197,8 +210,8 @@ func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, conn
 		}
 		return
 	}
-	if connected != nil {
-		connected.Store(true)
+	if st != nil {
+		st.connected.Store(true)
 	}
 	defer ls.Close()
 	// A stream opened ahead lives on its dialer's context: it ends with
@@ -207,6 +220,9 @@ func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, conn
 	for {
 		b, err := ls.Next()
 		if err != nil {
+			if st != nil && errors.Is(err, io.EOF) {
+				st.complete.Store(true)
+			}
 			return
 		}
 		_, _ = out.Write(b)

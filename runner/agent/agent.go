@@ -325,23 +325,36 @@ func (a *agent) lifecycle(ctx context.Context) error {
 	return nil
 }
 
-// noPullExit waits, after the job's end, for its WebSocket followers (5 s
-// at most) and a pull in flight (0.5 s), when no reader is expected.
+// noPullExit waits, after the job's end, for its WebSocket followers and a
+// pull in flight (0.5 s), when no reader is expected, then for followers
+// that came meanwhile (an attach opens its stream beside its state pull,
+// and the final state's pull must not cut the stream it opened): 5 s at
+// most in all.
 func (a *agent) noPullExit(ctx context.Context) {
-	done := make(chan struct{})
-	go func() { a.x.Streamers().Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-	case <-ctx.Done():
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	followers := func() bool {
+		done := make(chan struct{})
+		go func() { a.x.Streamers().Wait(); close(done) }()
+		select {
+		case <-done:
+			return true
+		case <-wctx.Done():
+			return false
+		}
+	}
+	if !followers() {
 		return
 	}
 	select {
 	case <-a.x.PullConsumed():
 	case <-time.After(500 * time.Millisecond):
-	case <-ctx.Done():
+	case <-wctx.Done():
+		return
 	}
-	a.log.Info("dstack-runner done: no reader expected; the shim keeps the output")
+	if followers() {
+		a.log.Info("dstack-runner done: no reader expected; the shim keeps the output")
+	}
 }
 
 // listen listens on addr, waiting up to bindWait while the port is taken:

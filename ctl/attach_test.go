@@ -1,0 +1,91 @@
+package ctl
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// An attach whose output stream is cut (a detached job's runner leaves at
+// the job's end, and may leave with its stream partly sent) shows the
+// rest of the output from what the shim kept, without showing twice what
+// it already showed, and the job's exit: the job's whole output, once.
+// A stream that ended with the runner's close had it all: the shim is not
+// asked.
+func TestAttachShowsTheRestOfACutStreamFromTheShim(t *testing.T) {
+	const whole = "out-a\nline-2\n"
+	for _, sent := range []string{"", "out-", "out-a\n", whole + "(closed)"} {
+		closed := strings.HasSuffix(sent, "(closed)")
+		sent := strings.TrimSuffix(sent, "(closed)")
+		var logAsked atomic.Bool
+		runner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/api/healthcheck":
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"service":"dstack-runner","version":"0.0.0"}`))
+			case "/logs_ws":
+				conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+				if err != nil {
+					return
+				}
+				if sent != "" {
+					_ = conn.WriteMessage(websocket.BinaryMessage, []byte(sent))
+				}
+				if closed {
+					_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
+					return
+				}
+				// The runner leaves: no close message.
+				_ = conn.UnderlyingConn().Close()
+			case "/api/pull":
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"job_states":[{"state":"failed","timestamp":2,"termination_reason":"container_exited_with_error","termination_message":"","exit_status":3}],"job_logs":[],"runner_logs":[],"last_updated":2,"has_more":false}`))
+			default:
+				http.NotFound(w, r)
+			}
+		}))
+		defer runner.Close()
+		_, port, _ := net.SplitHostPort(strings.TrimPrefix(runner.URL, "http://"))
+		httpPort, _ := strconv.Atoi(port)
+		three := 3
+		info := api.TaskInfoResponse{ID: "t1", Status: api.TaskRunning, Tandem: &api.TaskDetails{
+			Name: "quick", NetworkMode: "host", RunnerHTTPPort: httpPort,
+			Job: &api.JobStateEvent{State: api.JobFailed, Timestamp: 2, TerminationReason: "container_exited_with_error", ExitStatus: &three},
+		}}
+		shim := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/api/tasks/t1":
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(info)
+			case "/api/tasks/t1/job-log":
+				logAsked.Store(true)
+				_, _ = w.Write([]byte(whole))
+			default:
+				http.NotFound(w, r)
+			}
+		}))
+		defer shim.Close()
+
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		var out, status syncBuffer
+		res, err := Attach(ctx, "t1", TaskOptions{Shim: strings.TrimPrefix(shim.URL, "http://")}, time.Time{}, &out, &status)
+		cancel()
+		if err != nil || res.ExitStatus == nil || *res.ExitStatus != 3 || out.String() != whole {
+			t.Errorf("stream cut after %q (closed %v): %v, exit %v, output %q (status %q)", sent, closed, err, res.ExitStatus, out.String(), status.String())
+		}
+		if closed && logAsked.Load() {
+			t.Errorf("a stream that ended with the runner's close: the shim's log was asked for too")
+		}
+	}
+}
