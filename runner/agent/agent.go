@@ -313,10 +313,8 @@ func (a *agent) lifecycle(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
-	done := make(chan struct{})
-	go func() { x.Streamers().Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-x.Streamers().Idle():
 	case <-deadline:
 		log.Warn("log streamers did not finish before the deadline")
 	case <-ctx.Done():
@@ -334,10 +332,8 @@ func (a *agent) noPullExit(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	followers := func() bool {
-		done := make(chan struct{})
-		go func() { a.x.Streamers().Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-a.x.Streamers().Idle():
 			return true
 		case <-wctx.Done():
 			return false

@@ -141,7 +141,7 @@ type Executor struct {
 	runnerLog *slog.Logger
 	pullDone  chan struct{}
 	pullOnce  sync.Once
-	streamers sync.WaitGroup
+	streamers Followers
 }
 
 // Defaults are the executor's defaults: New fills the zero fields of its
@@ -523,4 +523,45 @@ func (x *Executor) SessionEnv() []string {
 }
 
 // Streamers tracks WebSocket clients so shutdown can wait for them.
-func (x *Executor) Streamers() *sync.WaitGroup { return &x.streamers }
+func (x *Executor) Streamers() *Followers { return &x.streamers }
+
+// Followers counts the output streams being served. Unlike a WaitGroup,
+// one may join while another's end is being waited for (an attach that
+// comes as the last follower leaves): Idle is asked anew for each wait.
+type Followers struct {
+	mu   sync.Mutex
+	n    int
+	idle chan struct{} // closed while n is 0; nil: never joined
+}
+
+// Join counts a follower in; the returned func counts it out (once).
+func (f *Followers) Join() (leave func()) {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.idle = make(chan struct{})
+	}
+	f.n++
+	f.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if f.n--; f.n == 0 {
+				close(f.idle)
+			}
+		})
+	}
+}
+
+// Idle is closed once no follower is being served (at once when none is).
+func (f *Followers) Idle() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == 0 {
+		ch := make(chan struct{})
+		close(ch)
+		return ch
+	}
+	return f.idle
+}

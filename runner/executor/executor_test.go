@@ -275,3 +275,44 @@ func TestClusterSSH(t *testing.T) {
 		t.Fatal("single-node jobs get no cluster ssh files")
 	}
 }
+
+// Followers is idle with none served, busy while one is, and a follower
+// that joins while the last one's end is awaited is waited for too: an
+// Idle asked after it joined waits for it (a WaitGroup would panic or
+// miss it). Leaving twice counts once.
+func TestFollowersIdleAndJoinWhileWaited(t *testing.T) {
+	var f Followers
+	isIdle := func() bool {
+		select {
+		case <-f.Idle():
+			return true
+		default:
+			return false
+		}
+	}
+	if !isIdle() {
+		t.Fatal("none joined: not idle")
+	}
+	leaveA := f.Join()
+	waited := f.Idle()
+	leaveB := f.Join()
+	leaveA()
+	leaveA()
+	if isIdle() {
+		t.Fatal("idle while B is served (A left twice)")
+	}
+	leaveB()
+	select {
+	case <-waited:
+	default:
+		t.Fatal("the wait begun with A served did not end once both left")
+	}
+	leaveC := f.Join()
+	if isIdle() {
+		t.Fatal("idle while C, joined after an idle spell, is served")
+	}
+	leaveC()
+	if !isIdle() {
+		t.Fatal("not idle once C left")
+	}
+}

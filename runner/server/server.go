@@ -245,9 +245,7 @@ func (s *srv) logsWS(c echo.Context) error {
 			return nil
 		}
 	}
-	wg := s.d.Executor.Streamers()
-	wg.Add(1)
-	defer wg.Done()
+	defer s.d.Executor.Streamers().Join()()
 	ctx, cancel := context.WithCancel(c.Request().Context())
 	defer cancel()
 	// Read (and discard) so pongs and the client's close are processed.
