@@ -304,6 +304,7 @@ func FuzzDecodeHostInfo(f *testing.F) {
 func FuzzDecodeSubmitBody(f *testing.F) {
 	f.Add([]byte(`{"job_spec":{"commands":["a"],"user":{"uid":1}},"run":{"run_spec":{"configuration":{"type":"task"}}}}`))
 	f.Add([]byte(`{"run":{"run_spec":{"configuration":null}}}`))
+	f.Add([]byte(`{"job_spec":{"commands":["a"]},"tandem":{"no_pull":true,"run":true}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var s SubmitBody
 		if err := json.Unmarshal(b, &s); err != nil {

@@ -37,6 +37,20 @@ type SubmitExtras struct {
 	// so the runner leaves as soon as the job ended and its followers had
 	// the end, giving its ports back, instead of waiting minutes for a pull.
 	NoPull bool `json:"no_pull,omitempty"`
+	// Run asks the runner to start the job as soon as it accepted the
+	// submit, when there is no code to upload: one call where dstack's
+	// client makes two (a round trip less over a long link). A Tandem
+	// runner answers with a SubmitRunResponse whose Started is true;
+	// dstack's runner ignores the field and answers as it always does,
+	// and the client then calls /api/run.
+	Run bool `json:"run,omitempty"`
+}
+
+// SubmitRunResponse is a Tandem runner's answer to a submit that asked to
+// run (SubmitExtras.Run): the job started, with /api/run's answer.
+type SubmitRunResponse struct {
+	Started bool `json:"started"`
+	RunResponse
 }
 
 // Run identifies the run a job belongs to.

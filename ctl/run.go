@@ -416,25 +416,55 @@ func (r *Run) StartJob(ctx context.Context) error {
 		return err
 	}
 	r.runner = runner
-	if err := prepareJob(ctx, runner, r.o, jobBody(r.o, r.id, r.name)); err != nil {
-		return err
-	}
 	// The output stream is dialed beside the job's start (it waits for
 	// the job's output to begin): over a long link its connection no
 	// longer follows the start but overlaps it. Follow reads it.
 	var logs chan openedLogs
-	if !r.o.Detach {
+	openLogs := func() {
+		if r.o.Detach {
+			return
+		}
 		logs = make(chan openedLogs, 1)
 		go func() {
 			ls, err := runner.Logs(ctx, time.Time{})
 			logs <- openedLogs{ls, err}
 		}()
 	}
-	if err := startJob(ctx, runner, r.o); err != nil {
+	closeLogs := func() {
 		if logs != nil {
 			go func() { (<-logs).close() }()
 		}
-		return err
+	}
+	body := jobBody(r.o, r.id, r.name)
+	if r.o.CodeDir == "" {
+		// No code to upload: submit and start in one call (a Tandem
+		// runner), the stream dialed beside it.
+		openLogs()
+		rr, started, told, err := runner.SubmitRun(ctx, body)
+		if err == nil && !started {
+			rr, told, err = runner.Run(ctx) // dstack's runner: as it expects
+			if err != nil {
+				err = fmt.Errorf("start job: %w", err)
+			}
+		} else if err != nil {
+			err = submitError(err, r.o)
+		}
+		if err != nil {
+			closeLogs()
+			return err
+		}
+		if told {
+			r.o.jobRunning(rr)
+		}
+	} else {
+		if err := prepareJob(ctx, runner, r.o, body); err != nil {
+			return err
+		}
+		openLogs()
+		if err := startJob(ctx, runner, r.o); err != nil {
+			closeLogs()
+			return err
+		}
 	}
 	r.logs = logs
 	r.started()

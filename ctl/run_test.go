@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -392,6 +393,89 @@ func TestWaitOnAStoppedTaskIs143(t *testing.T) {
 		res, err := Wait(context.Background(), "t1", TaskOptions{Shim: strings.TrimPrefix(shim.BaseURL(), "http://")})
 		if err != nil || res.ExitCode() != want {
 			t.Errorf("%s: exit %d (%v), want %d", reason, res.ExitCode(), err, want)
+		}
+	}
+}
+
+// A run with no code to upload submits and starts its job in one call
+// when the runner can (Tandem's: one round trip less over a long link),
+// and falls back to /api/run when it answers the submit as dstack's
+// runner does; a run with code submits, uploads and runs. Each tells
+// where and as whom the job runs.
+func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tandem bool
+		code   bool
+		want   string
+	}{
+		{"tandem runner", true, false, "POST /api/submit run"},
+		{"dstack runner", false, false, "POST /api/submit run, POST /api/run"},
+		{"tandem runner with code", true, true, "POST /api/submit, POST /api/upload_code, POST /api/run"},
+	} {
+		var mu sync.Mutex
+		var calls []string
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			call := req.Method + " " + req.URL.Path
+			if req.URL.Path == "/logs_ws" {
+				http.NotFound(w, req)
+				return
+			}
+			switch req.URL.Path {
+			case "/api/submit":
+				var body api.SubmitBody
+				if err := json.NewDecoder(req.Body).Decode(&body); err != nil {
+					http.Error(w, err.Error(), http.StatusBadRequest)
+					return
+				}
+				if body.Tandem != nil && body.Tandem.Run {
+					call += " run"
+					if tc.tandem {
+						w.Header().Set("Content-Type", "application/json")
+						_, _ = w.Write([]byte(`{"started":true,"working_dir":"/workflow","username":"root"}`))
+						break
+					}
+				}
+				w.WriteHeader(http.StatusOK)
+			case "/api/upload_code":
+				_, _ = io.Copy(io.Discard, req.Body)
+				w.WriteHeader(http.StatusOK)
+			case "/api/run":
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"working_dir":"/workflow","username":"root"}`))
+			default:
+				http.NotFound(w, req)
+			}
+			mu.Lock()
+			calls = append(calls, call)
+			mu.Unlock()
+		}))
+		runner, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var said []string
+		o := RunOptions{Shim: "127.0.0.1:1", Commands: []string{"true"}, Out: io.Discard,
+			Progress: func(e Event) { said = append(said, e.Text) }}
+		if tc.code {
+			o.CodeDir = t.TempDir()
+		}
+		r, err := NewRun(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		close(done)
+		r.probe = &runnerProbe{done: done, cancel: func() {}, r: runner}
+		if err := r.StartJob(context.Background()); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		srv.Close()
+		if got := strings.Join(calls, ", "); got != tc.want {
+			t.Errorf("%s: calls %q, want %q", tc.name, got, tc.want)
+		}
+		if !slices.Contains(said, "job running in /workflow as root") {
+			t.Errorf("%s: said %q", tc.name, said)
 		}
 	}
 }

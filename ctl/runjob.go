@@ -43,10 +43,7 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 // prepareJob submits the job and uploads the code.
 func prepareJob(ctx context.Context, r *runnerclient.Client, o RunOptions, body api.SubmitBody) error {
 	if err := r.Submit(ctx, body); err != nil {
-		if o.Network == "host" && errors.Is(err, api.ErrConflict) {
-			return withHint(HintBridgeNetwork, fmt.Errorf("submit job: %w: the runner at this port already has a job: another host-network task's (tandem ps)", err))
-		}
-		return fmt.Errorf("submit job: %w", err)
+		return submitError(err, o)
 	}
 	if o.CodeDir != "" {
 		pr, pw := io.Pipe()
@@ -60,17 +57,32 @@ func prepareJob(ctx context.Context, r *runnerclient.Client, o RunOptions, body 
 	return nil
 }
 
+// submitError says why the runner refused a job's submit.
+func submitError(err error, o RunOptions) error {
+	if o.Network == "host" && errors.Is(err, api.ErrConflict) {
+		return withHint(HintBridgeNetwork, fmt.Errorf("submit job: %w: the runner at this port already has a job: another host-network task's (tandem ps)", err))
+	}
+	return fmt.Errorf("submit job: %w", err)
+}
+
 // startJob starts the submitted job.
 func startJob(ctx context.Context, r *runnerclient.Client, o RunOptions) error {
-	rr, _, err := r.Run(ctx)
+	rr, ok, err := r.Run(ctx)
 	if err != nil {
 		return fmt.Errorf("start job: %w", err)
 	}
+	if ok {
+		o.jobRunning(rr)
+	}
+	return nil
+}
+
+// jobRunning says where and as whom the job runs, as its runner told.
+func (o RunOptions) jobRunning(rr api.RunResponse) {
 	switch {
 	case rr.WorkingDir != "" && rr.Username != "":
 		o.status("job running in %s as %s", rr.WorkingDir, rr.Username)
 	case rr.WorkingDir != "": // a user the image's /etc/passwd does not name (FROM scratch)
 		o.status("job running in %s", rr.WorkingDir)
 	}
-	return nil
 }

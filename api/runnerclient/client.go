@@ -66,6 +66,35 @@ func (c *Client) Submit(ctx context.Context, body api.SubmitBody) error {
 	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/submit", JSON: body}, nil)
 }
 
+// SubmitRun hands the job to the runner and asks it to start the job at
+// once (api.SubmitExtras.Run). started is false when the runner did not
+// (dstack's ignores the ask): the caller then calls Run. ok says whether
+// rr was told (as Run's ok).
+func (c *Client) SubmitRun(ctx context.Context, body api.SubmitBody) (rr api.RunResponse, started, ok bool, err error) {
+	extras := api.SubmitExtras{}
+	if body.Tandem != nil {
+		extras = *body.Tandem
+	}
+	extras.Run = true
+	body.Tandem = &extras
+	resp, cancel, err := c.t.Do(ctx, transport.Request{Method: http.MethodPost, Path: "/api/submit", JSON: body})
+	if err != nil {
+		return rr, false, false, err
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	if !transport.IsJSON(resp) {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return rr, false, false, nil
+	}
+	var out api.SubmitRunResponse
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&out); err != nil {
+		return rr, false, false, fmt.Errorf("POST /api/submit: %w", err)
+	}
+	told := out.WorkingDir != "" || out.Username != ""
+	return out.RunResponse, out.Started, told, nil
+}
+
 // UploadArchive streams one file archive (an uncompressed tar) as the
 // multipart part "archive" whose filename is the archive id.
 func (c *Client) UploadArchive(ctx context.Context, id string, tar io.Reader) error {

@@ -106,7 +106,16 @@ func (s *srv) submit(c echo.Context) error {
 	if err := s.d.Executor.Submit(body); err != nil {
 		return toHTTP(err)
 	}
-	return httpapi.OK(c)
+	if body.Tandem == nil || !body.Tandem.Run {
+		return httpapi.OK(c)
+	}
+	// A Tandem client with no code to upload: the job starts now, as a
+	// /api/run right after would start it.
+	rr, _, err := s.d.Executor.Run()
+	if err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.JSON(c, api.SubmitRunResponse{Started: true, RunResponse: rr})
 }
 
 func (s *srv) uploadArchive(c echo.Context) error {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/runner/executor"
 )
@@ -160,5 +162,26 @@ func TestInternalErrorsAreNotSent(t *testing.T) {
 	}
 	if strings.Contains(body, dir) || strings.Contains(body, "not a directory") {
 		t.Fatalf("the body carries the cause: %q", body)
+	}
+}
+
+// A Tandem client's submit that asks to run starts the job at once and
+// answers with /api/run's answer (started: true); a run after it is out
+// of turn. A submit without the ask answers as dstack's runner does and
+// leaves the job waiting for /api/run.
+func TestSubmitThatAsksToRunStartsTheJob(t *testing.T) {
+	h := newTestServer(t)
+	code, body := do(h, http.MethodPost, "/api/submit", "application/json", `{"job_spec":{"commands":["true"]}}`)
+	if code != http.StatusOK || strings.Contains(body, "started") {
+		t.Fatalf("plain submit: %d %q", code, body)
+	}
+	h = newTestServer(t)
+	code, body = do(h, http.MethodPost, "/api/submit", "application/json", `{"job_spec":{"commands":["true"]},"tandem":{"run":true}}`)
+	var rr api.SubmitRunResponse
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &rr) != nil || !rr.Started || rr.WorkingDir == "" {
+		t.Fatalf("submit that asks to run: %d %q", code, body)
+	}
+	if code, body := do(h, http.MethodPost, "/api/run", "", ""); code != http.StatusConflict {
+		t.Fatalf("run after a submit that ran: %d %q", code, body)
 	}
 }
