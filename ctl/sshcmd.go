@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,18 +19,32 @@ import (
 // (identity+".pub", else ~/.ssh/id_ed25519.pub or id_rsa.pub); "" when
 // there is none.
 func DefaultPublicKey(identity string) (line, file string) {
-	var files []string
 	if identity != "" {
-		files = []string{identity + ".pub"}
-	} else if home, err := os.UserHomeDir(); err == nil {
-		files = []string{filepath.Join(home, ".ssh", "id_ed25519.pub"), filepath.Join(home, ".ssh", "id_rsa.pub")}
+		return readKeyLine(identity + ".pub")
 	}
-	for _, f := range files {
-		if b, err := os.ReadFile(f); err == nil {
-			return strings.TrimSpace(string(b)), f
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", ""
+	}
+	return defaultPublicKeyIn(home)
+}
+
+// defaultPublicKeyIn is DefaultPublicKey's default under home.
+func defaultPublicKeyIn(home string) (line, file string) {
+	for _, f := range []string{filepath.Join(home, ".ssh", "id_ed25519.pub"), filepath.Join(home, ".ssh", "id_rsa.pub")} {
+		if line, file := readKeyLine(f); file != "" {
+			return line, file
 		}
 	}
 	return "", ""
+}
+
+func readKeyLine(f string) (line, file string) {
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return "", ""
+	}
+	return strings.TrimSpace(string(b)), f
 }
 
 // SSHOptions locate a task's SSH server.
@@ -52,8 +67,13 @@ type SSHEndpoint struct {
 	Host, User string
 	Port       int
 	Identity   string // private key file; "" = ssh's defaults
-	Jump       string // user@host[:port]; "" = direct
-	KnownHosts string // the jump host's known_hosts; "" = ssh's default
+	// HomeIdentity is the key tandem run authorized by default when $HOME
+	// is not the account's home (sudo -E, a container's HOME): OpenSSH
+	// looks for its default keys under the account's home, not $HOME, so
+	// it is named, beside the agent's keys. "" when ssh finds it anyway.
+	HomeIdentity string
+	Jump         string // user@host[:port]; "" = direct
+	KnownHosts   string // the jump host's known_hosts; "" = ssh's default
 	// Pins is a known_hosts file holding the task's own host keys under
 	// Alias (sshconfig.WritePins); "": the task's key is not checked.
 	Pins, Alias string
@@ -74,8 +94,11 @@ func (e SSHEndpoint) Options() [][2]string {
 		// is authenticated up to the host (local, or the checked jump).
 		opts = append(opts, [2]string{"StrictHostKeyChecking", "no"}, [2]string{"UserKnownHostsFile", "/dev/null"}, [2]string{"LogLevel", "ERROR"})
 	}
-	if e.Identity != "" {
+	switch {
+	case e.Identity != "":
 		opts = append(opts, [2]string{"IdentityFile", e.Identity}, [2]string{"IdentitiesOnly", "yes"})
+	case e.HomeIdentity != "":
+		opts = append(opts, [2]string{"IdentityFile", e.HomeIdentity})
 	}
 	if e.Jump != "" {
 		if e.KnownHosts == "" && e.Identity == "" {
@@ -136,6 +159,9 @@ func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
 		user = "root"
 	}
 	ep := SSHEndpoint{Host: host, Port: port, User: user, Identity: o.Identity, Jump: o.Jump, KnownHosts: o.KnownHosts}
+	if o.Identity == "" {
+		ep.HomeIdentity = homeIdentity(os.UserHomeDir, accountHome)
+	}
 	if d := info.Tandem; o.PinDir != "" && d != nil && len(d.HostKeys) > 0 {
 		ep.Alias = "tandem-task-" + info.ID
 		if ep.Pins, err = sshconfig.WritePins(o.PinDir, info.ID, ep.Alias, d.HostKeys); err != nil {
@@ -143,6 +169,43 @@ func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
 		}
 	}
 	return ep, nil
+}
+
+// homeIdentity is the key DefaultPublicKey finds under $HOME, as ssh
+// names it (the private key file, else the public one: ssh then signs with
+// the agent's key), when $HOME is not the account's home, where OpenSSH
+// looks; "" otherwise.
+func homeIdentity(home func() (string, error), account func() string) string {
+	h, err := home()
+	if err != nil || h == "" {
+		return ""
+	}
+	if a := account(); a == "" || filepath.Clean(a) == filepath.Clean(h) {
+		return ""
+	}
+	_, pub := defaultPublicKeyIn(h)
+	if pub == "" {
+		return ""
+	}
+	if priv := strings.TrimSuffix(pub, ".pub"); fileExists(priv) {
+		return priv
+	}
+	return pub
+}
+
+// accountHome is the current account's home as the password database
+// says (where OpenSSH looks for ~/.ssh); "" when unknown.
+func accountHome() string {
+	u, err := user.Current()
+	if err != nil {
+		return ""
+	}
+	return u.HomeDir
+}
+
+func fileExists(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // runningEndpoint resolves ref to a running task and returns its SSH

@@ -195,6 +195,9 @@ func logsCmd() *cli.Command {
 
 func sshCmd() *cli.Command {
 	return &cli.Command{Name: "ssh", Usage: "open a shell (or run a command) in a task's container", ArgsUsage: "TASK [-- COMMAND...]",
+		Description: "COMMAND is run as ssh runs one: its words are joined with spaces and the login shell reads the line\n" +
+			"(so $VARS expand in the container). Quote a command with its own quoting as one argument:\n" +
+			"  tandem ssh train -- 'sh -c \"echo hi; exit 3\"'",
 		Flags:        taskSSHFlags(),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
