@@ -22,7 +22,7 @@ import (
 // rest of the output from what the shim kept, without showing twice what
 // it already showed, and the job's exit: the job's whole output, once.
 // A stream that ended with the runner's close had it all: the shim is not
-// asked.
+// asked. Its state pulls are an onlooker's peeks (peek=1&logs=0).
 func TestAttachShowsTheRestOfACutStreamFromTheShim(t *testing.T) {
 	const whole = "out-a\nline-2\n"
 	for _, sent := range []string{"", "out-", "out-a\n", whole + "(closed)"} {
@@ -49,6 +49,12 @@ func TestAttachShowsTheRestOfACutStreamFromTheShim(t *testing.T) {
 				// The runner leaves: no close message.
 				_ = conn.UnderlyingConn().Close()
 			case "/api/pull":
+				if q := r.URL.Query(); q.Get("peek") != "1" || q.Get("logs") != "0" {
+					// attach is an onlooker: its pulls must not end a
+					// job another driver collects.
+					http.Error(w, "attach must peek at the states only", http.StatusBadRequest)
+					return
+				}
 				w.Header().Set("Content-Type", "application/json")
 				_, _ = w.Write([]byte(`{"job_states":[{"state":"failed","timestamp":2,"termination_reason":"container_exited_with_error","termination_message":"","exit_status":3}],"job_logs":[],"runner_logs":[],"last_updated":2,"has_more":false}`))
 			default:

@@ -217,7 +217,7 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 	}
 	var st streamState
 	shown := &countingWriter{w: out}
-	err = watchJobStream(ctx, o.Clock, r, sinceOpener(r, since), shown, nil, nil, &res, nil, &st) // no stops: onStop is never called
+	err = watchJobStream(ctx, o.Clock, r.PeekStates, sinceOpener(r, since), shown, nil, nil, &res, nil, &st) // no stops: onStop is never called
 	switch {
 	case ctx.Err() != nil:
 	case !st.connected.Load():

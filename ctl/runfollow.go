@@ -27,7 +27,7 @@ func follow(ctx context.Context, r *runnerclient.Client, open logOpener, stops <
 	if open == nil {
 		open = sinceOpener(r, time.Time{})
 	}
-	err = watchJobStream(ctx, o.Clock, r, open, o.Out, notes, stops, &res, func() bool {
+	err = watchJobStream(ctx, o.Clock, r.PullStates, open, o.Out, notes, stops, &res, func() bool {
 		if !stopped {
 			stopped = true
 			o.emit(Event{Kind: EventStopping, Text: "stopping the job"})
@@ -51,8 +51,14 @@ func follow(ctx context.Context, r *runnerclient.Client, open logOpener, stops <
 // output was shown (or 10 s passed). Each stop request calls onStop; true
 // ends the watch there.
 func watchJob(ctx context.Context, clk Clock, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
-	return watchJobStream(ctx, clk, r, sinceOpener(r, since), out, status, stops, res, onStop, nil)
+	return watchJobStream(ctx, clk, r.PullStates, sinceOpener(r, since), out, status, stops, res, onStop, nil)
 }
+
+// statePuller asks the runner for the job's states after a timestamp: the
+// run's own pull (it drives the job: its reading the end lets the runner
+// finish), or an onlooker's peek (tandem attach, which must not end a job
+// the dstack server drives before the server collected its logs).
+type statePuller func(ctx context.Context, timestamp int64) (api.PullResponse, error)
 
 // logOpener opens the job's output stream.
 type logOpener func(ctx context.Context) (*runnerclient.LogStream, error)
@@ -91,7 +97,7 @@ func (d openedLogs) close() {
 
 // watchJobStream is watchJob with the stream's opener, that also reports
 // (connected, when not nil) whether the log stream opened.
-func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, st *streamState) error {
+func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, st *streamState) error {
 	clk = clockOr(clk)
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
@@ -112,7 +118,7 @@ func watchJobStream(ctx context.Context, clk Clock, r *runnerclient.Client, open
 	for {
 		// States only: the output comes from the stream above, and a
 		// pull of the logs would make the runner hold the job for them.
-		p, err := r.PullStates(ctx, ts)
+		p, err := pull(ctx, ts)
 		if err != nil {
 			return fmt.Errorf("pull job state: %w", err)
 		}

@@ -88,8 +88,8 @@ func TestRunSeesTheJobEndWhenItsOutputEnds(t *testing.T) {
 			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(time.Second))
 			go func() { time.Sleep(50 * time.Millisecond); done.Store(true) }()
 		case "/api/pull":
-			if r.URL.Query().Get("logs") != "0" {
-				http.Error(w, "the watch must pull states only", http.StatusBadRequest)
+			if r.URL.Query().Get("logs") != "0" || r.URL.Query().Get("peek") != "" {
+				http.Error(w, "the run's watch must pull states only, as the job's driver", http.StatusBadRequest)
 				return
 			}
 			pulls.Add(1)

@@ -160,6 +160,14 @@ func (c *Client) PullStates(ctx context.Context, timestamp int64) (api.PullRespo
 	return c.pull(ctx, "/api/pull?logs=0&timestamp="+strconv.FormatInt(timestamp, 10))
 }
 
+// PeekStates is PullStates for an onlooker (tandem attach): reading the
+// end does not count as the job's logs being collected, so a job that
+// another driver (the dstack server) pulls is not ended for it. A runner
+// that does not know the pair of flags peeks with the logs.
+func (c *Client) PeekStates(ctx context.Context, timestamp int64) (api.PullResponse, error) {
+	return c.pull(ctx, "/api/pull?peek=1&logs=0&timestamp="+strconv.FormatInt(timestamp, 10))
+}
+
 // pull reads the answer into a pooled buffer (a page is up to ~1.4 MB of
 // JSON; growing a fresh one per call cost page faults and GC) and decodes
 // it with api.DecodePull, which copies what it keeps.

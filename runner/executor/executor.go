@@ -451,6 +451,12 @@ func (x *Executor) PullStates(after int64) (api.PullResponse, error) {
 	return x.pull(after, pullMode{consume: true})
 }
 
+// PeekStates is PullStates for onlookers (tandem attach): the states
+// only, and reading the end does not count as collection.
+func (x *Executor) PeekStates(after int64) (api.PullResponse, error) {
+	return x.pull(after, pullMode{})
+}
+
 // pullMode is what a pull reads and counts as.
 type pullMode struct {
 	consume bool // reading the end collects the logs (the runner may finish)

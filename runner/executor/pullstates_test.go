@@ -78,3 +78,42 @@ func TestStatesOnlyPullsNeverHoldTheJob(t *testing.T) {
 		t.Fatal("reading the end with a states-only pull did not count as the logs' collection")
 	}
 }
+
+// An onlooker's look at the states (tandem attach) reads the end without
+// collecting the logs: a job the dstack server drives is not ended for it
+// (its runner would leave before the server's pull). The driver's pull of
+// the end then collects them.
+func TestPeekStatesDoesNotCollect(t *testing.T) {
+	x, err := New(Config{TempDir: t.TempDir(), PullCap: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close() })
+	wd := t.TempDir()
+	if err := x.Submit(api.SubmitBody{JobSpec: api.JobSpec{Commands: []string{"sh", "-c", "echo out"}, WorkingDir: &wd, RepoDir: &wd}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := x.Run(); err != nil || !ok {
+		t.Fatalf("run: %v %v", ok, err)
+	}
+	waitFinished(t, x)
+	for range 3 {
+		p, err := x.PeekStates(0)
+		if err != nil || len(p.JobLogs) != 0 || len(p.JobStates) == 0 || p.JobStates[len(p.JobStates)-1].State != api.JobDone {
+			t.Fatalf("peek at the states: %v %+v (%d log events)", err, p.JobStates, len(p.JobLogs))
+		}
+	}
+	select {
+	case <-x.PullConsumed():
+		t.Fatal("an onlooker's peek at the states counted as the logs' collection")
+	default:
+	}
+	if _, err := x.PullStates(0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-x.PullConsumed():
+	default:
+		t.Fatal("the driver's pull of the end did not collect")
+	}
+}

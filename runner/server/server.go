@@ -193,10 +193,13 @@ func (s *srv) pull(c echo.Context) error {
 	}
 	// Tandem's own flags; dstack's server never sends them.
 	pull := s.d.Executor.Pull
+	peek, states := c.QueryParam("peek") == "1", c.QueryParam("logs") == "0"
 	switch {
-	case c.QueryParam("peek") == "1": // onlookers
+	case peek && states: // an onlooker that reads /logs_ws (tandem attach)
+		pull = s.d.Executor.PeekStates
+	case peek: // onlookers
 		pull = s.d.Executor.Peek
-	case c.QueryParam("logs") == "0": // a driver that reads /logs_ws
+	case states: // a driver that reads /logs_ws
 		pull = s.d.Executor.PullStates
 	}
 	resp, err := pull(ts)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
@@ -183,5 +184,43 @@ func TestSubmitThatAsksToRunStartsTheJob(t *testing.T) {
 	}
 	if code, body := do(h, http.MethodPost, "/api/run", "", ""); code != http.StatusConflict {
 		t.Fatalf("run after a submit that ran: %d %q", code, body)
+	}
+}
+
+// An onlooker's states-only pull (peek=1&logs=0, tandem attach) does not
+// collect the job's logs; the driver's (logs=0) does.
+func TestPeekAtStatesIsRoutedAsAnOnlooker(t *testing.T) {
+	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	h := New(Deps{Version: "test", Executor: x, Log: logging.Discard()})
+	wd := t.TempDir()
+	submit := `{"job_spec":{"commands":["true"],"working_dir":"` + wd + `","repo_dir":"` + wd + `"},"tandem":{"run":true}}`
+	if code, body := do(h, http.MethodPost, "/api/submit", "application/json", submit); code != http.StatusOK {
+		t.Fatalf("submit: %d %q", code, body)
+	}
+	select {
+	case <-x.Finished():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not end")
+	}
+	code, body := do(h, http.MethodGet, "/api/pull?peek=1&logs=0&timestamp=0", "", "")
+	if code != http.StatusOK || !strings.Contains(body, `"done"`) || strings.Contains(body, `"message"`) {
+		t.Fatalf("peek at the states: %d %q", code, body)
+	}
+	select {
+	case <-x.PullConsumed():
+		t.Fatal("an onlooker's peek collected the logs")
+	default:
+	}
+	if code, _ := do(h, http.MethodGet, "/api/pull?logs=0&timestamp=0", "", ""); code != http.StatusOK {
+		t.Fatalf("the driver's pull: %d", code)
+	}
+	select {
+	case <-x.PullConsumed():
+	default:
+		t.Fatal("the driver's states-only pull of the end did not collect")
 	}
 }
