@@ -46,6 +46,19 @@ type SubmitExtras struct {
 	Run bool `json:"run,omitempty"`
 }
 
+// LogsEndParam is the /logs_ws query parameter with which a Tandem client
+// asks for the job's final state at the stream's end: a Tandem runner then
+// sends one text message holding a LogsEnd before its close (the output is
+// binary messages), and the client needs no pull to learn how the job
+// ended. dstack's server never sends it; dstack's runner ignores it.
+const LogsEndParam = "tandem_end"
+
+// LogsEnd is the text message that ends a /logs_ws stream asked with
+// LogsEndParam.
+type LogsEnd struct {
+	End *JobStateEvent `json:"tandem_end"`
+}
+
 // SubmitRunResponse is a Tandem runner's answer to a submit that asked to
 // run (SubmitExtras.Run): the job started, with /api/run's answer.
 type SubmitRunResponse struct {

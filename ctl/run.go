@@ -426,7 +426,7 @@ func (r *Run) StartJob(ctx context.Context) error {
 		}
 		logs = make(chan openedLogs, 1)
 		go func() {
-			ls, err := runner.Logs(ctx, time.Time{})
+			ls, err := runner.LogsWithEnd(ctx, time.Time{})
 			logs <- openedLogs{ls, err}
 		}()
 	}

@@ -65,7 +65,7 @@ type logOpener func(ctx context.Context) (*runnerclient.LogStream, error)
 
 // sinceOpener opens r's output stream from since on.
 func sinceOpener(r *runnerclient.Client, since time.Time) logOpener {
-	return func(ctx context.Context) (*runnerclient.LogStream, error) { return r.Logs(ctx, since) }
+	return func(ctx context.Context) (*runnerclient.LogStream, error) { return r.LogsWithEnd(ctx, since) }
 }
 
 // openedStream is a stream opened ahead: open hands over what the dial
@@ -99,6 +99,9 @@ func (d openedLogs) close() {
 // (connected, when not nil) whether the log stream opened.
 func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, st *streamState) error {
 	clk = clockOr(clk)
+	if st == nil {
+		st = new(streamState)
+	}
 	wsDone := make(chan struct{})
 	wsCtx, cancelWS := context.WithCancel(ctx)
 	defer func() {
@@ -140,10 +143,15 @@ func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOp
 				return nil
 			}
 		case <-streamEnd:
-			// The output ended: the job is ending, and its final state
-			// follows within moments. Looked for at once, then at the
-			// quick pace for a while, so a short job is not held to the
-			// slow pace's half second.
+			// The output ended: the job ended. A Tandem runner said how
+			// at the stream's end (no pull: a round trip less over a long
+			// link). Otherwise its final state follows within moments:
+			// looked for at once, then at the quick pace for a while, so a
+			// short job is not held to the slow pace's half second.
+			if end := st.end.Load(); end != nil {
+				res.endedWith(*end)
+				return nil
+			}
 			streamEnd, quick = nil, endLooks
 		case <-clk.After(every):
 		}
@@ -204,6 +212,9 @@ func (w movedWriter) Write(p []byte) (int, error) {
 // than cut (the runner left mid-stream, the link broke).
 type streamState struct {
 	connected, complete atomic.Bool
+	// end is the job's final state the runner sent at the stream's end
+	// (a stream opened with LogsWithEnd, from a Tandem runner).
+	end atomic.Pointer[api.JobStateEvent]
 }
 
 // streamLogs copies the job's raw output (the stream open opens) to out
@@ -227,6 +238,9 @@ func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, st *
 		b, err := ls.Next()
 		if err != nil {
 			if st != nil && errors.Is(err, io.EOF) {
+				if end, ok := ls.End(); ok {
+					st.end.Store(&end)
+				}
 				st.complete.Store(true)
 			}
 			return

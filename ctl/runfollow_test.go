@@ -173,3 +173,57 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// A Tandem runner says how the job ended at its output stream's end
+// (asked with tandem_end=1): the watch ends there with that state and all
+// of the output, and asks for no state after the stream ended (a round
+// trip less over a long link). Here the runner's pulls never say the job
+// ended: only the stream's end can.
+func TestWatchEndsWithTheStreamsEndState(t *testing.T) {
+	var pullsAfterEnd atomic.Int32
+	var ended atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/logs_ws":
+			if r.URL.Query().Get(api.LogsEndParam) != "1" {
+				http.Error(w, "the watch must ask for the end state", http.StatusBadRequest)
+				return
+			}
+			conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_ = conn.WriteMessage(websocket.BinaryMessage, []byte("hello\n"))
+			_ = conn.WriteMessage(websocket.TextMessage, []byte(`{"tandem_end":{"state":"failed","timestamp":2,"termination_reason":"container_exited_with_error","termination_message":"","exit_status":3}}`))
+			ended.Store(true)
+			_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
+		case "/api/pull":
+			if ended.Load() {
+				pullsAfterEnd.Add(1)
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"job_states":[{"state":"running","timestamp":1,"termination_reason":"","termination_message":""}],"job_logs":[],"runner_logs":[],"last_updated":1,"has_more":false}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	r, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out syncBuffer
+	var res Result
+	if err := watchJob(ctx, &quickOnlyClock{slow: statePoll}, r, time.Time{}, &out, nil, nil, &res, func() bool { return false }); err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitStatus == nil || *res.ExitStatus != 3 || out.String() != "hello\n" {
+		t.Fatalf("result %+v, output %q", res, out.String())
+	}
+	if n := pullsAfterEnd.Load(); n > 1 { // one may be under way as the stream ends
+		t.Fatalf("%d state pulls after the stream said how the job ended", n)
+	}
+}

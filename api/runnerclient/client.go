@@ -218,20 +218,42 @@ var ErrBadStartTime = errors.New("runner rejected start_time")
 type LogStream struct {
 	conn *websocket.Conn
 	stop func() bool
+	cur  io.Reader // the message being read
+	buf  []byte
+	// wantEnd: the stream was opened asking for the job's end state
+	// (api.LogsEndParam); end is it, once the runner sent it.
+	wantEnd bool
+	end     *api.JobStateEvent
 }
 
 // Logs opens /logs_ws. With a non-zero since, history before that second is
 // skipped. The stream ends with io.EOF when the runner has sent everything.
 func (c *Client) Logs(ctx context.Context, since time.Time) (*LogStream, error) {
+	return c.logs(ctx, since, false)
+}
+
+// LogsWithEnd is Logs that also asks for the job's final state at the
+// stream's end (a Tandem runner sends it before its close; End has it),
+// so a follower needs no pull to learn how the job ended.
+func (c *Client) LogsWithEnd(ctx context.Context, since time.Time) (*LogStream, error) {
+	return c.logs(ctx, since, true)
+}
+
+func (c *Client) logs(ctx context.Context, since time.Time, wantEnd bool) (*LogStream, error) {
 	u, err := url.Parse(c.t.BaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("logs: %w", err)
 	}
 	u.Scheme = "ws"
 	u.Path = "/logs_ws"
+	q := url.Values{}
 	if !since.IsZero() {
-		u.RawQuery = "start_time=" + url.QueryEscape(since.Format(time.RFC3339Nano))
+		q.Set("start_time", since.Format(time.RFC3339Nano))
 	}
+	if wantEnd {
+		q.Set(api.LogsEndParam, "1")
+	}
+	u.RawQuery = q.Encode()
 	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout}
 	conn, resp, err := d.DialContext(ctx, u.String(), nil)
 	if err != nil {
@@ -242,29 +264,94 @@ func (c *Client) Logs(ctx context.Context, since time.Time) (*LogStream, error) 
 	}
 	// Close the socket when ctx ends so a blocked Next returns.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	return &LogStream{conn: conn, stop: stop}, nil
+	return &LogStream{conn: conn, stop: stop, wantEnd: wantEnd}, nil
 }
 
-// Next returns the next chunk of raw output (ANSI and \r\n included).
+// logChunk bounds what one Next returns: a message of any size (the
+// runner's, or whatever answers on its port) is read in pieces, never
+// held whole.
+const logChunk = 64 << 10
+
+// maxEndMessage bounds the end state's message.
+const maxEndMessage = 64 << 10
+
+// Next returns the next chunk of raw output (ANSI and \r\n included), at
+// most 64 KiB; the slice is valid until the next call.
 func (s *LogStream) Next() ([]byte, error) {
+	if s.buf == nil {
+		s.buf = make([]byte, logChunk)
+	}
 	for {
-		typ, b, err := s.conn.ReadMessage()
-		if err != nil {
-			var ce *websocket.CloseError
-			if errors.As(err, &ce) {
-				switch ce.Code {
-				case websocket.CloseNoStatusReceived, websocket.CloseNormalClosure:
-					return nil, io.EOF
-				case websocket.CloseUnsupportedData:
-					return nil, fmt.Errorf("%w: %s", ErrBadStartTime, ce.Text)
-				}
+		if s.cur != nil {
+			n, err := s.cur.Read(s.buf)
+			if n > 0 {
+				return s.buf[:n], nil
 			}
-			return nil, fmt.Errorf("logs: %w", err)
+			switch {
+			case errors.Is(err, io.EOF):
+				s.cur = nil
+			case err != nil:
+				return nil, streamErr(err)
+			}
+			continue
 		}
-		if typ == websocket.BinaryMessage || typ == websocket.TextMessage {
-			return b, nil
+		typ, r, err := s.conn.NextReader()
+		if err != nil {
+			return nil, streamErr(err)
+		}
+		switch typ {
+		case websocket.TextMessage:
+			if s.wantEnd {
+				end, read, ok := readEnd(r)
+				if ok {
+					s.end = &end
+					continue
+				}
+				// Not an end state: output, as another runner may send.
+				r = io.MultiReader(bytes.NewReader(read), r)
+			}
+			s.cur = r
+		case websocket.BinaryMessage:
+			s.cur = r
 		}
 	}
+}
+
+// readEnd reads a text message as the job's end state (api.LogsEnd with a
+// final state); when it is none, read is what was taken from r.
+func readEnd(r io.Reader) (end api.JobStateEvent, read []byte, ok bool) {
+	read, err := io.ReadAll(io.LimitReader(r, maxEndMessage+1))
+	if err != nil || len(read) > maxEndMessage {
+		return end, read, false
+	}
+	var m api.LogsEnd
+	if json.Unmarshal(read, &m) != nil || m.End == nil || !m.End.State.Final() {
+		return end, read, false
+	}
+	return *m.End, nil, true
+}
+
+// End is the job's final state the runner sent at the stream's end (a
+// stream opened with LogsWithEnd, from a Tandem runner).
+func (s *LogStream) End() (api.JobStateEvent, bool) {
+	if s.end == nil {
+		return api.JobStateEvent{}, false
+	}
+	return *s.end, true
+}
+
+// streamErr is a read error of the stream in the caller's terms.
+func streamErr(err error) error {
+	var ce *websocket.CloseError
+	if errors.As(err, &ce) {
+		switch ce.Code {
+		case websocket.CloseNoStatusReceived, websocket.CloseNormalClosure:
+			return io.EOF
+		case websocket.CloseUnsupportedData:
+			return fmt.Errorf("%w: %s", ErrBadStartTime, ce.Text)
+		}
+	}
+	return fmt.Errorf("logs: %w", err)
 }
 
 // Close ends the stream.

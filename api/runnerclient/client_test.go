@@ -1,6 +1,8 @@
 package runnerclient
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -157,4 +159,87 @@ func TestRunnerClient(t *testing.T) {
 		t.Fatalf("bad start_time must surface as ErrBadStartTime: %v", err)
 	}
 	ls.Close()
+}
+
+// A stream opened with LogsWithEnd asks for the job's end state
+// (tandem_end=1): the runner's text message holding it is not output and
+// End returns it; a text message that is no end state is output, as
+// before. Output comes in pieces of at most 64 KiB however large a
+// message is (a 1 MiB one here: never held whole). Logs does not ask.
+func TestLogsWithEnd(t *testing.T) {
+	big := bytes.Repeat([]byte("x"), 1<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		c, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		asked := r.URL.Query().Get(api.LogsEndParam) == "1"
+		_ = c.WriteMessage(websocket.BinaryMessage, []byte("out\n"))
+		_ = c.WriteMessage(websocket.TextMessage, []byte(`{"not":"an end"}`))
+		_ = c.WriteMessage(websocket.BinaryMessage, big)
+		if asked {
+			_ = c.WriteMessage(websocket.TextMessage, []byte(`{"tandem_end":{"state":"failed","timestamp":7,"termination_reason":"container_exited_with_error","termination_message":"","exit_status":3}}`))
+		}
+		_ = c.WriteMessage(websocket.CloseMessage, []byte{})
+	}))
+	defer srv.Close()
+	c, err := New(srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, withEnd := range []bool{true, false} {
+		open := c.Logs
+		if withEnd {
+			open = c.LogsWithEnd
+		}
+		ls, err := open(context.Background(), time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		for {
+			b, err := ls.Next()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(b) > 64<<10 {
+				t.Fatalf("one Next returned %d bytes", len(b))
+			}
+			got = append(got, b...)
+		}
+		ls.Close()
+		if want := append([]byte(`out
+{"not":"an end"}`), big...); !bytes.Equal(got, want) {
+			t.Errorf("with end %v: output of %d bytes, want %d (%.40q)", withEnd, len(got), len(want), got)
+		}
+		end, ok := ls.End()
+		if ok != withEnd || (ok && (end.State != api.JobFailed || end.ExitStatus == nil || *end.ExitStatus != 3)) {
+			t.Errorf("with end %v: end %+v %v", withEnd, end, ok)
+		}
+	}
+}
+
+// FuzzReadEnd: any text message is either a final end state or handed
+// back whole as output (up to the bound), never lost or half-read.
+func FuzzReadEnd(f *testing.F) {
+	f.Add([]byte(`{"tandem_end":{"state":"done","timestamp":1,"termination_reason":"done_by_runner","termination_message":"","exit_status":0}}`))
+	f.Add([]byte(`{"tandem_end":{"state":"running"}}`))
+	f.Add([]byte(`{"tandem_end":null}`))
+	f.Add([]byte("plain output\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		end, read, ok := readEnd(bytes.NewReader(b))
+		if ok {
+			if !end.State.Final() || read != nil {
+				t.Fatalf("end %+v, read %q", end, read)
+			}
+			return
+		}
+		if want := b[:min(len(b), maxEndMessage+1)]; !bytes.Equal(read, want) {
+			t.Fatalf("not an end: %d bytes handed back of %d", len(read), len(b))
+		}
+	})
 }

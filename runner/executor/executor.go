@@ -457,6 +457,17 @@ func (x *Executor) PeekStates(after int64) (api.PullResponse, error) {
 	return x.pull(after, pullMode{})
 }
 
+// FinalState is the job's final state once recorded (an onlooker's look:
+// it collects nothing); ok is false before.
+func (x *Executor) FinalState() (ev api.JobStateEvent, ok bool) {
+	p, err := x.pull(0, pullMode{})
+	if err != nil || len(p.JobStates) == 0 {
+		return ev, false
+	}
+	ev = p.JobStates[len(p.JobStates)-1]
+	return ev, ev.State.Final()
+}
+
 // pullMode is what a pull reads and counts as.
 type pullMode struct {
 	consume bool // reading the end collects the logs (the runner may finish)

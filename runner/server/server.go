@@ -3,6 +3,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -257,6 +258,7 @@ func (s *srv) logsWS(c echo.Context) error {
 			return nil
 		}
 	}
+	wantEnd := c.QueryParam(api.LogsEndParam) == "1"
 	defer s.d.Executor.Streamers().Join()()
 	ctx, cancel := context.WithCancel(c.Request().Context())
 	defer cancel()
@@ -307,7 +309,17 @@ func (s *srv) logsWS(c echo.Context) error {
 			}
 		case err := <-errc:
 			if errors.Is(err, io.EOF) {
-				// Everything delivered: close like dstack's runner (empty payload).
+				// Everything delivered. A Tandem client that asked gets the
+				// job's final state (recorded before the history closed),
+				// then the close, like dstack's runner's (empty payload).
+				if wantEnd {
+					if ev, ok := s.d.Executor.FinalState(); ok {
+						if b, err := json.Marshal(api.LogsEnd{End: &ev}); err == nil {
+							_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+							_ = conn.WriteMessage(websocket.TextMessage, b)
+						}
+					}
+				}
 				_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
 			}
 			return nil

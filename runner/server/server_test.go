@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorilla/websocket"
+
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/runner/executor"
@@ -222,5 +224,68 @@ func TestPeekAtStatesIsRoutedAsAnOnlooker(t *testing.T) {
 	case <-x.PullConsumed():
 	default:
 		t.Fatal("the driver's states-only pull of the end did not collect")
+	}
+}
+
+// /logs_ws asked with tandem_end=1 ends, after the whole output, with one
+// text message holding the job's final state, then the close; asked
+// without it, it sends the output only (dstack's shape).
+func TestLogsWSSendsTheEndWhenAsked(t *testing.T) {
+	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	srv := httptest.NewServer(New(Deps{Version: "test", Executor: x, Log: logging.Discard()}))
+	defer srv.Close()
+	wd := t.TempDir()
+	submit := `{"job_spec":{"commands":["sh","-c","echo out; exit 3"],"working_dir":"` + wd + `","repo_dir":"` + wd + `"},"tandem":{"run":true}}`
+	resp, err := http.Post(srv.URL+"/api/submit", "application/json", strings.NewReader(submit))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("submit: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	for _, asked := range []bool{true, false} {
+		u := "ws" + strings.TrimPrefix(srv.URL, "http") + "/logs_ws"
+		if asked {
+			u += "?" + api.LogsEndParam + "=1"
+		}
+		conn, _, err := websocket.DefaultDialer.Dial(u, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		var end *api.JobStateEvent
+		for {
+			typ, b, err := conn.ReadMessage()
+			if err != nil {
+				if !websocket.IsCloseError(err, websocket.CloseNoStatusReceived, websocket.CloseNormalClosure) {
+					t.Fatalf("asked %v: %v", asked, err)
+				}
+				break
+			}
+			if end != nil {
+				t.Fatalf("asked %v: a message after the end: %q", asked, b)
+			}
+			if typ == websocket.TextMessage {
+				var m api.LogsEnd
+				if err := json.Unmarshal(b, &m); err != nil || m.End == nil {
+					t.Fatalf("asked %v: text message %q", asked, b)
+				}
+				end = m.End
+				continue
+			}
+			out.Write(b)
+		}
+		conn.Close()
+		if !strings.Contains(out.String(), "out") {
+			t.Errorf("asked %v: output %q", asked, out.String())
+		}
+		switch {
+		case asked && (end == nil || end.State != api.JobFailed || end.ExitStatus == nil || *end.ExitStatus != 3):
+			t.Errorf("asked: end %+v", end)
+		case !asked && end != nil:
+			t.Errorf("not asked: end %+v", end)
+		}
 	}
 }
