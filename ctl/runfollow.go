@@ -115,26 +115,36 @@ func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOp
 		defer close(wsDone)
 		streamLogs(wsCtx, open, movedWriter{out, moved}, status, st)
 	}()
+	// States only: the output comes from the stream above, and a pull of
+	// the logs would make the runner hold the job for them. A pull runs
+	// beside the watch: a stream that ends with the job's end state ends
+	// the watch at once, not after a pull under way (a round trip over a
+	// long link). The first is asked after a poll's wait: the stream shows
+	// the job's start and, from a Tandem runner, its end.
 	var ts int64
+	type pulled struct {
+		p   api.PullResponse
+		err error
+	}
+	pullCtx, cancelPull := context.WithCancel(ctx)
+	defer cancelPull()
+	var inflight chan pulled // the pull under way; nil: none
+	startPull := func() {
+		if inflight != nil {
+			return
+		}
+		ch := make(chan pulled, 1)
+		inflight = ch
+		after := ts
+		go func() {
+			p, err := pull(pullCtx, after)
+			ch <- pulled{p, err}
+		}()
+	}
 	streamEnd := (<-chan struct{})(wsDone)
 	quick := 0 // looks left at the quick pace
+	next := clk.After(statePoll)
 	for {
-		// States only: the output comes from the stream above, and a
-		// pull of the logs would make the runner hold the job for them.
-		p, err := pull(ctx, ts)
-		if err != nil {
-			return fmt.Errorf("pull job state: %w", err)
-		}
-		ts = p.LastUpdated
-		if n := len(p.JobStates); n > 0 && p.JobStates[n-1].State.Final() {
-			res.endedWith(p.JobStates[n-1])
-			drainOutput(clk, wsDone, moved)
-			return nil
-		}
-		every := statePoll
-		if quick > 0 {
-			every, quick = endPoll, quick-1
-		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -144,16 +154,35 @@ func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOp
 			}
 		case <-streamEnd:
 			// The output ended: the job ended. A Tandem runner said how
-			// at the stream's end (no pull: a round trip less over a long
-			// link). Otherwise its final state follows within moments:
-			// looked for at once, then at the quick pace for a while, so a
-			// short job is not held to the slow pace's half second.
+			// at the stream's end (no pull). Otherwise its final state
+			// follows within moments: looked for at once, then at the
+			// quick pace for a while, so a short job is not held to the
+			// slow pace's half second.
 			if end := st.end.Load(); end != nil {
 				res.endedWith(*end)
 				return nil
 			}
 			streamEnd, quick = nil, endLooks
-		case <-clk.After(every):
+			startPull()
+		case <-next:
+			next = nil
+			startPull()
+		case got := <-inflight:
+			inflight = nil
+			if got.err != nil {
+				return fmt.Errorf("pull job state: %w", got.err)
+			}
+			ts = got.p.LastUpdated
+			if n := len(got.p.JobStates); n > 0 && got.p.JobStates[n-1].State.Final() {
+				res.endedWith(got.p.JobStates[n-1])
+				drainOutput(clk, wsDone, moved)
+				return nil
+			}
+			every := statePoll
+			if quick > 0 {
+				every, quick = endPoll, quick-1
+			}
+			next = clk.After(every)
 		}
 	}
 }
