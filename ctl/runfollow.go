@@ -95,8 +95,9 @@ func (d openedLogs) close() {
 	}
 }
 
-// watchJobStream is watchJob with the stream's opener, that also reports
-// (connected, when not nil) whether the log stream opened.
+// watchJobStream is watchJob with the stream's opener and the state pull
+// (a driver's or an onlooker's), that also records in st (when not nil)
+// how the stream went.
 func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, st *streamState) error {
 	clk = clockOr(clk)
 	if st == nil {
