@@ -57,14 +57,9 @@ func TestResultExitCodeAndDescribe(t *testing.T) {
 // runner's ports: the error hints at bridge networking and stays an
 // api.ErrConflict.
 func TestPrepareJobConflictOnHostNetwork(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	r := testRunner(t, func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "job already submitted", http.StatusConflict)
-	}))
-	defer srv.Close()
-	r, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	for _, network := range []string{"host", "bridge"} {
 		err := prepareJob(context.Background(), r, RunOptions{Network: network}, api.SubmitBody{})
 		if !errors.Is(err, api.ErrConflict) {
@@ -286,6 +281,18 @@ func TestRunRefusesAJobTooLargeToSubmit(t *testing.T) {
 }
 
 // testShim is a client of a shim played by h, closed with the test.
+// testRunner is a client of a runner that h plays, closed with the test.
+func testRunner(t *testing.T, h http.HandlerFunc) *runnerclient.Client {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	r, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func testShim(t *testing.T, h http.HandlerFunc) *shimclient.Client {
 	t.Helper()
 	srv := httptest.NewServer(h)
@@ -415,7 +422,7 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 	} {
 		var mu sync.Mutex
 		var calls []string
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		runner := testRunner(t, func(w http.ResponseWriter, req *http.Request) {
 			call := req.Method + " " + req.URL.Path
 			if req.URL.Path == "/logs_ws" {
 				http.NotFound(w, req)
@@ -449,11 +456,7 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 			mu.Lock()
 			calls = append(calls, call)
 			mu.Unlock()
-		}))
-		runner, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
+		})
 		var said []string
 		o := RunOptions{Shim: "127.0.0.1:1", Commands: []string{"true"}, Out: io.Discard,
 			Progress: func(e Event) { said = append(said, e.Text) }}
@@ -470,8 +473,10 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 		if err := r.StartJob(context.Background()); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		srv.Close()
-		if got := strings.Join(calls, ", "); got != tc.want {
+		mu.Lock()
+		got := strings.Join(calls, ", ")
+		mu.Unlock()
+		if got != tc.want {
 			t.Errorf("%s: calls %q, want %q", tc.name, got, tc.want)
 		}
 		if !slices.Contains(said, "job running in /workflow as root") {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +13,6 @@ import (
 	"github.com/gorilla/websocket"
 
 	"github.com/tandem-run/tandem/api"
-	"github.com/tandem-run/tandem/api/runnerclient"
 )
 
 // stepClock hands each wait to the test, which decides when it passes.
@@ -74,7 +72,7 @@ func TestRunSeesTheJobEndWhenItsOutputEnds(t *testing.T) {
 	ended := make(chan struct{})
 	var done atomic.Bool // the final state is written
 	var pulls atomic.Int32
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	r := testRunner(t, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/logs_ws":
 			conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
@@ -102,12 +100,7 @@ func TestRunSeesTheJobEndWhenItsOutputEnds(t *testing.T) {
 		default:
 			http.NotFound(w, r)
 		}
-	}))
-	defer srv.Close()
-	r, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	clk := &quickOnlyClock{slow: statePoll}
 	var out syncBuffer
 	var res Result
@@ -120,7 +113,7 @@ func TestRunSeesTheJobEndWhenItsOutputEnds(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the watch waits at its slow pace
 		close(ended)
 	}()
-	err = watchJob(ctx, clk, r, time.Time{}, &out, nil, nil, &res, func() bool { return false })
+	err := watchJob(ctx, clk, r, time.Time{}, &out, nil, nil, &res, func() bool { return false })
 	if err != nil {
 		t.Fatalf("watch: %v (after %d pulls)", err, pulls.Load())
 	}
@@ -182,7 +175,7 @@ func (b *syncBuffer) String() string {
 func TestWatchEndsWithTheStreamsEndState(t *testing.T) {
 	var pullsAfterEnd atomic.Int32
 	var ended atomic.Bool
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	r := testRunner(t, func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/logs_ws":
 			if r.URL.Query().Get(api.LogsEndParam) != "1" {
@@ -207,12 +200,7 @@ func TestWatchEndsWithTheStreamsEndState(t *testing.T) {
 		default:
 			http.NotFound(w, r)
 		}
-	}))
-	defer srv.Close()
-	r, err := runnerclient.New(strings.TrimPrefix(srv.URL, "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out syncBuffer
