@@ -46,6 +46,14 @@ type SubmitExtras struct {
 	Run bool `json:"run,omitempty"`
 }
 
+// RunnerTaskParam is the query parameter with which a Tandem client names
+// the shim task whose runner it means, on every runner call: a Tandem
+// runner that serves another task (the shim told it its own) answers 409,
+// so a client never reads another task's output, states or job after the
+// port's runner changed. dstack's server never sends it; dstack's runner
+// ignores it.
+const RunnerTaskParam = "tandem_task"
+
 // LogsEndParam is the /logs_ws query parameter with which a Tandem client
 // asks for the job's final state at the stream's end: a Tandem runner then
 // sends one text message holding a LogsEnd before its close (the output is

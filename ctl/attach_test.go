@@ -95,3 +95,61 @@ func TestAttachShowsTheRestOfACutStreamFromTheShim(t *testing.T) {
 		}
 	}
 }
+
+// The task's runner left and another task's runner now answers on its
+// port (host network: a new task took the ports as the old one's
+// container wound down). attach names its task on every call, that runner
+// refuses (409), and attach prints what the shim kept for its own task,
+// never the other task's output or exit.
+func TestAttachNeverShowsAnotherTasksRunner(t *testing.T) {
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if got := r.URL.Query().Get(api.RunnerTaskParam); got != "" && got != "t2" {
+			http.Error(w, "this runner serves task t2, not "+got, http.StatusConflict)
+			return
+		}
+		switch r.URL.Path {
+		case "/api/healthcheck":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"service":"dstack-runner","version":"0.0.0","task_id":"t2"}`))
+		case "/logs_ws":
+			conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+			if err == nil {
+				_ = conn.WriteMessage(websocket.BinaryMessage, []byte("ANOTHER TENANT'S OUTPUT\n"))
+				_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
+				conn.Close()
+			}
+		case "/api/pull":
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"job_states":[{"state":"failed","timestamp":2,"termination_reason":"container_exited_with_error","termination_message":"","exit_status":99}],"job_logs":[],"runner_logs":[],"last_updated":2,"has_more":false}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer other.Close()
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(other.URL, "http://"))
+	httpPort, _ := strconv.Atoi(port)
+	zero := 0
+	info := api.TaskInfoResponse{ID: "t1", Status: api.TaskRunning, Tandem: &api.TaskDetails{
+		Name: "mine", NetworkMode: "host", RunnerHTTPPort: httpPort,
+		Job: &api.JobStateEvent{State: api.JobDone, Timestamp: 2, TerminationReason: "done_by_runner", ExitStatus: &zero},
+	}}
+	shim := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/api/tasks/t1":
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(info)
+		case "/api/tasks/t1/job-log":
+			_, _ = w.Write([]byte("my own output\n"))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer shim.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out, status syncBuffer
+	res, err := Attach(ctx, "t1", TaskOptions{Shim: strings.TrimPrefix(shim.URL, "http://")}, time.Time{}, &out, &status)
+	if err != nil || res.ExitStatus == nil || *res.ExitStatus != 0 || out.String() != "my own output\n" {
+		t.Fatalf("attach: %v, exit %v, output %q (status %q)", err, res.ExitStatus, out.String(), status.String())
+	}
+}

@@ -202,7 +202,11 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 	res := Result{TaskID: info.ID, Name: TaskName(info)}
 	var hcErr error
 	if err == nil {
-		_, hcErr = r.Healthcheck(ctx)
+		var hc api.HealthcheckResponse
+		if hc, hcErr = r.Healthcheck(ctx); hcErr == nil && hc.TaskID != "" && hc.TaskID != info.ID {
+			// A runner from before tasks were named in calls.
+			hcErr = fmt.Errorf("the runner there serves task %s", api.Printable(hc.TaskID))
+		}
 	}
 	if info.ID != "" && JobEnded(info) && (err != nil || hcErr != nil) {
 		// The job ended and its runner is gone: the shim kept its output

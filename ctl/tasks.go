@@ -182,6 +182,9 @@ func runnerFor(shim string, info api.TaskInfoResponse, override int, dial func(c
 		return nil, "", err
 	}
 	r, err := runnerclient.NewWithDialer(addr, dial)
+	if err == nil {
+		r.ForTask(info.ID) // a runner that serves another task refuses
+	}
 	return r, addr, err
 }
 

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +31,28 @@ type Client struct {
 	t *transport.Client
 	// pages holds pull answer buffers between calls.
 	pages sync.Pool
+	// task, when set, is the shim task whose runner the client means: each
+	// call names it (api.RunnerTaskParam), and a Tandem runner serving
+	// another task refuses it.
+	task string
+}
+
+// ForTask makes every call name the shim task whose runner c means: a
+// Tandem runner that serves another (the port's runner changed: a task
+// that ended, another that started) answers 409 instead of its own
+// output, states or job. dstack's runner ignores the name.
+func (c *Client) ForTask(id string) { c.task = id }
+
+// path is p with the task's name added when one is set.
+func (c *Client) path(p string) string {
+	if c.task == "" {
+		return p
+	}
+	sep := "?"
+	if strings.Contains(p, "?") {
+		sep = "&"
+	}
+	return p + sep + api.RunnerTaskParam + "=" + url.QueryEscape(c.task)
 }
 
 // New returns a client for addr: "host:port", "http://host:port" or
@@ -57,13 +80,13 @@ func (c *Client) SetTimeout(d time.Duration) { c.t.Timeout = d }
 // Healthcheck pings the runner and returns its service name and version.
 func (c *Client) Healthcheck(ctx context.Context) (api.HealthcheckResponse, error) {
 	var out api.HealthcheckResponse
-	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: "/api/healthcheck"}, &out)
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: c.path("/api/healthcheck")}, &out)
 	return out, err
 }
 
 // Submit hands the job to the runner (allowed until Run).
 func (c *Client) Submit(ctx context.Context, body api.SubmitBody) error {
-	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/submit", JSON: body}, nil)
+	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: c.path("/api/submit"), JSON: body}, nil)
 }
 
 // SubmitRun hands the job to the runner and asks it to start the job at
@@ -77,7 +100,7 @@ func (c *Client) SubmitRun(ctx context.Context, body api.SubmitBody) (rr api.Run
 	}
 	extras.Run = true
 	body.Tandem = &extras
-	resp, cancel, err := c.t.Do(ctx, transport.Request{Method: http.MethodPost, Path: "/api/submit", JSON: body})
+	resp, cancel, err := c.t.Do(ctx, transport.Request{Method: http.MethodPost, Path: c.path("/api/submit"), JSON: body})
 	if err != nil {
 		return rr, false, false, err
 	}
@@ -110,7 +133,7 @@ func (c *Client) UploadArchive(ctx context.Context, id string, tar io.Reader) er
 		}
 		pw.CloseWithError(err)
 	}()
-	err := c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/upload_archive",
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: c.path("/api/upload_archive"),
 		Body: pr, ContentType: mw.FormDataContentType(), Timeout: UploadTimeout}, nil)
 	pr.CloseWithError(errors.New("request finished"))
 	return err
@@ -118,14 +141,14 @@ func (c *Client) UploadArchive(ctx context.Context, id string, tar io.Reader) er
 
 // UploadCode streams the code blob (a tar, or a git diff for remote repos).
 func (c *Client) UploadCode(ctx context.Context, code io.Reader) error {
-	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/upload_code",
+	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: c.path("/api/upload_code"),
 		Body: code, ContentType: "application/octet-stream", Timeout: UploadTimeout}, nil)
 }
 
 // Run starts the job. ok is false when the runner answered without JSON
 // (old runners, or job user / working dir resolution failed).
 func (c *Client) Run(ctx context.Context) (out api.RunResponse, ok bool, err error) {
-	resp, cancel, err := c.t.Do(ctx, transport.Request{Method: http.MethodPost, Path: "/api/run"})
+	resp, cancel, err := c.t.Do(ctx, transport.Request{Method: http.MethodPost, Path: c.path("/api/run")})
 	if err != nil {
 		return out, false, err
 	}
@@ -184,7 +207,7 @@ func (c *Client) pull(ctx context.Context, path string) (api.PullResponse, error
 			c.pages.Put(buf)
 		}
 	}()
-	if err := c.t.Read(ctx, transport.Request{Method: http.MethodGet, Path: path}, buf); err != nil {
+	if err := c.t.Read(ctx, transport.Request{Method: http.MethodGet, Path: c.path(path)}, buf); err != nil {
 		return api.PullResponse{}, err
 	}
 	out, err := api.DecodePull(buf.Bytes())
@@ -200,14 +223,14 @@ const keptPage = 4 << 20
 
 // Stop asks the runner to stop the job gracefully.
 func (c *Client) Stop(ctx context.Context) error {
-	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/stop"}, nil)
+	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: c.path("/api/stop")}, nil)
 }
 
 // Metrics returns the container's resource usage; ErrNotFound when the
 // runner has no metrics collector.
 func (c *Client) Metrics(ctx context.Context) (api.MetricsResponse, error) {
 	var out api.MetricsResponse
-	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: "/api/metrics"}, &out)
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: c.path("/api/metrics")}, &out)
 	return out, err
 }
 
@@ -252,6 +275,9 @@ func (c *Client) logs(ctx context.Context, since time.Time, wantEnd bool) (*LogS
 	}
 	if wantEnd {
 		q.Set(api.LogsEndParam, "1")
+	}
+	if c.task != "" {
+		q.Set(api.RunnerTaskParam, c.task)
 	}
 	u.RawQuery = q.Encode()
 	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout}

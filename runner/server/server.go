@@ -54,6 +54,7 @@ func New(d Deps) *echo.Echo {
 	}
 	e := httpapi.NewEcho(d.Log)
 	s := &srv{d: d}
+	e.Use(s.sameTask)
 	e.GET("/api/healthcheck", s.healthcheck)
 	e.HEAD("/api/healthcheck", s.healthcheck)
 	e.GET("/api/metrics", s.metrics)
@@ -65,6 +66,19 @@ func New(d Deps) *echo.Echo {
 	e.POST("/api/stop", s.stop)
 	e.GET("/logs_ws", s.logsWS)
 	return e
+}
+
+// sameTask refuses (409, before anything is read or done) a call that
+// names a shim task other than the one this runner serves
+// (api.RunnerTaskParam): its client means the runner that held this port
+// before, or will. A call that names none, or a runner told none, passes.
+func (s *srv) sameTask(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if want := c.QueryParam(api.RunnerTaskParam); want != "" && s.d.TaskID != "" && want != s.d.TaskID {
+			return httpapi.Errorf(http.StatusConflict, "this runner serves task %s, not %s", s.d.TaskID, api.Printable(want))
+		}
+		return next(c)
+	}
 }
 
 func toHTTP(err error) error {

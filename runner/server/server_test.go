@@ -289,3 +289,42 @@ func TestLogsWSSendsTheEndWhenAsked(t *testing.T) {
 		}
 	}
 }
+
+// A call that names another shim task than the runner's own is refused
+// with 409 before anything is done (the output stream is not opened); one
+// that names this task, or none, passes, and so does any call to a runner
+// told no task.
+func TestCallsNamingAnotherTaskAreRefused(t *testing.T) {
+	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	h := New(Deps{Version: "test", TaskID: "task-b", Executor: x, Log: logging.Discard()})
+	for _, path := range []string{"/api/healthcheck", "/api/pull?timestamp=0", "/logs_ws"} {
+		sep := "?"
+		if strings.Contains(path, "?") {
+			sep = "&"
+		}
+		code, body := do(h, http.MethodGet, path+sep+api.RunnerTaskParam+"=task-a", "", "")
+		if code != http.StatusConflict || !strings.Contains(body, "serves task task-b, not task-a") {
+			t.Errorf("%s naming another task: %d %q", path, code, body)
+		}
+		if path == "/logs_ws" {
+			continue // a plain GET is no upgrade either way
+		}
+		if code, body := do(h, http.MethodGet, path+sep+api.RunnerTaskParam+"=task-b", "", ""); code != http.StatusOK {
+			t.Errorf("%s naming its own task: %d %q", path, code, body)
+		}
+		if code, body := do(h, http.MethodGet, path, "", ""); code != http.StatusOK {
+			t.Errorf("%s naming none: %d %q", path, code, body)
+		}
+	}
+	if code, _ := do(h, http.MethodPost, "/api/submit?"+api.RunnerTaskParam+"=task-a", "application/json", `{"job_spec":{"commands":["true"]}}`); code != http.StatusConflict || x.State() != executor.WaitSubmit {
+		t.Errorf("a submit naming another task: %d, state %s", code, x.State())
+	}
+	untold := New(Deps{Version: "test", Executor: x, Log: logging.Discard()})
+	if code, body := do(untold, http.MethodGet, "/api/healthcheck?"+api.RunnerTaskParam+"=task-a", "", ""); code != http.StatusOK {
+		t.Errorf("a runner told no task: %d %q", code, body)
+	}
+}
