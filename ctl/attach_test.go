@@ -62,30 +62,11 @@ func TestAttachShowsTheRestOfACutStreamFromTheShim(t *testing.T) {
 			}
 		}))
 		defer runner.Close()
-		_, port, _ := net.SplitHostPort(strings.TrimPrefix(runner.URL, "http://"))
-		httpPort, _ := strconv.Atoi(port)
-		three := 3
-		info := api.TaskInfoResponse{ID: "t1", Status: api.TaskRunning, Tandem: &api.TaskDetails{
-			Name: "quick", NetworkMode: "host", RunnerHTTPPort: httpPort,
-			Job: &api.JobStateEvent{State: api.JobFailed, Timestamp: 2, TerminationReason: "container_exited_with_error", ExitStatus: &three},
-		}}
-		shim := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			switch r.URL.Path {
-			case "/api/tasks/t1":
-				w.Header().Set("Content-Type", "application/json")
-				_ = json.NewEncoder(w).Encode(info)
-			case "/api/tasks/t1/job-log":
-				logAsked.Store(true)
-				_, _ = w.Write([]byte(whole))
-			default:
-				http.NotFound(w, r)
-			}
-		}))
-		defer shim.Close()
-
+		shim := endedTaskShim(t, runner.URL, api.JobStateEvent{State: api.JobFailed, Timestamp: 2, TerminationReason: "container_exited_with_error", ExitStatus: ptr(3)},
+			whole, &logAsked)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		var out, status syncBuffer
-		res, err := Attach(ctx, "t1", TaskOptions{Shim: strings.TrimPrefix(shim.URL, "http://")}, time.Time{}, &out, &status)
+		res, err := Attach(ctx, "t1", TaskOptions{Shim: shim}, time.Time{}, &out, &status)
 		cancel()
 		if err != nil || res.ExitStatus == nil || *res.ExitStatus != 3 || out.String() != whole {
 			t.Errorf("stream cut after %q (closed %v): %v, exit %v, output %q (status %q)", sent, closed, err, res.ExitStatus, out.String(), status.String())
@@ -100,17 +81,23 @@ func TestAttachShowsTheRestOfACutStreamFromTheShim(t *testing.T) {
 // port (host network: a new task took the ports as the old one's
 // container wound down). attach names its task on every call, that runner
 // refuses (409), and attach prints what the shim kept for its own task,
-// never the other task's output or exit.
+// never the other task's output or exit. (An older runner that does not
+// refuse is caught by its healthcheck's task id.)
 func TestAttachNeverShowsAnotherTasksRunner(t *testing.T) {
+	var unnamed atomic.Int32 // calls that did not name their task
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if got := r.URL.Query().Get(api.RunnerTaskParam); got != "" && got != "t2" {
+		got := r.URL.Query().Get(api.RunnerTaskParam)
+		if got == "" {
+			unnamed.Add(1)
+		}
+		if got != "" && got != "t2" {
 			http.Error(w, "this runner serves task t2, not "+got, http.StatusConflict)
 			return
 		}
 		switch r.URL.Path {
 		case "/api/healthcheck":
 			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{"service":"dstack-runner","version":"0.0.0","task_id":"t2"}`))
+			_, _ = w.Write([]byte(`{"service":"dstack-runner","version":"0.0.0","tandem_task_id":"t2"}`))
 		case "/logs_ws":
 			conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
 			if err == nil {
@@ -126,12 +113,30 @@ func TestAttachNeverShowsAnotherTasksRunner(t *testing.T) {
 		}
 	}))
 	defer other.Close()
-	_, port, _ := net.SplitHostPort(strings.TrimPrefix(other.URL, "http://"))
+	shim := endedTaskShim(t, other.URL, api.JobStateEvent{State: api.JobDone, Timestamp: 2, TerminationReason: "done_by_runner", ExitStatus: ptr(0)},
+		"my own output\n", nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out, status syncBuffer
+	res, err := Attach(ctx, "t1", TaskOptions{Shim: shim}, time.Time{}, &out, &status)
+	if err != nil || res.ExitStatus == nil || *res.ExitStatus != 0 || out.String() != "my own output\n" {
+		t.Fatalf("attach: %v, exit %v, output %q (status %q)", err, res.ExitStatus, out.String(), status.String())
+	}
+	if n := unnamed.Load(); n != 0 {
+		t.Fatalf("%d calls to the runner did not name their task", n)
+	}
+}
+
+// endedTaskShim plays a Tandem shim with one task, t1, still running on
+// the host network with its runner's port at runnerURL's, whose job ended
+// with job and whose kept output is kept (logAsked, when not nil, says
+// whether it was asked for); it returns the shim's address.
+func endedTaskShim(t *testing.T, runnerURL string, job api.JobStateEvent, kept string, logAsked *atomic.Bool) string {
+	t.Helper()
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(runnerURL, "http://"))
 	httpPort, _ := strconv.Atoi(port)
-	zero := 0
 	info := api.TaskInfoResponse{ID: "t1", Status: api.TaskRunning, Tandem: &api.TaskDetails{
-		Name: "mine", NetworkMode: "host", RunnerHTTPPort: httpPort,
-		Job: &api.JobStateEvent{State: api.JobDone, Timestamp: 2, TerminationReason: "done_by_runner", ExitStatus: &zero},
+		Name: "t1-name", NetworkMode: "host", RunnerHTTPPort: httpPort, Job: &job,
 	}}
 	shim := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -139,17 +144,16 @@ func TestAttachNeverShowsAnotherTasksRunner(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(info)
 		case "/api/tasks/t1/job-log":
-			_, _ = w.Write([]byte("my own output\n"))
+			if logAsked != nil {
+				logAsked.Store(true)
+			}
+			_, _ = w.Write([]byte(kept))
 		default:
 			http.NotFound(w, r)
 		}
 	}))
-	defer shim.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var out, status syncBuffer
-	res, err := Attach(ctx, "t1", TaskOptions{Shim: strings.TrimPrefix(shim.URL, "http://")}, time.Time{}, &out, &status)
-	if err != nil || res.ExitStatus == nil || *res.ExitStatus != 0 || out.String() != "my own output\n" {
-		t.Fatalf("attach: %v, exit %v, output %q (status %q)", err, res.ExitStatus, out.String(), status.String())
-	}
+	t.Cleanup(shim.Close)
+	return strings.TrimPrefix(shim.URL, "http://")
 }
+
+func ptr[T any](v T) *T { return &v }
