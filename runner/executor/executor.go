@@ -181,6 +181,14 @@ func (c Config) WithDefaults() Config {
 	case c.LogRetention.Max < 0: // unbounded
 		c.LogRetention = logs.Retention{}
 	}
+	// Paths not given stay under the temp dir, never relative to the
+	// process's working dir (the runner's own sets both).
+	if c.Paths.DstackDir == "" {
+		c.Paths.DstackDir = filepath.Join(c.TempDir, "dstack")
+	}
+	if c.Paths.EtcProfile == "" {
+		c.Paths.EtcProfile = filepath.Join(c.Paths.DstackDir, "etc-profile")
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}

@@ -316,3 +316,20 @@ func TestFollowersIdleAndJoinWhileWaited(t *testing.T) {
 		t.Fatal("not idle once C left")
 	}
 }
+
+// An executor given no Paths keeps the job's profile and MPI hostfile
+// under its temp dir: a relative path wrote them into the process's
+// working dir (the package dir, for a test).
+func TestUnsetPathsStayUnderTheTempDir(t *testing.T) {
+	tmp := t.TempDir()
+	c := Config{TempDir: tmp}.WithDefaults()
+	for _, p := range []string{c.Paths.HostfilePath(), c.Paths.ProfilePath(), c.Paths.EtcProfile} {
+		if !strings.HasPrefix(p, tmp+string(filepath.Separator)) {
+			t.Errorf("%s is not under the temp dir %s", p, tmp)
+		}
+	}
+	given := Config{TempDir: tmp, Paths: Paths{DstackDir: "/dstack", EtcProfile: "/etc/profile"}}.WithDefaults()
+	if given.Paths.DstackDir != "/dstack" || given.Paths.EtcProfile != "/etc/profile" {
+		t.Errorf("given paths changed: %+v", given.Paths)
+	}
+}
