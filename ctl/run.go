@@ -441,20 +441,19 @@ func (r *Run) StartJob(ctx context.Context) error {
 		// runner), the stream dialed beside it.
 		openLogs()
 		rr, started, told, err := runner.SubmitRun(ctx, body)
-		if err == nil && !started {
-			rr, told, err = runner.Run(ctx) // dstack's runner: as it expects
-			if err != nil {
-				err = fmt.Errorf("start job: %w", err)
-			}
-		} else if err != nil {
+		switch {
+		case err != nil:
 			err = submitError(err, r.o)
+		case started:
+			if told {
+				r.o.jobRunning(rr)
+			}
+		default:
+			err = startJob(ctx, runner, r.o) // dstack's runner: as it expects
 		}
 		if err != nil {
 			closeLogs()
 			return err
-		}
-		if told {
-			r.o.jobRunning(rr)
 		}
 	} else {
 		if err := prepareJob(ctx, runner, r.o, body); err != nil {
