@@ -61,6 +61,14 @@ const RunnerTaskParam = "tandem_task"
 // ended. dstack's server never sends it; dstack's runner ignores it.
 const LogsEndParam = "tandem_end"
 
+// LogsSoFarParam is the /logs_ws query parameter with which a Tandem client
+// asks for the output kept so far (from start_time on) and no more: a
+// Tandem runner closes the stream once it sent what the job had written
+// when the stream opened, as `docker logs --since` without -f. dstack's
+// runner ignores it and follows, so a client sends it only to a runner
+// whose healthcheck names a Tandem version.
+const LogsSoFarParam = "tandem_so_far"
+
 // LogsEnd is the text message that ends a /logs_ws stream asked with
 // LogsEndParam.
 type LogsEnd struct {

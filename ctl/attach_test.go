@@ -133,11 +133,24 @@ func TestAttachNeverShowsAnotherTasksRunner(t *testing.T) {
 // whether it was asked for); it returns the shim's address.
 func endedTaskShim(t *testing.T, runnerURL string, job api.JobStateEvent, kept string, logAsked *atomic.Bool) string {
 	t.Helper()
+	return oneTaskShim(t, runningTask(runnerURL, &job), kept, logAsked)
+}
+
+// runningTask is task t1 running on the host network with its runner's
+// port at runnerURL's, and job as its job's last state (nil: none yet).
+func runningTask(runnerURL string, job *api.JobStateEvent) api.TaskInfoResponse {
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(runnerURL, "http://"))
 	httpPort, _ := strconv.Atoi(port)
-	info := api.TaskInfoResponse{ID: "t1", Status: api.TaskRunning, Tandem: &api.TaskDetails{
-		Name: "t1-name", NetworkMode: "host", RunnerHTTPPort: httpPort, Job: &job,
+	return api.TaskInfoResponse{ID: "t1", Status: api.TaskRunning, Tandem: &api.TaskDetails{
+		Name: "t1-name", NetworkMode: "host", RunnerHTTPPort: httpPort, Job: job,
 	}}
+}
+
+// oneTaskShim plays a Tandem shim with one task, info (its id t1), whose
+// kept output is kept (logAsked, when not nil, says whether it was asked
+// for); it returns the shim's address.
+func oneTaskShim(t *testing.T, info api.TaskInfoResponse, kept string, logAsked *atomic.Bool) string {
+	t.Helper()
 	shim := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/api/tasks/t1":
@@ -154,6 +167,85 @@ func endedTaskShim(t *testing.T, runnerURL string, job api.JobStateEvent, kept s
 	}))
 	t.Cleanup(shim.Close)
 	return strings.TrimPrefix(shim.URL, "http://")
+}
+
+// A task terminated before its job said how it ended (the server stopped
+// it; the shim keeps its output until it is removed): attach and logs -f
+// print the kept output, and attach ends as tandem wait does (143, the
+// shim's reason); logs --since says the kept output has no times.
+func TestAttachAndLogsOfATerminatedTaskShowItsKeptOutput(t *testing.T) {
+	info := runningTask("http://127.0.0.1:9", nil)
+	info.Status, info.TerminationReason, info.TerminationMessage = api.TaskTerminated, api.ReasonTerminatedByServer, "stopped by the server"
+	shim := oneTaskShim(t, info, "kept\n", nil)
+	o := TaskOptions{Shim: shim}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out syncBuffer
+	res, err := Attach(ctx, "t1", o, time.Time{}, &out, nil)
+	if err != nil || out.String() != "kept\n" || res.ExitCode() != ExitStopped || res.Reason != api.ReasonTerminatedByServer {
+		t.Errorf("attach: %v, output %q, exit %d, reason %q", err, out.String(), res.ExitCode(), res.Reason)
+	}
+	var logs syncBuffer
+	if err := Logs(ctx, "t1", o, LogsOptions{Follow: true}, &logs); err != nil || logs.String() != "kept\n" {
+		t.Errorf("logs -f: %v, output %q", err, logs.String())
+	}
+	var since syncBuffer
+	err = Logs(ctx, "t1", o, LogsOptions{Since: time.Now().Add(-time.Minute)}, &since)
+	if err == nil || !strings.Contains(err.Error(), "drop --since") || since.String() != "" {
+		t.Errorf("logs --since: %v, output %q", err, since.String())
+	}
+}
+
+// logs --since without -f reads a running task's output from its Tandem
+// runner, asking for the output so far from that time (the runner closes
+// the stream there); --tail applies to it. dstack's runner would follow:
+// it is not asked, and the user is told to add -f.
+func TestLogsSinceWithoutFollow(t *testing.T) {
+	since := time.Date(2026, 11, 29, 7, 0, 0, 0, time.UTC)
+	for _, tandem := range []bool{true, false} {
+		var dialed atomic.Bool
+		runner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Path {
+			case "/api/healthcheck":
+				w.Header().Set("Content-Type", "application/json")
+				if tandem {
+					_, _ = w.Write([]byte(`{"service":"dstack-runner","version":"0.0.0","tandem_version":"0.1.0","tandem_task_id":"t1"}`))
+				} else {
+					_, _ = w.Write([]byte(`{"service":"dstack-runner","version":"0.0.0"}`))
+				}
+			case "/logs_ws":
+				dialed.Store(true)
+				q := r.URL.Query()
+				if q.Get(api.LogsSoFarParam) != "1" || q.Get("start_time") != since.Format(time.RFC3339Nano) || q.Get(api.RunnerTaskParam) != "t1" {
+					http.Error(w, "want the output so far since the time, for t1: "+r.URL.RawQuery, http.StatusBadRequest)
+					return
+				}
+				conn, err := (&websocket.Upgrader{}).Upgrade(w, r, nil)
+				if err != nil {
+					return
+				}
+				_ = conn.WriteMessage(websocket.BinaryMessage, []byte("a\nb\n"))
+				_ = conn.WriteMessage(websocket.BinaryMessage, []byte("c\n"))
+				_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
+				conn.Close()
+			default:
+				http.NotFound(w, r)
+			}
+		}))
+		shim := oneTaskShim(t, runningTask(runner.URL, &api.JobStateEvent{State: api.JobRunning, Timestamp: 1}), "", nil)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		var all, tail syncBuffer
+		errAll := Logs(ctx, "t1", TaskOptions{Shim: shim}, LogsOptions{Since: since}, &all)
+		errTail := Logs(ctx, "t1", TaskOptions{Shim: shim}, LogsOptions{Since: since, Tail: 2, TailSet: true}, &tail)
+		cancel()
+		runner.Close()
+		switch {
+		case tandem && (errAll != nil || all.String() != "a\nb\nc\n" || errTail != nil || tail.String() != "b\nc\n"):
+			t.Errorf("tandem runner: %v %q; tail 2: %v %q", errAll, all.String(), errTail, tail.String())
+		case !tandem && (errAll == nil || !strings.Contains(errAll.Error(), "with -f") || dialed.Load() || all.String() != ""):
+			t.Errorf("dstack's runner: %v, output %q, stream dialed %v", errAll, all.String(), dialed.Load())
+		}
+	}
 }
 
 func ptr[T any](v T) *T { return &v }

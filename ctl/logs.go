@@ -39,7 +39,7 @@ func runnerOf(ctx context.Context, ref string, o TaskOptions, what string) (api.
 	if info.Status != api.TaskRunning {
 		msg := fmt.Sprintf("task %s is %s", DisplayName(info), info.Status)
 		if info.Status == api.TaskTerminated {
-			msg += fmt.Sprintf(" (%s); its output went with its container", info.TerminationReason)
+			msg += fmt.Sprintf(" (%s)", info.TerminationReason)
 		}
 		return info, nil, "", fmt.Errorf("%s; %s needs a running task", msg, what)
 	}
@@ -60,7 +60,10 @@ type LogsOptions struct {
 	// Follow streams from the task's runner until the job's output ends;
 	// else what the shim kept so far is printed and Logs returns.
 	Follow bool
-	// Since (with Follow) starts the stream at this time.
+	// Since starts the output at this time. It is read from the task's
+	// runner (the shim's kept output has no times), so the task must be
+	// running; without Follow the runner must be Tandem's (dstack's only
+	// follows).
 	Since time.Time
 	// Tail, when TailSet, prints only the last Tail lines kept so far (0:
 	// none, as docker logs --tail 0; then, with Follow, what comes after).
@@ -72,6 +75,9 @@ type LogsOptions struct {
 // Follow the stream from its runner until the job's output ends.
 func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.Writer) error {
 	since := lo.Since
+	if !lo.Follow && !since.IsZero() {
+		return logsSince(ctx, ref, o, lo, w)
+	}
 	if !lo.Follow || lo.TailSet {
 		shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
 		if err != nil {
@@ -163,22 +169,52 @@ func (t *tailWriter) bytes() []byte {
 	return bytes.Join(lines, nil)
 }
 
-// followLogs streams a running task's raw output (from since on) to w
-// until the job's output ends.
-func followLogs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.Writer) error {
-	info, r, addr, err := runnerOf(ctx, ref, o, "logs")
-	if info.ID != "" && JobEnded(info) && (err != nil || !runnerAnswers(ctx, r)) {
-		_, err := attachEnded(ctx, info, o, w, Result{})
-		return err
+// logsSince prints a running task's output from lo.Since to what its job
+// has written so far (its last lo.Tail lines when lo.TailSet), read from its
+// Tandem runner.
+func logsSince(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.Writer) error {
+	info, r, addr, err := runnerOf(ctx, ref, o, "logs --since")
+	ended := func() error {
+		return fmt.Errorf("the job of task %s has ended and its runner has left; the output kept on the host has no times: drop --since", DisplayName(info))
+	}
+	if info.ID != "" && info.Status != api.TaskRunning {
+		return ended()
 	}
 	if err != nil {
 		return err
 	}
-	ls, err := r.Logs(ctx, since)
+	hc, err := r.Healthcheck(ctx)
+	if err != nil {
+		if JobEnded(info) {
+			return ended()
+		}
+		return withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, err))
+	}
+	if hc.TandemVersion == "" {
+		return fmt.Errorf("the runner of task %s is dstack's, which only follows output from a time: use --since with -f, or drop --since", DisplayName(info))
+	}
+	ls, err := r.LogsSoFar(ctx, lo.Since)
 	if err != nil {
 		return withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, err))
 	}
 	defer ls.Close()
+	out := w
+	var tail *tailWriter
+	if lo.TailSet {
+		tail = &tailWriter{n: lo.Tail}
+		out = tail
+	}
+	if err := copyStream(out, ls); err != nil {
+		return err
+	}
+	if tail != nil {
+		_, err = w.Write(tail.bytes())
+	}
+	return err
+}
+
+// copyStream writes a log stream to w until it ends.
+func copyStream(w io.Writer, ls *runnerclient.LogStream) error {
 	for {
 		b, err := ls.Next()
 		if errors.Is(err, io.EOF) {
@@ -191,6 +227,25 @@ func followLogs(ctx context.Context, ref string, o TaskOptions, since time.Time,
 			return err
 		}
 	}
+}
+
+// followLogs streams a running task's raw output (from since on) to w
+// until the job's output ends.
+func followLogs(ctx context.Context, ref string, o TaskOptions, since time.Time, w io.Writer) error {
+	info, r, addr, err := runnerOf(ctx, ref, o, "logs")
+	if info.ID != "" && (info.Status == api.TaskTerminated || JobEnded(info) && (err != nil || !runnerAnswers(ctx, r))) {
+		_, err := attachEnded(ctx, info, o, w, Result{})
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	ls, err := r.Logs(ctx, since)
+	if err != nil {
+		return withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, err))
+	}
+	defer ls.Close()
+	return copyStream(w, ls)
 }
 
 // Attach follows a running task's job: its output from since on (the
@@ -208,9 +263,9 @@ func Attach(ctx context.Context, ref string, o TaskOptions, since time.Time, out
 			hcErr = fmt.Errorf("the runner there serves task %s", api.Printable(hc.TaskID))
 		}
 	}
-	if info.ID != "" && JobEnded(info) && (err != nil || hcErr != nil) {
-		// The job ended and its runner is gone: the shim kept its output
-		// and its status.
+	if info.ID != "" && (info.Status == api.TaskTerminated || JobEnded(info) && (err != nil || hcErr != nil)) {
+		// The task or its job ended and its runner is gone: the shim kept
+		// its output and its status.
 		return attachEnded(ctx, info, o, out, res)
 	}
 	if err != nil {
@@ -291,8 +346,8 @@ func runnerAnswers(ctx context.Context, r *runnerclient.Client) bool {
 	return err == nil
 }
 
-// attachEnded prints a finished job's kept output from the shim and
-// returns its final state.
+// attachEnded prints a finished job's (or terminated task's) kept output
+// from the shim and returns its end.
 func attachEnded(ctx context.Context, info api.TaskInfoResponse, o TaskOptions, out io.Writer, res Result) (Result, error) {
 	return attachRest(ctx, info, o, out, 0, res)
 }
@@ -307,7 +362,11 @@ func attachRest(ctx context.Context, info api.TaskInfoResponse, o TaskOptions, o
 	if err := shim.JobLog(ctx, info.ID, &skipWriter{w: out, skip: skip}); err != nil && !errors.Is(err, api.ErrNotFound) {
 		return res, fmt.Errorf("%s: %w", DisplayName(info), err)
 	}
-	res.endedWith(*info.Tandem.Job)
+	if JobEnded(info) {
+		res.endedWith(*info.Tandem.Job)
+	} else {
+		res.endedWithTask(info)
+	}
 	return res, nil
 }
 

@@ -42,12 +42,7 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 			res.endedWith(*info.Tandem.Job)
 			return res, nil
 		case info.Status == api.TaskTerminated:
-			res.Reason, res.Message = info.TerminationReason, info.TerminationMessage
-			if stoppedBySomeone(info.TerminationReason) {
-				// Stopped before its job said how it ended (a stop's
-				// terminate, seen before its remove): as a removed one.
-				res.State = api.JobTerminated
-			}
+			res.endedWithTask(info)
 			return res, nil
 		case info.Status == api.TaskRunning:
 			if r == nil {
@@ -77,6 +72,16 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 			return res, err
 		}
 		info = next
+	}
+}
+
+// endedWithTask takes the end of a task terminated before its job said
+// how it ended: the shim's reason, and a stopped job when someone stopped
+// it (a stop's terminate, seen before its remove: as a removed one).
+func (r *Result) endedWithTask(info api.TaskInfoResponse) {
+	r.Reason, r.Message = info.TerminationReason, info.TerminationMessage
+	if stoppedBySomeone(info.TerminationReason) {
+		r.State = api.JobTerminated
 	}
 }
 

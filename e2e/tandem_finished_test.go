@@ -89,3 +89,58 @@ func TestTandemFinishedTasks(t *testing.T) {
 		t.Fatalf("rm: %d %s", code, errOut)
 	}
 }
+
+// A task the server terminates with no grace (timeout 0: docker kills the
+// container at once) right after its job printed keeps that output: the
+// runner writes it to disk when the stop reaches it, not on its 250 ms
+// timer. logs, logs -f and attach then print it, and attach ends as
+// tandem wait says (143: someone stopped it); logs --since says the kept
+// output has no times; a running task's logs --since reads its runner.
+func TestTandemTerminatedTaskKeepsItsLastOutput(t *testing.T) {
+	h, shim, _ := realStack(t)
+	dir := t.TempDir()
+	run := func(args ...string) (string, string, int) {
+		cmd, out, errb := tandemIn(t, dir, nil, append(args[:1:1], append([]string{"--shim", shim}, args[1:]...)...)...)
+		err := cmd.Run()
+		return out.String(), errb.String(), exitCodeOf(err)
+	}
+	out, errOut, code := run("run", "-d", "--image", h.image, "--name", "term-a", "--", "/bin/sh", "-c", "echo last-words; exec sleep 600")
+	if code != 0 {
+		t.Fatalf("run -d: %d %s", code, errOut)
+	}
+	id := strings.Fields(out)[1]
+	// The job has printed once logs --since (its runner's times) shows it.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got, errOut, code := run("logs", "--since", "1m", "term-a")
+		if code != 0 {
+			t.Fatalf("logs --since of a running task: %d %s", code, errOut)
+		}
+		if strings.Contains(got, "last-words") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("logs --since never showed the output: %q", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := h.client.TerminateTask(context.Background(), id, api.TaskTerminateRequest{
+		TerminationReason: api.ReasonTerminatedByServer, TerminationMessage: "no grace", Timeout: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if got, errOut, code := run("logs", "term-a"); code != 0 || got != "last-words\n" {
+		t.Fatalf("logs after a kill: %d %q %s", code, got, errOut)
+	}
+	if got, errOut, code := run("logs", "-f", "term-a"); code != 0 || got != "last-words\n" {
+		t.Fatalf("logs -f of a terminated task: %d %q %s", code, got, errOut)
+	}
+	if got, errOut, code := run("attach", "term-a"); code != 143 || got != "last-words\n" {
+		t.Fatalf("attach of a terminated task: %d %q %s", code, got, errOut)
+	}
+	if got, errOut, code := run("logs", "--since", "1m", "term-a"); code != 125 || got != "" || !strings.Contains(errOut, "drop --since") {
+		t.Fatalf("logs --since of a terminated task: %d %q %s", code, got, errOut)
+	}
+	if _, errOut, code := run("rm", "term-a"); code != 0 {
+		t.Fatalf("rm: %d %s", code, errOut)
+	}
+}

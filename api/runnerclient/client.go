@@ -252,17 +252,32 @@ type LogStream struct {
 // Logs opens /logs_ws. With a non-zero since, history before that second is
 // skipped. The stream ends with io.EOF when the runner has sent everything.
 func (c *Client) Logs(ctx context.Context, since time.Time) (*LogStream, error) {
-	return c.logs(ctx, since, false)
+	return c.logs(ctx, since, logsFollow)
 }
+
+// LogsSoFar is Logs that ends where the job's output written so far ends
+// (api.LogsSoFarParam). Only a Tandem runner knows it: dstack's follows.
+func (c *Client) LogsSoFar(ctx context.Context, since time.Time) (*LogStream, error) {
+	return c.logs(ctx, since, logsSoFar)
+}
+
+// logsMode is what a /logs_ws stream asks for beyond dstack's follow.
+type logsMode int
+
+const (
+	logsFollow  logsMode = iota
+	logsWithEnd          // the final state at the end (api.LogsEndParam)
+	logsSoFar            // the output so far, no follow (api.LogsSoFarParam)
+)
 
 // LogsWithEnd is Logs that also asks for the job's final state at the
 // stream's end (a Tandem runner sends it before its close; End has it),
 // so a follower needs no pull to learn how the job ended.
 func (c *Client) LogsWithEnd(ctx context.Context, since time.Time) (*LogStream, error) {
-	return c.logs(ctx, since, true)
+	return c.logs(ctx, since, logsWithEnd)
 }
 
-func (c *Client) logs(ctx context.Context, since time.Time, wantEnd bool) (*LogStream, error) {
+func (c *Client) logs(ctx context.Context, since time.Time, mode logsMode) (*LogStream, error) {
 	u, err := url.Parse(c.t.BaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("logs: %w", err)
@@ -273,8 +288,11 @@ func (c *Client) logs(ctx context.Context, since time.Time, wantEnd bool) (*LogS
 	if !since.IsZero() {
 		q.Set("start_time", since.Format(time.RFC3339Nano))
 	}
-	if wantEnd {
+	switch mode {
+	case logsWithEnd:
 		q.Set(api.LogsEndParam, "1")
+	case logsSoFar:
+		q.Set(api.LogsSoFarParam, "1")
 	}
 	if c.task != "" {
 		q.Set(api.RunnerTaskParam, c.task)
@@ -290,7 +308,7 @@ func (c *Client) logs(ctx context.Context, since time.Time, wantEnd bool) (*LogS
 	}
 	// Close the socket when ctx ends so a blocked Next returns.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	return &LogStream{conn: conn, stop: stop, wantEnd: wantEnd}, nil
+	return &LogStream{conn: conn, stop: stop, wantEnd: mode == logsWithEnd}, nil
 }
 
 // logChunk bounds what one Next returns: a message of any size (the

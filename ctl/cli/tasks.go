@@ -168,7 +168,7 @@ func logsCmd() *cli.Command {
 		Flags: append(connFlags(), runnerPortFlag,
 			&cli.BoolFlag{Name: "follow", Aliases: []string{"f"}, Usage: "stream the output until the job ends"},
 			&cli.IntFlag{Name: "tail", Aliases: []string{"n"}, Usage: "only the last N lines (0: none; then, with -f, what follows)"},
-			&cli.DurationFlag{Name: "since", Usage: "with -f: only output newer than this, e.g. 5m"}),
+			&cli.DurationFlag{Name: "since", Usage: "only output newer than this, e.g. 5m (a running task's: the times are its runner's)"}),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
@@ -181,9 +181,6 @@ func logsCmd() *cli.Command {
 			defer closeDial()
 			if c.Int("tail") < 0 {
 				return exitError{ctl.ExitFailure, "--tail: want a count of lines"}
-			}
-			if c.IsSet("since") && !c.Bool("follow") {
-				return exitError{ctl.ExitFailure, "--since needs -f (the kept output has no times)"}
 			}
 			lo := ctl.LogsOptions{Follow: c.Bool("follow"), Since: sinceFlag(c), Tail: c.Int("tail"), TailSet: c.IsSet("tail")}
 			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), lo, jobOutput(c)); err != nil {

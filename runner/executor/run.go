@@ -251,6 +251,11 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	case <-exited:
 	case <-ctx.Done():
 		cause = context.Cause(ctx)
+		// What the job wrote so far goes to disk before the stop starts:
+		// a stop with no grace (docker stop -t 0) kills the runner as well.
+		if err := hist.Flush(); err != nil {
+			x.runnerLog.Warn("job log", "err", err)
+		}
 		x.stopSequence(proc, &cut)
 	case <-pipe.QuotaHit():
 		cause = errLogQuota

@@ -164,6 +164,25 @@ func (h *History) timedFlush() {
 	}
 }
 
+// Flush writes the tail to the file now: a stop writes what the job wrote
+// so far to disk at once, as the container may be killed before the tail's
+// timer or Close would have.
+func (h *History) Flush() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil
+	}
+	if h.timer != nil {
+		h.timer.Stop()
+		h.timer = nil
+	}
+	if err := h.flushLocked(); err != nil {
+		return fmt.Errorf("write job log: %w", err)
+	}
+	return nil
+}
+
 // Close marks the end of output; readers finish once they caught up.
 func (h *History) Close() error {
 	h.mu.Lock()
@@ -206,19 +225,34 @@ func (h *History) Reader(since time.Time) *HistoryReader {
 			off = h.size
 		}
 	}
-	return &HistoryReader{h: h, off: off}
+	return &HistoryReader{h: h, off: off, until: -1}
+}
+
+// ReaderSoFar is Reader that ends (io.EOF) where the output written so far
+// ends, instead of following it.
+func (h *History) ReaderSoFar(since time.Time) *HistoryReader {
+	r := h.Reader(since)
+	r.until = h.Size()
+	return r
 }
 
 // HistoryReader follows the history.
 type HistoryReader struct {
-	h   *History
-	off int64
+	h     *History
+	off   int64
+	until int64 // where the reader ends; -1: it follows until Close
 }
 
 // Next blocks until output is available and returns up to max bytes of it;
 // io.EOF once the history is closed and everything was read.
 func (r *HistoryReader) Next(ctx context.Context, max int) ([]byte, error) {
 	for {
+		if r.until >= 0 {
+			if r.off >= r.until {
+				return nil, io.EOF
+			}
+			max = int(min(int64(max), r.until-r.off))
+		}
 		r.h.mu.Lock()
 		size, closed, changed, f := r.h.size, r.h.closed, r.h.changed, r.h.f
 		if r.off >= size && !closed {
@@ -236,8 +270,12 @@ func (r *HistoryReader) Next(ctx context.Context, max int) ([]byte, error) {
 		head, dropEnd, keep := r.h.trim.r.Head, r.h.trim.dropEnd, r.h.trim.r.Max
 		r.h.mu.Unlock()
 		if dropEnd > head && r.off >= head && r.off < dropEnd { // in the hole
-			skipped := dropEnd - r.off
-			r.off = dropEnd
+			end := dropEnd
+			if r.until >= 0 {
+				end = min(end, r.until)
+			}
+			skipped := end - r.off
+			r.off = end
 			return droppedMarker(skipped, head, keep), nil
 		}
 		if r.off < size { // in the file: read outside the lock

@@ -437,3 +437,111 @@ func TestStripperWordHelpers(t *testing.T) {
 		}
 	}
 }
+
+// readToEnd reads r to io.EOF in chunks of max.
+func readToEnd(t *testing.T, r *HistoryReader, max int) []byte {
+	t.Helper()
+	var got []byte
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		b, err := r.Next(ctx, max)
+		if errors.Is(err, io.EOF) {
+			return got
+		}
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", len(got), err)
+		}
+		got = append(got, b...)
+	}
+}
+
+// A so-far reader ends where the output written when it was made ends,
+// from since on, in the tail or in the file, while the job writes on; a
+// following reader made at the same time gets the rest too.
+func TestHistoryReaderSoFar(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	h, err := OpenHistory(filepath.Join(t.TempDir(), "job.log"), func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	old := bytes.Repeat([]byte("o"), historyTail+100) // past the tail: some in the file
+	_, _ = h.Write(old)
+	mu.Lock()
+	now = now.Add(5 * time.Second)
+	mu.Unlock()
+	_, _ = h.Write([]byte("new\r\n"))
+	all, recent, follow := h.ReaderSoFar(time.Time{}), h.ReaderSoFar(time.Unix(1003, 0)), h.Reader(time.Unix(1003, 0))
+	_, _ = h.Write([]byte("later\r\n"))
+	if got := readToEnd(t, all, 999); !bytes.Equal(got, append(append([]byte{}, old...), "new\r\n"...)) {
+		t.Fatalf("so far from the start: %d bytes, ending %q", len(got), got[max(0, len(got)-10):])
+	}
+	if got := readToEnd(t, recent, 2); string(got) != "new\r\n" {
+		t.Fatalf("so far since: %q", got)
+	}
+	b, err := follow.Next(context.Background(), 1024)
+	if err != nil || string(b) != "new\r\nlater\r\n" {
+		t.Fatalf("follow: %q %v", b, err)
+	}
+	if got := readToEnd(t, h.ReaderSoFar(time.Unix(2000, 0)), 1024); len(got) != 0 {
+		t.Fatalf("so far since after the last output: %q", got)
+	}
+}
+
+// A so-far reader of a history that dropped its middle gets the head, the
+// marker, and the kept output up to where the output stood, no further.
+func TestHistoryReaderSoFarAcrossAHole(t *testing.T) {
+	path := t.TempDir() + "/job.log"
+	h, err := OpenHistoryRetained(path, nil, Retention{Head: 1 << 20, Max: 4 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	var all bytes.Buffer
+	for i := 0; all.Len() < 16<<20; i++ {
+		all.WriteString(line(i))
+		_, _ = h.Write([]byte(line(i)))
+	}
+	r := h.ReaderSoFar(time.Time{})
+	_, _ = h.Write([]byte("after\n"))
+	got := readToEnd(t, r, 1<<20)
+	want := all.Bytes()
+	if !bytes.HasPrefix(got, want[:1<<20]) || !bytes.Contains(got, []byte("bytes of output were dropped")) {
+		t.Fatal("no head and marker")
+	}
+	if !bytes.HasSuffix(got, want[len(want)-1000:]) || bytes.Contains(got, []byte("after")) {
+		t.Fatalf("does not end where the output stood: %q", got[len(got)-40:])
+	}
+}
+
+// Flush puts the tail in the file at once (a stop's first step: the
+// container may be killed before the tail's timer).
+func TestHistoryFlush(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "job.log")
+	h, err := OpenHistory(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = h.Write([]byte("before the stop\r\n"))
+	if b, _ := os.ReadFile(path); len(b) != 0 {
+		t.Fatalf("the tail is in the file before Flush: %q", b)
+	}
+	if err := h.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "before the stop\r\n" {
+		t.Fatalf("after Flush the file holds %q", b)
+	}
+	_, _ = h.Write([]byte("more"))
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Flush(); err != nil {
+		t.Fatalf("Flush after Close: %v", err)
+	}
+	if b, _ := os.ReadFile(path); string(b) != "before the stop\r\nmore" {
+		t.Fatalf("at the end the file holds %q", b)
+	}
+}

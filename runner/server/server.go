@@ -273,6 +273,7 @@ func (s *srv) logsWS(c echo.Context) error {
 		}
 	}
 	wantEnd := c.QueryParam(api.LogsEndParam) == "1"
+	soFar := c.QueryParam(api.LogsSoFarParam) == "1"
 	defer s.d.Executor.Streamers().Join()()
 	ctx, cancel := context.WithCancel(c.Request().Context())
 	defer cancel()
@@ -291,6 +292,9 @@ func (s *srv) logsWS(c echo.Context) error {
 		return nil
 	}
 	r := hist.Reader(since)
+	if soFar {
+		r = hist.ReaderSoFar(since)
+	}
 	ping := time.NewTicker(s.d.PingInterval)
 	defer ping.Stop()
 	chunks := make(chan []byte)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -287,6 +288,74 @@ func TestLogsWSSendsTheEndWhenAsked(t *testing.T) {
 		case !asked && end != nil:
 			t.Errorf("not asked: end %+v", end)
 		}
+	}
+}
+
+// /logs_ws asked for the output so far sends what the running job wrote
+// and closes, while the job runs on; without the parameter it follows.
+func TestLogsWSSoFarEndsWhileTheJobRuns(t *testing.T) {
+	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	t.Cleanup(func() { // the job's end, before its dirs go
+		x.Stop()
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if _, ended := x.FinalState(); ended {
+				return
+			}
+		}
+		t.Error("the job did not end on its stop")
+	})
+	srv := httptest.NewServer(New(Deps{Version: "test", Executor: x, Log: logging.Discard()}))
+	defer srv.Close()
+	wd := t.TempDir()
+	submit := `{"job_spec":{"commands":["sh","-c","echo first; exec sleep 60"],"working_dir":"` + wd + `","repo_dir":"` + wd + `"},"tandem":{"run":true}}`
+	resp, err := http.Post(srv.URL+"/api/submit", "application/json", strings.NewReader(submit))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("submit: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	read := func(u string) (string, error) {
+		conn, _, err := websocket.DefaultDialer.Dial(u, nil)
+		if err != nil {
+			return "", err
+		}
+		defer conn.Close()
+		_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+		var out strings.Builder
+		for {
+			_, b, err := conn.ReadMessage()
+			if err != nil {
+				if websocket.IsCloseError(err, websocket.CloseNoStatusReceived, websocket.CloseNormalClosure) {
+					return out.String(), nil
+				}
+				return out.String(), err
+			}
+			out.Write(b)
+		}
+	}
+	base := "ws" + strings.TrimPrefix(srv.URL, "http") + "/logs_ws"
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := read(base + "?" + api.LogsSoFarParam + "=1")
+		if err != nil {
+			t.Fatalf("so far: %q, %v (it should close, not follow)", got, err)
+		}
+		if strings.Contains(got, "first") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("so far: %q after 10 s", got)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got, err := read(base + "?start_time=" + url.QueryEscape(time.Now().Add(time.Hour).Format(time.RFC3339Nano)) + "&" + api.LogsSoFarParam + "=1"); err != nil || got != "" {
+		t.Fatalf("so far since a later time: %q, %v", got, err)
+	}
+	if got, err := read(base); err == nil || !strings.Contains(got, "first") {
+		t.Fatalf("following: %q, %v (want the output, then the read deadline)", got, err)
 	}
 }
 
