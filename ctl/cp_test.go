@@ -50,3 +50,14 @@ func TestSCPCommandNeedsOneTask(t *testing.T) {
 		}
 	}
 }
+
+// A tar stream (-) pairs with one TASK:PATH, refused before any shim is
+// asked otherwise.
+func TestTarStreamCommandNeedsOneTask(t *testing.T) {
+	for _, args := range [][2]string{{"-", "-"}, {"-", "./local"}, {"/tmp/x", "-"}} {
+		_, err := CopyCommand(context.Background(), SSHOptions{Shim: "127.0.0.1:1"}, args[0], args[1])
+		if err == nil || !strings.Contains(err.Error(), "TASK:PATH") {
+			t.Errorf("%q: %v", args, err)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/user"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -285,6 +286,63 @@ func CopyTarget(arg string) (task, path string, remote bool) {
 		return "", arg, false
 	}
 	return task, path, true
+}
+
+// CopyCommand returns the OpenSSH client argv of tandem cp SRC DST: scp
+// (SCPCommand), or, when one side is "-", ssh running tar in the container
+// (TarStreamCommand), as docker cp reads "-".
+func CopyCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
+	if src == "-" || dst == "-" {
+		return TarStreamCommand(ctx, o, src, dst)
+	}
+	return SCPCommand(ctx, o, src, dst)
+}
+
+// TarStreamCommand returns the OpenSSH ssh argv that copies between a tar
+// stream on this side ("-": stdin or stdout) and TASK:PATH, as docker cp
+// does: TASK:PATH - writes a tar of PATH (a file or a directory, under its
+// own name) to stdout; - TASK:DIR extracts a tar from stdin into the
+// directory DIR. tar runs in the container as the login (an image with no
+// tar is told so, exit 127); what it extracts is the user's own stream into
+// the user's own container.
+func TarStreamCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
+	if src == "-" && dst == "-" {
+		return nil, fmt.Errorf("- is a tar stream on this side: the other side must be TASK:PATH")
+	}
+	other := src
+	if src == "-" {
+		other = dst
+	}
+	ref, rpath, remote := CopyTarget(other)
+	if !remote {
+		return nil, fmt.Errorf("tandem cp copies between this machine and one task: with -, give the other side as TASK:PATH (got %q)", other)
+	}
+	var script string
+	if src == "-" {
+		dir := rpath
+		if dir == "" {
+			dir = "."
+		}
+		script = "exec tar -x -f - -C " + shellQuote(dir)
+	} else {
+		if rpath == "" {
+			rpath = "."
+		}
+		clean := path.Clean(rpath)
+		dir, base := path.Dir(clean), path.Base(clean)
+		if clean == "/" {
+			base = "."
+		}
+		script = "exec tar -c -f - -C " + shellQuote(dir) + " -- " + shellQuote(base)
+	}
+	ep, err := runningEndpoint(ctx, ref, o, "cp")
+	if err != nil {
+		return nil, err
+	}
+	// No terminal (-T): the stream is binary, and a pty would rewrite it.
+	argv := append([]string{"ssh", "-T"}, ep.optionArgs()...)
+	return append(argv, "--", ep.User+"@"+ep.Host,
+		"command -v tar >/dev/null 2>&1 || { echo 'tandem cp: the container has no tar, which a copy with - runs: copy with a path instead' >&2; exit 127; }; "+script), nil
 }
 
 // SCPCommand returns the OpenSSH scp argv that copies src to dst, one of

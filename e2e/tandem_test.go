@@ -1,10 +1,13 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	crand "crypto/rand"
 	"encoding/json"
+	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -454,6 +457,32 @@ func TestTandemSSHIntoTask(t *testing.T) {
 	if got, err := os.ReadFile(filepath.Join(back, "tree", "sub", "f.txt")); err != nil || string(got) != "nested\n" {
 		t.Fatalf("the directory back from the task: %q %v", got, err)
 	}
+	// - is a tar stream, as docker cp reads it: the tree comes out as a tar
+	// on stdout, and a tar on stdin goes into a directory (a name with a
+	// quote and a space: the remote command is quoted).
+	tarOut, stdout, stderr := tandem(t, "cp", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task+":/tmp/tree", "-")
+	if err := tarOut.Run(); err != nil {
+		t.Fatalf("tandem cp TASK:PATH -: %v %s", err, stderr)
+	}
+	if got := tarMembers(t, stdout.Bytes()); got["tree/sub/f.txt"] != "nested\n" {
+		t.Fatalf("tar from the task: %q", got)
+	}
+	var in bytes.Buffer
+	tw := tar.NewWriter(&in)
+	_ = tw.WriteHeader(&tar.Header{Name: "it's here/f", Mode: 0o644, Size: 3, Typeflag: tar.TypeReg})
+	_, _ = tw.Write([]byte("in\n"))
+	_ = tw.Close()
+	if _, _, code := runIn(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "mkdir -p '/tmp/a dir'"); code != 0 {
+		t.Fatalf("mkdir: %d", code)
+	}
+	tarIn, _, stderr := tandem(t, "cp", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, "-", task+":/tmp/a dir")
+	tarIn.Stdin = &in
+	if err := tarIn.Run(); err != nil {
+		t.Fatalf("tandem cp - TASK:DIR: %v %s", err, stderr)
+	}
+	if out, _, code := runIn(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "cat \"/tmp/a dir/it's here/f\""); code != 0 || out != "in\n" {
+		t.Fatalf("the tar into the task: %d %q", code, out)
+	}
 	if code, out := cp(filepath.Join(src, "data.bin"), filepath.Join(back, "x")); code == 0 || !strings.Contains(out, "exactly one side") {
 		t.Fatalf("two local paths: exit %d: %s", code, out)
 	}
@@ -465,4 +494,30 @@ func TestTandemSSHIntoTask(t *testing.T) {
 func atoi(s string) int {
 	n, _ := strconv.Atoi(s)
 	return n
+}
+
+// tarMembers reads a tar into name -> content (directories: "").
+func tarMembers(t *testing.T, b []byte) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	tr := tar.NewReader(bytes.NewReader(b))
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatalf("tar: %v (read %q)", err, out)
+		}
+		c, _ := io.ReadAll(tr)
+		out[h.Name] = string(c)
+	}
+}
+
+// runIn runs tandem with args and returns its stdout, stderr and exit code.
+func runIn(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd, out, errb := tandem(t, args...)
+	err := cmd.Run()
+	return out.String(), errb.String(), exitCodeOf(err)
 }

@@ -221,7 +221,10 @@ func cpCmd() *cli.Command {
 			"runner's SSH server, the way tandem ssh connects (the task's pinned host key, --ssh as the jump host);\n" +
 			"modes and times are kept; a directory is copied with all it holds, as docker cp copies one (-r is\n" +
 			"accepted, as scp takes it, and changes nothing). A link is copied as what it points to, as scp does\n" +
-			"(docker cp keeps it a link). Examples:\n  tandem cp ./data train:/workflow/data\n  tandem cp train:/workflow/checkpoints ./ckpt",
+			"(docker cp keeps it a link). - on one side is a tar stream, as docker cp reads it: TASK:PATH - writes a\n" +
+			"tar of PATH to stdout, - TASK:DIR extracts one from stdin into DIR (tar runs in the container).\n" +
+			"Examples:\n  tandem cp ./data train:/workflow/data\n  tandem cp train:/workflow/checkpoints ./ckpt\n" +
+			"  tandem cp train:/workflow/checkpoints - | tar -x -C ./ckpt",
 		Flags: append(taskSSHFlags(), &cli.BoolFlag{Name: "recursive", Aliases: []string{"r"},
 			Usage: "copy directories (they always are, as docker cp; accepted for scp habits)"}),
 		BashComplete: completeTasks,
@@ -233,7 +236,7 @@ func cpCmd() *cli.Command {
 			if err != nil {
 				return err
 			}
-			argv, err := ctl.SCPCommand(c.Context, o, c.Args().Get(0), c.Args().Get(1))
+			argv, err := ctl.CopyCommand(c.Context, o, c.Args().Get(0), c.Args().Get(1))
 			closeDial()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
