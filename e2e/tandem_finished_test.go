@@ -16,12 +16,7 @@ import (
 // attach prints the kept output and exits with the job's status.
 func TestTandemFinishedTasks(t *testing.T) {
 	h, shim, _ := realStack(t)
-	dir := t.TempDir()
-	run := func(args ...string) (string, string, int) {
-		cmd, out, errb := tandemIn(t, dir, nil, append(args[:1:1], append([]string{"--shim", shim}, args[1:]...)...)...)
-		err := cmd.Run()
-		return out.String(), errb.String(), exitCodeOf(err)
-	}
+	run := tandemAt(t, t.TempDir(), shim)
 	// 1: rm right after attach.
 	if _, errOut, code := run("run", "-d", "--image", h.image, "--name", "fin-a", "--", "/bin/sh", "-c", "echo out-a; exit 3"); code != 0 {
 		t.Fatalf("run -d: %d %s", code, errOut)
@@ -98,12 +93,7 @@ func TestTandemFinishedTasks(t *testing.T) {
 // output has no times; a running task's logs --since reads its runner.
 func TestTandemTerminatedTaskKeepsItsLastOutput(t *testing.T) {
 	h, shim, _ := realStack(t)
-	dir := t.TempDir()
-	run := func(args ...string) (string, string, int) {
-		cmd, out, errb := tandemIn(t, dir, nil, append(args[:1:1], append([]string{"--shim", shim}, args[1:]...)...)...)
-		err := cmd.Run()
-		return out.String(), errb.String(), exitCodeOf(err)
-	}
+	run := tandemAt(t, t.TempDir(), shim)
 	out, errOut, code := run("run", "-d", "--image", h.image, "--name", "term-a", "--", "/bin/sh", "-c", "echo last-words; exec sleep 600")
 	if code != 0 {
 		t.Fatalf("run -d: %d %s", code, errOut)
@@ -142,5 +132,15 @@ func TestTandemTerminatedTaskKeepsItsLastOutput(t *testing.T) {
 	}
 	if _, errOut, code := run("rm", "term-a"); code != 0 {
 		t.Fatalf("rm: %d %s", code, errOut)
+	}
+}
+
+// tandemAt returns a runner of tandem commands (the command, then its
+// flags and arguments) against shim, in dir: stdout, stderr, exit code.
+func tandemAt(t *testing.T, dir, shim string) func(args ...string) (string, string, int) {
+	return func(args ...string) (string, string, int) {
+		cmd, out, errb := tandemIn(t, dir, nil, append(args[:1:1], append([]string{"--shim", shim}, args[1:]...)...)...)
+		err := cmd.Run()
+		return out.String(), errb.String(), exitCodeOf(err)
 	}
 }
