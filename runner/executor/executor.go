@@ -536,6 +536,19 @@ func (x *Executor) History(ctx context.Context) (*logs.History, error) {
 	return x.history, nil
 }
 
+// HistoryIfStarted is the job's output history when the job has started,
+// else nil (no output yet), without waiting.
+func (x *Executor) HistoryIfStarted() *logs.History {
+	select {
+	case <-x.historyReady:
+	default:
+		return nil
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.history
+}
+
 // SessionEnv is the environment SSH sessions start from: the job's once it
 // was built, else the runner's own.
 func (x *Executor) SessionEnv() []string {

@@ -20,6 +20,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/runner/executor"
+	"github.com/tandem-run/tandem/runner/logs"
 	"github.com/tandem-run/tandem/runner/metrics"
 )
 
@@ -286,7 +287,12 @@ func (s *srv) logsWS(c echo.Context) error {
 			}
 		}
 	}()
-	hist, err := s.d.Executor.History(ctx)
+	var hist *logs.History
+	if soFar { // what there is now: none before the job starts
+		hist = s.d.Executor.HistoryIfStarted()
+	} else {
+		hist, err = s.d.Executor.History(ctx)
+	}
 	if err != nil || hist == nil {
 		_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
 		return nil

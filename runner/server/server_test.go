@@ -311,12 +311,6 @@ func TestLogsWSSoFarEndsWhileTheJobRuns(t *testing.T) {
 	srv := httptest.NewServer(New(Deps{Version: "test", Executor: x, Log: logging.Discard()}))
 	defer srv.Close()
 	wd := t.TempDir()
-	submit := `{"job_spec":{"commands":["sh","-c","echo first; exec sleep 60"],"working_dir":"` + wd + `","repo_dir":"` + wd + `"},"tandem":{"run":true}}`
-	resp, err := http.Post(srv.URL+"/api/submit", "application/json", strings.NewReader(submit))
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("submit: %v %v", err, resp)
-	}
-	resp.Body.Close()
 	read := func(u string) (string, error) {
 		conn, _, err := websocket.DefaultDialer.Dial(u, nil)
 		if err != nil {
@@ -337,6 +331,16 @@ func TestLogsWSSoFarEndsWhileTheJobRuns(t *testing.T) {
 		}
 	}
 	base := "ws" + strings.TrimPrefix(srv.URL, "http") + "/logs_ws"
+	// Before the job: no output, and the stream closes at once.
+	if got, err := read(base + "?" + api.LogsSoFarParam + "=1"); err != nil || got != "" {
+		t.Fatalf("so far before the job: %q, %v", got, err)
+	}
+	submit := `{"job_spec":{"commands":["sh","-c","echo first; exec sleep 60"],"working_dir":"` + wd + `","repo_dir":"` + wd + `"},"tandem":{"run":true}}`
+	resp, err := http.Post(srv.URL+"/api/submit", "application/json", strings.NewReader(submit))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("submit: %v %v", err, resp)
+	}
+	resp.Body.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got, err := read(base + "?" + api.LogsSoFarParam + "=1")
