@@ -339,10 +339,11 @@ func TarStreamCommand(ctx context.Context, o SSHOptions, src, dst string) ([]str
 	if err != nil {
 		return nil, err
 	}
+	script = "command -v tar >/dev/null 2>&1 || { echo 'tandem cp: the container has no tar, which a copy with - runs: copy with a path instead' >&2; exit 127; }; " + script
 	// No terminal (-T): the stream is binary, and a pty would rewrite it.
+	// sh reads the script whatever the login's shell is (fish, csh).
 	argv := append([]string{"ssh", "-T"}, ep.optionArgs()...)
-	return append(argv, "--", ep.User+"@"+ep.Host,
-		"command -v tar >/dev/null 2>&1 || { echo 'tandem cp: the container has no tar, which a copy with - runs: copy with a path instead' >&2; exit 127; }; "+script), nil
+	return append(argv, "--", ep.User+"@"+ep.Host, "sh -c "+shellQuote(script)), nil
 }
 
 // SCPCommand returns the OpenSSH scp argv that copies src to dst, one of
