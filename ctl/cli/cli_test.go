@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/creack/pty"
 	"github.com/urfave/cli/v2"
 
 	"github.com/tandem-run/tandem/api"
-
 	"github.com/tandem-run/tandem/ctl"
 )
 
@@ -163,4 +163,31 @@ func runTandem(args ...string) error {
 		return err
 	}
 	return failed
+}
+
+// cp TASK:PATH - refuses to write the tar to a terminal (a job's bytes,
+// escape sequences included, would drive it), before any shim is asked.
+func TestCopyTarRefusesATerminal(t *testing.T) {
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	defer tty.Close()
+	argv := []string{"tandem", "cp", "--shim", "127.0.0.1:1", "t1:/x", "-"}
+	app := App()
+	app.Metadata = map[string]any{argvKey: argv}
+	app.Writer, app.ErrWriter = tty, io.Discard
+	var failed error
+	app.ExitErrHandler = func(_ *cli.Context, err error) { failed = err }
+	if err := app.Run(argv); err != nil {
+		failed = err
+	}
+	if failed == nil || !strings.Contains(failed.Error(), "to a terminal") {
+		t.Fatalf("cp to a terminal: %v", failed)
+	}
+	// Not a terminal: the copy goes on, to the shim (not there: refused).
+	if err := runTandem(argv[1:]...); err == nil || strings.Contains(err.Error(), "to a terminal") {
+		t.Fatalf("cp to a pipe: %v", err)
+	}
 }
