@@ -191,3 +191,27 @@ func TestCopyTarRefusesATerminal(t *testing.T) {
 		t.Fatalf("cp to a pipe: %v", err)
 	}
 }
+
+// A job's output to a terminal goes through ctl.TerminalSafe (a query a
+// job writes never makes the terminal type its answer); to anything else
+// it is left as it is.
+func TestJobOutputOnATerminalDropsQueries(t *testing.T) {
+	ptmx, tty, err := pty.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ptmx.Close()
+	defer tty.Close()
+	if _, err := terminalSafe(tty).Write([]byte("a\x1b[6nb\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, _ := ptmx.Read(buf)
+	if got := string(buf[:n]); got != "ab\r\n" { // the line discipline's ONLCR
+		t.Fatalf("on a terminal: %q", got)
+	}
+	var b strings.Builder
+	if w := terminalSafe(&b); w != io.Writer(&b) {
+		t.Fatalf("not a terminal: wrapped as %T", w)
+	}
+}

@@ -161,14 +161,15 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
 		Env: map[string]string{}}
+	workers := terminalSafe(c.App.ErrWriter) // before shareLines wraps it
 	if jsonOut {
 		// Only JSON on stdout: the job's output goes to stderr, and of the
 		// progress only what the user must read.
-		o.Out = shareLines(c, ctl.LineEnds(c.App.ErrWriter), true)
+		o.Out = shareLines(c, ctl.LineEnds(terminalSafe(c.App.ErrWriter)), true)
 	} else {
 		o.Out = shareLines(c, jobOutput(c), sameStream(c))
 	}
-	o.Workers = c.App.ErrWriter
+	o.Workers = workers
 	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr) && !jsonOut, quiet: jsonOut}
 	o.Progress = progress.event
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
@@ -398,10 +399,20 @@ func taskOptions(c *cli.Context, dial func(context.Context, string, string) (net
 }
 
 // jobOutput is where a job's output goes: as the job wrote it on a
-// terminal, with "\n" line ends anywhere else.
+// terminal (less what would make the terminal answer: ctl.TerminalSafe),
+// with "\n" line ends anywhere else.
 func jobOutput(c *cli.Context) io.Writer {
 	if f, ok := c.App.Writer.(*os.File); ok && isTerminal(f) {
-		return c.App.Writer
+		return ctl.TerminalSafe(c.App.Writer)
 	}
 	return ctl.LineEnds(c.App.Writer)
+}
+
+// terminalSafe is w for a job's output: on a terminal without the
+// sequences that make it answer (ctl.TerminalSafe), else w itself.
+func terminalSafe(w io.Writer) io.Writer {
+	if f, ok := w.(*os.File); ok && isTerminal(f) {
+		return ctl.TerminalSafe(w)
+	}
+	return w
 }
