@@ -13,10 +13,12 @@ import (
 // user's shell reads it as typed (a window title a job set, reported back,
 // runs as a command). Dropped: ENQ (answerback); ESC Z and the CSI
 // queries (device status and attributes, window and title reports, mode
-// and version queries, DECREQTPARM); OSC 52 (the clipboard) and OSC
-// colour queries ("?"); DCS, SOS, PM and APC strings (DECRQSS, tmux
-// passthrough). A sequence split across writes is held until it ends, at
-// most maxHeldSequence bytes: a longer one is dropped to its end.
+// and version queries, DECREQTPARM); OSC 52 (the clipboard), the
+// terminals' own OSCs that report, upload or write files (xterm's 46,
+// iTerm2's 1337, kitty's 5113 and 5522) and OSC queries ("?"); DCS, SOS,
+// PM and APC strings (DECRQSS, tmux passthrough). A sequence split across
+// writes is held until it ends, at most maxHeldSequence bytes: a longer one
+// is dropped to its end.
 func TerminalSafe(w io.Writer) io.Writer { return &termSafe{w: w} }
 
 // maxHeldSequence bounds one escape sequence held back (an OSC 8 link's
@@ -201,12 +203,17 @@ func csiAsks(seq []byte) bool {
 }
 
 // oscAsks says whether a whole OSC sequence (ESC ] ... BEL or ST) reads
-// back or writes the clipboard (52), or queries a setting ("?").
+// back or writes the clipboard, files or reports, or queries a setting
+// ("?").
 func oscAsks(seq []byte) bool {
 	body := bytes.TrimPrefix(seq, []byte("\x1b]"))
 	body = bytes.TrimSuffix(bytes.TrimSuffix(body, []byte("\x07")), []byte("\x1b\\"))
 	fields := bytes.Split(body, []byte(";"))
-	if string(fields[0]) == "52" {
+	switch string(fields[0]) {
+	case "52", // the clipboard
+		"46",           // xterm's log file
+		"1337",         // iTerm2's: reports, uploads, the clipboard, files
+		"5113", "5522": // kitty's file transfer and clipboard
 		return true
 	}
 	for _, f := range fields[1:] {

@@ -33,6 +33,7 @@ func TestTerminalSafe(t *testing.T) {
 		{"window reports, not moves", "\x1b[14t\x1b[18;1t\x1b[8;24;80t\x1b[22;0t", "\x1b[8;24;80t\x1b[22;0t"},
 		{"mode, version, keyboard queries", "\x1b[?2004$p\x1b[>q\x1b[?u\x1b[1x|\x1b[>1u", "|\x1b[>1u"},
 		{"clipboard", "x\x1b]52;c;cm0gLXJmIH4K\x07y\x1b]52;c;?\x1b\\z", "xyz"},
+		{"terminals' own reports and files", "a\x1b]1337;ReportCellSize\x07b\x1b]1337;RequestUpload=format=tgz\x1b\\c\x1b]5522;type=read\x07d\x1b]46;/tmp/x\x07e", "abcde"},
 		{"colour queries", "\x1b]11;?\x07\x1b]4;1;?\x1b\\\x1b]10;#ffffff\x07", "\x1b]10;#ffffff\x07"},
 		{"DCS, APC, PM, SOS", "a\x1bP$qm\x1b\\b\x1b_app\x1b\\c\x1b^pm\x1b\\d\x1bXsos\x1b\\e", "abcde"},
 		{"ENQ anywhere", "a\x05b\x1b[3\x05m", "ab\x1b[3m"},
