@@ -88,17 +88,10 @@ func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.W
 			return err
 		}
 		now := clockOr(o.Clock).Now()
-		out := w
-		var tail *tailWriter
-		if lo.TailSet {
-			tail = &tailWriter{n: lo.Tail}
-			out = tail
-		}
+		out, flushTail := tailed(w, lo)
 		err = shim.JobLog(ctx, info.ID, out)
-		if tail != nil {
-			if _, werr := w.Write(tail.bytes()); werr != nil {
-				return werr
-			}
+		if werr := flushTail(); werr != nil {
+			return werr
 		}
 		switch {
 		case errors.Is(err, api.ErrNotFound):
@@ -119,6 +112,19 @@ func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.W
 		}
 	}
 	return followLogs(ctx, ref, o, since, w)
+}
+
+// tailed is where output for w goes: w itself, or with lo.TailSet a
+// tailWriter, whose last lo.Tail lines flush then writes to w.
+func tailed(w io.Writer, lo LogsOptions) (out io.Writer, flush func() error) {
+	if !lo.TailSet {
+		return w, func() error { return nil }
+	}
+	t := &tailWriter{n: lo.Tail}
+	return t, func() error {
+		_, err := w.Write(t.bytes())
+		return err
+	}
 }
 
 // tailWriter keeps the last n lines written to it, and at most
@@ -198,19 +204,11 @@ func logsSince(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w
 		return withHint(HintRunnerPort, fmt.Errorf("runner of task %s at %s: %w", DisplayName(info), addr, err))
 	}
 	defer ls.Close()
-	out := w
-	var tail *tailWriter
-	if lo.TailSet {
-		tail = &tailWriter{n: lo.Tail}
-		out = tail
-	}
+	out, flushTail := tailed(w, lo)
 	if err := copyStream(out, ls); err != nil {
 		return err
 	}
-	if tail != nil {
-		_, err = w.Write(tail.bytes())
-	}
-	return err
+	return flushTail()
 }
 
 // copyStream writes a log stream to w until it ends.

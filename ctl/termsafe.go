@@ -40,36 +40,33 @@ const (
 type termSafe struct {
 	w     io.Writer
 	state termState
-	held  []byte // the sequence so far (ESC included); nil once it is being dropped
+	held  []byte // the sequence so far (ESC included); emptied when drop is set
 	drop  bool   // the sequence is too long: dropped up to its end
-	out   []byte // this Write's output
+	out   []byte // this Write's output (step appends to it)
 }
 
 func (t *termSafe) Write(p []byte) (int, error) {
-	out := t.out[:0]
+	t.out = t.out[:0]
 	for i := 0; i < len(p); {
 		if t.state != tsGround {
-			t.out = out
 			t.step(p[i])
-			out = t.out
 			i++
 			continue
 		}
 		// Plain text runs up to the next ESC or ENQ.
 		j := bytes.IndexAny(p[i:], "\x1b\x05")
 		if j < 0 {
-			out = append(out, p[i:]...)
+			t.out = append(t.out, p[i:]...)
 			break
 		}
-		out = append(out, p[i:i+j]...)
+		t.out = append(t.out, p[i:i+j]...)
 		if p[i+j] == 0x1b {
 			t.begin(0x1b)
 		}
 		i += j + 1
 	}
-	t.out = out
-	if len(out) > 0 {
-		if _, err := t.w.Write(out); err != nil {
+	if len(t.out) > 0 {
+		if _, err := t.w.Write(t.out); err != nil {
 			return 0, err
 		}
 	}

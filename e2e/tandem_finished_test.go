@@ -139,8 +139,6 @@ func TestTandemTerminatedTaskKeepsItsLastOutput(t *testing.T) {
 // flags and arguments) against shim, in dir: stdout, stderr, exit code.
 func tandemAt(t *testing.T, dir, shim string) func(args ...string) (string, string, int) {
 	return func(args ...string) (string, string, int) {
-		cmd, out, errb := tandemIn(t, dir, nil, append(args[:1:1], append([]string{"--shim", shim}, args[1:]...)...)...)
-		err := cmd.Run()
-		return out.String(), errb.String(), exitCodeOf(err)
+		return outcome(tandemIn(t, dir, nil, append(args[:1:1], append([]string{"--shim", shim}, args[1:]...)...)...))
 	}
 }

@@ -472,7 +472,7 @@ func TestTandemSSHIntoTask(t *testing.T) {
 	_ = tw.WriteHeader(&tar.Header{Name: "it's here/f", Mode: 0o644, Size: 3, Typeflag: tar.TypeReg})
 	_, _ = tw.Write([]byte("in\n"))
 	_ = tw.Close()
-	if _, _, code := runIn(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "mkdir -p '/tmp/a dir'"); code != 0 {
+	if _, _, code := outcome(tandem(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "mkdir -p '/tmp/a dir'")); code != 0 {
 		t.Fatalf("mkdir: %d", code)
 	}
 	tarIn, _, stderr := tandem(t, "cp", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, "-", task+":/tmp/a dir")
@@ -480,7 +480,7 @@ func TestTandemSSHIntoTask(t *testing.T) {
 	if err := tarIn.Run(); err != nil {
 		t.Fatalf("tandem cp - TASK:DIR: %v %s", err, stderr)
 	}
-	if out, _, code := runIn(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "cat \"/tmp/a dir/it's here/f\""); code != 0 || out != "in\n" {
+	if out, _, code := outcome(tandem(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "cat \"/tmp/a dir/it's here/f\"")); code != 0 || out != "in\n" {
 		t.Fatalf("the tar into the task: %d %q", code, out)
 	}
 	if code, out := cp(filepath.Join(src, "data.bin"), filepath.Join(back, "x")); code == 0 || !strings.Contains(out, "exactly one side") {
@@ -514,10 +514,9 @@ func tarMembers(t *testing.T, b []byte) map[string]string {
 	}
 }
 
-// runIn runs tandem with args and returns its stdout, stderr and exit code.
-func runIn(t *testing.T, args ...string) (string, string, int) {
-	t.Helper()
-	cmd, out, errb := tandem(t, args...)
+// outcome runs cmd (as tandem and tandemIn make it) and returns its
+// stdout, stderr and exit code.
+func outcome(cmd *exec.Cmd, out, errb *bytes.Buffer) (string, string, int) {
 	err := cmd.Run()
 	return out.String(), errb.String(), exitCodeOf(err)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strconv"
@@ -242,8 +243,10 @@ func writeJSON(c *cli.Context, v any) error {
 	return enc.Encode(v)
 }
 
-func isTerminal(f *os.File) bool {
-	return term.IsTerminal(int(f.Fd()))
+// isTerminal says whether w is a terminal (an *os.File on one).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 func infoCmd() *cli.Command {

@@ -152,11 +152,14 @@ func TestNegativeLimitsRefused(t *testing.T) {
 
 // runTandem runs the CLI on args, its output discarded, and returns how it
 // failed (nil: it did not).
-func runTandem(args ...string) error {
+func runTandem(args ...string) error { return runTandemTo(io.Discard, args...) }
+
+// runTandemTo is runTandem with stdout going to stdout.
+func runTandemTo(stdout io.Writer, args ...string) error {
 	argv := append([]string{"tandem"}, args...)
 	app := App()
 	app.Metadata = map[string]any{argvKey: argv}
-	app.Writer, app.ErrWriter = io.Discard, io.Discard
+	app.Writer, app.ErrWriter = stdout, io.Discard
 	var failed error
 	app.ExitErrHandler = func(_ *cli.Context, err error) { failed = err }
 	if err := app.Run(argv); err != nil {
@@ -168,40 +171,33 @@ func runTandem(args ...string) error {
 // cp TASK:PATH - refuses to write the tar to a terminal (a job's bytes,
 // escape sequences included, would drive it), before any shim is asked.
 func TestCopyTarRefusesATerminal(t *testing.T) {
+	_, tty := openPTY(t)
+	args := []string{"cp", "--shim", "127.0.0.1:1", "t1:/x", "-"}
+	if err := runTandemTo(tty, args...); err == nil || !strings.Contains(err.Error(), "to a terminal") {
+		t.Fatalf("cp to a terminal: %v", err)
+	}
+	// Not a terminal: the copy goes on, to the shim (not there: refused).
+	if err := runTandem(args...); err == nil || strings.Contains(err.Error(), "to a terminal") {
+		t.Fatalf("cp to a pipe: %v", err)
+	}
+}
+
+// openPTY opens a pseudo-terminal for the test: its master and its tty.
+func openPTY(t *testing.T) (ptmx, tty *os.File) {
+	t.Helper()
 	ptmx, tty, err := pty.Open()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ptmx.Close()
-	defer tty.Close()
-	argv := []string{"tandem", "cp", "--shim", "127.0.0.1:1", "t1:/x", "-"}
-	app := App()
-	app.Metadata = map[string]any{argvKey: argv}
-	app.Writer, app.ErrWriter = tty, io.Discard
-	var failed error
-	app.ExitErrHandler = func(_ *cli.Context, err error) { failed = err }
-	if err := app.Run(argv); err != nil {
-		failed = err
-	}
-	if failed == nil || !strings.Contains(failed.Error(), "to a terminal") {
-		t.Fatalf("cp to a terminal: %v", failed)
-	}
-	// Not a terminal: the copy goes on, to the shim (not there: refused).
-	if err := runTandem(argv[1:]...); err == nil || strings.Contains(err.Error(), "to a terminal") {
-		t.Fatalf("cp to a pipe: %v", err)
-	}
+	t.Cleanup(func() { ptmx.Close(); tty.Close() })
+	return ptmx, tty
 }
 
 // A job's output to a terminal goes through ctl.TerminalSafe (a query a
 // job writes never makes the terminal type its answer); to anything else
 // it is left as it is.
 func TestJobOutputOnATerminalDropsQueries(t *testing.T) {
-	ptmx, tty, err := pty.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ptmx.Close()
-	defer tty.Close()
+	ptmx, tty := openPTY(t)
 	if _, err := terminalSafe(tty).Write([]byte("a\x1b[6nb\n")); err != nil {
 		t.Fatal(err)
 	}

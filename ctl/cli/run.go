@@ -402,7 +402,7 @@ func taskOptions(c *cli.Context, dial func(context.Context, string, string) (net
 // terminal (less what would make the terminal answer: ctl.TerminalSafe),
 // with "\n" line ends anywhere else.
 func jobOutput(c *cli.Context) io.Writer {
-	if f, ok := c.App.Writer.(*os.File); ok && isTerminal(f) {
+	if isTerminal(c.App.Writer) {
 		return ctl.TerminalSafe(c.App.Writer)
 	}
 	return ctl.LineEnds(c.App.Writer)
@@ -411,7 +411,7 @@ func jobOutput(c *cli.Context) io.Writer {
 // terminalSafe is w for a job's output: on a terminal without the
 // sequences that make it answer (ctl.TerminalSafe), else w itself.
 func terminalSafe(w io.Writer) io.Writer {
-	if f, ok := w.(*os.File); ok && isTerminal(f) {
+	if isTerminal(w) {
 		return ctl.TerminalSafe(w)
 	}
 	return w

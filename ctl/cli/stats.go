@@ -3,7 +3,6 @@ package cli
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -33,7 +32,7 @@ func statsCmd() *cli.Command {
 			defer done()
 			s := ctl.NewSampler(taskOptions(c, dial), c.Args().Slice())
 			screen := false
-			if f, ok := c.App.Writer.(*os.File); ok && isTerminal(f) && !c.Bool("no-stream") && c.String("output") == "text" {
+			if isTerminal(c.App.Writer) && !c.Bool("no-stream") && c.String("output") == "text" {
 				screen = true
 			}
 			for round := 0; ; round++ {

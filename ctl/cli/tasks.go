@@ -232,12 +232,10 @@ func cpCmd() *cli.Command {
 			if c.NArg() != 2 {
 				return exitError{ctl.ExitFailure, "usage: tandem cp SRC DST (one of them TASK:PATH)"}
 			}
-			if c.Args().Get(1) == "-" {
-				if f, ok := c.App.Writer.(*os.File); ok && isTerminal(f) {
-					// A tar holds the container's bytes as they are: escape
-					// sequences a job wrote would drive this terminal.
-					return exitError{ctl.ExitFailure, "refusing to write a tar stream to a terminal: pipe it (| tar -x) or redirect it to a file"}
-				}
+			if c.Args().Get(1) == "-" && isTerminal(c.App.Writer) {
+				// A tar holds the container's bytes as they are: escape
+				// sequences a job wrote would drive this terminal.
+				return exitError{ctl.ExitFailure, "refusing to write a tar stream to a terminal: pipe it (| tar -x) or redirect it to a file"}
 			}
 			o, closeDial, err := taskSSHOptions(c)
 			if err != nil {

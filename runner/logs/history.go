@@ -173,6 +173,11 @@ func (h *History) Flush() error {
 	if h.closed {
 		return nil
 	}
+	return h.flushNowLocked()
+}
+
+// flushNowLocked disarms the tail's timer and writes the tail to the file.
+func (h *History) flushNowLocked() error {
 	if h.timer != nil {
 		h.timer.Stop()
 		h.timer = nil
@@ -191,16 +196,8 @@ func (h *History) Close() error {
 		return nil
 	}
 	h.closed = true
-	if h.timer != nil {
-		h.timer.Stop()
-		h.timer = nil
-	}
 	close(h.changed)
-	var ferr error
-	if err := h.flushLocked(); err != nil {
-		ferr = fmt.Errorf("write job log: %w", err)
-	}
-	return errors.Join(ferr, h.f.Sync())
+	return errors.Join(h.flushNowLocked(), h.f.Sync())
 }
 
 // Size returns the bytes written so far.

@@ -297,9 +297,11 @@ func (s *srv) logsWS(c echo.Context) error {
 		_ = conn.WriteControl(websocket.CloseMessage, []byte{}, time.Now().Add(time.Second))
 		return nil
 	}
-	r := hist.Reader(since)
+	var r *logs.HistoryReader
 	if soFar {
 		r = hist.ReaderSoFar(since)
+	} else {
+		r = hist.Reader(since)
 	}
 	ping := time.NewTicker(s.d.PingInterval)
 	defer ping.Stop()
