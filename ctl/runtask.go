@@ -49,12 +49,22 @@ func submitTask(ctx context.Context, clk Clock, shim *shimclient.Client, cfg api
 func helloShim(ctx context.Context, shim *shimclient.Client, addr string) (api.HealthcheckResponse, error) {
 	hc, err := shim.Healthcheck(ctx)
 	if err != nil {
-		return hc, fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", addr, err)
+		return hc, ShimUnreached(addr, err)
 	}
 	if hc.Service != api.ServiceShim {
 		return hc, fmt.Errorf("%s answers as %q, not dstack-shim", addr, hc.Service)
 	}
 	return hc, nil
+}
+
+// ShimUnreached says why addr did not answer a healthcheck as a shim: no
+// answer at all, or an HTTP answer that is not a shim's (a wrong port, a
+// proxy on the way), which is no case of "not reachable".
+func ShimUnreached(addr string, err error) error {
+	if se := (*api.StatusError)(nil); errors.As(err, &se) {
+		return fmt.Errorf("the server at %s answered no healthcheck: %w", addr, err)
+	}
+	return fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", addr, err)
 }
 
 // taskConfig is the shim task of a run's job.

@@ -259,7 +259,7 @@ func infoCmd() *cli.Command {
 			defer done()
 			hc, err := s.Healthcheck(c.Context)
 			if err != nil {
-				return exitError{ctl.ExitFailure, fmt.Sprintf("shim at %s is not reachable: %v", c.String("shim"), err)}
+				return exitError{ctl.ExitFailure, errText(ctl.ShimUnreached(c.String("shim"), err))}
 			}
 			if c.String("output") == "json" {
 				out := map[string]any{"service": hc.Service, "version": hc.Version}

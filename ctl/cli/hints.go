@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"net/http"
+	"strconv"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/ctl"
@@ -20,8 +21,15 @@ var hints = map[ctl.Hint]string{
 	ctl.HintBinaries:      ": give --shim-binary and --runner-binary, or --dist (a `make release` directory)",
 }
 
+// checkShimAddr is what to check when the address does not answer as a
+// shim does.
+func checkShimAddr() string {
+	return "check its host and port (--shim; dstack's shim listens on " + strconv.Itoa(api.ShimHTTPPort) + "), or whether a proxy on the way answers for it"
+}
+
 // errText is err for people: its text and the hint it carries, if any. A
-// shim's 401 says how to give it its token, whichever command met it.
+// shim's 401 says how to give it its token, whichever command met it; a
+// 404 where every dstack-shim answers says that no shim is there.
 // Its text is printable: an error may carry a shim's or a runner's words
 // (a task's name, its status), and those are hostile until checked.
 func errText(err error) string {
@@ -29,6 +37,14 @@ func errText(err error) string {
 	var se *api.StatusError
 	if errors.As(err, &se) && se.Code == http.StatusUnauthorized {
 		text += "\nthe shim was started with --api-token: give it with --shim-token or TANDEM_SHIM_API_TOKEN"
+	}
+	if errors.As(err, &se) && se.Code == http.StatusNotFound && se.Method == http.MethodGet {
+		switch se.Path {
+		case "/api/healthcheck":
+			text += "\nno dstack-shim serves that address: " + checkShimAddr()
+		case "/api/tasks":
+			text += "\nthe server there keeps no tasks: not a dstack-shim, or one older than dstack's task API: " + checkShimAddr()
+		}
 	}
 	return text
 }

@@ -40,3 +40,26 @@ func TestErrTextIsPrintable(t *testing.T) {
 		t.Fatalf("errText = %q", got)
 	}
 }
+
+// An address that answers HTTP, but not as a shim (a wrong port, a proxy
+// that answers for every address), is said to be that, not unreachable.
+func TestErrTextSaysNoShimIsThere(t *testing.T) {
+	hc := ctl.ShimUnreached("10.0.0.9:10998", &api.StatusError{Method: "GET", Path: "/api/healthcheck", Code: 404})
+	got := errText(hc)
+	if strings.Contains(got, "not reachable") || !strings.Contains(got, "the server at 10.0.0.9:10998 answered no healthcheck: GET /api/healthcheck: 404: Not Found\nno dstack-shim serves that address: check its host and port (--shim; dstack's shim listens on 10998)") {
+		t.Fatalf("a 404 to the healthcheck: %q", got)
+	}
+	list := fmt.Errorf("list tasks: %w", &api.StatusError{Method: "GET", Path: "/api/tasks", Code: 404})
+	if got := errText(list); !strings.Contains(got, "\nthe server there keeps no tasks: not a dstack-shim") {
+		t.Fatalf("a 404 to the task list: %q", got)
+	}
+	// A task the shim does not have is no wrong address.
+	one := fmt.Errorf("get task: %w", &api.StatusError{Method: "GET", Path: "/api/tasks/abc", Code: 404})
+	if got := errText(one); strings.Contains(got, "\n") {
+		t.Fatalf("a 404 for one task: %q", got)
+	}
+	down := ctl.ShimUnreached("127.0.0.1:1", errors.New("dial tcp 127.0.0.1:1: connect: connection refused"))
+	if got := errText(down); !strings.HasPrefix(got, "shim at 127.0.0.1:1 is not reachable (dial tcp") {
+		t.Fatalf("no answer at all: %q", got)
+	}
+}
