@@ -477,8 +477,10 @@ func TestTandemDockerHabits(t *testing.T) {
 	}))
 	defer web.Close()
 	ps, psOut, psErr := tandemIn(t, dir, nil, "ps", "--shim", strings.TrimPrefix(web.URL, "http://"))
-	if err := ps.Run(); exitCodeOf(err) != 125 || strings.Contains(psErr.String(), "<html") || strings.Count(strings.TrimSpace(psErr.String()), "\n") != 0 ||
-		!strings.Contains(psErr.String(), "not a dstack agent") {
+	// One line of error (the page is not printed), and one of what to
+	// check.
+	if err := ps.Run(); exitCodeOf(err) != 125 || strings.Contains(psErr.String(), "<html") || strings.Count(strings.TrimSpace(psErr.String()), "\n") != 1 ||
+		!strings.Contains(psErr.String(), "not a dstack agent") || !strings.Contains(psErr.String(), "\nthe server there keeps no tasks: not a dstack-shim") {
 		t.Fatalf("ps against a web server: %v %q %q", err, psOut, psErr)
 	}
 }
