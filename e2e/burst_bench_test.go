@@ -311,9 +311,9 @@ func BenchmarkShim64Tasks(b *testing.B) {
 	// Where the CPU went: every CPU of the machine is busy through a
 	// burst, so what the shim's burst spends beyond the same containers
 	// made directly is its wall time. Part of it is this bench's own
-	// client (the pollers, 64 x 10 Hz until each task runs: fifty times what the dstack server
-	// asks, from another machine), the rest the shim's and what contention
-	// adds to Docker's own work.
+	// client (the pollers, 64 x 10 Hz until each task runs: fifty times
+	// what the dstack server asks, from another machine), the rest the
+	// shim's and what contention adds to Docker's own work.
 	b.ReportMetric(median(shimHost)/1000, "host-cpu-s-shim-burst")
 	b.ReportMetric(median(shapeHost)/1000, "host-cpu-s-same-shape-burst")
 	b.ReportMetric(median(client), "bench-client-cpu-ms-per-burst")

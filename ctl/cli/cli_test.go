@@ -154,7 +154,7 @@ func TestNegativeLimitsRefused(t *testing.T) {
 // failed (nil: it did not).
 func runTandem(args ...string) error { return runTandemTo(io.Discard, args...) }
 
-// runTandemTo is runTandem with stdout going to stdout.
+// runTandemTo is runTandem with the CLI's stdout going to stdout.
 func runTandemTo(stdout io.Writer, args ...string) error {
 	argv := append([]string{"tandem"}, args...)
 	app := App()

@@ -35,16 +35,17 @@ func checkShimAddr() string {
 func errText(err error) string {
 	text := api.PrintableLines(err.Error()) + hints[ctl.HintOf(err)]
 	var se *api.StatusError
-	if errors.As(err, &se) && se.Code == http.StatusUnauthorized {
-		text += "\nthe shim was started with --api-token: give it with --shim-token or TANDEM_SHIM_API_TOKEN"
+	if !errors.As(err, &se) {
+		return text
 	}
-	if errors.As(err, &se) && se.Code == http.StatusNotFound && se.Method == http.MethodGet {
-		switch se.Path {
-		case "/api/healthcheck":
-			text += "\nno dstack-shim serves that address: " + checkShimAddr()
-		case "/api/tasks":
-			text += "\nthe server there keeps no tasks: not a dstack-shim, or one older than dstack's task API: " + checkShimAddr()
-		}
+	notFound := se.Code == http.StatusNotFound && se.Method == http.MethodGet
+	switch {
+	case se.Code == http.StatusUnauthorized:
+		text += "\nthe shim was started with --api-token: give it with --shim-token or TANDEM_SHIM_API_TOKEN"
+	case notFound && se.Path == "/api/healthcheck":
+		text += "\nno dstack-shim serves that address: " + checkShimAddr()
+	case notFound && se.Path == "/api/tasks":
+		text += "\nthe server there keeps no tasks: not a dstack-shim, or one older than dstack's task API: " + checkShimAddr()
 	}
 	return text
 }
