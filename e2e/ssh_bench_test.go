@@ -187,12 +187,20 @@ func forwardThroughput(b *testing.B, sshArgs []string, size, streams int, down b
 			b.Fatal(err)
 		}
 	}
-	d := time.Since(start)
+	// An upload ends when the sink has read every byte, not when the
+	// client's socket took the last one (the ssh client, both TCP
+	// connections and the server's channel still held megabytes then).
 	var n int64
-	for range conns {
-		n += <-got
+	if !down {
+		for range conns {
+			n += <-got
+		}
 	}
+	d := time.Since(start)
 	if down {
+		for range conns {
+			<-got
+		}
 		n = read.Load()
 	}
 	if n < int64(per*streams) {
@@ -266,7 +274,7 @@ func BenchmarkSSHForwardThroughput(b *testing.B) {
 	sshPort := runnerSSHServer(b, pub, "ssh-tput")
 	sshd := testenv.StartSSHD(b)
 	_, sport, _ := net.SplitHostPort(sshd.Addr)
-	// Every iteration measures the three side by side, alternating, and the
+	// Every iteration measures the three side by side, in rotation, and the
 	// medians are reported: this VM's speed drifts between runs.
 	// One log line per mode (its target) and one for all of them after:
 	// go test keeps ten lines of a benchmark's log, and the warm-up run's
@@ -280,9 +288,23 @@ func BenchmarkSSHForwardThroughput(b *testing.B) {
 		var oursCipher, theirsCipher, sameCipher string
 		for i := 0; i < b.N; i++ {
 			var o, t, ts float64
-			o, oursCipher = forwardThroughput(b, append(sshOpts(key, sshPort), "root@127.0.0.1"), size, m.streams, m.down)
-			t, theirsCipher = forwardThroughput(b, append(sshOpts(sshd.ClientKey, sport), "root@127.0.0.1"), size, m.streams, m.down)
-			ts, sameCipher = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, sport), "-c", oursCipher), "root@127.0.0.1"), size, m.streams, m.down)
+			// A B C, B C A, C A B: each side runs first, second and third
+			// as often (until 2026-11-29 ours always ran first). The
+			// same-cipher side takes the runner's cipher from round one.
+			sides := []func(){
+				func() {
+					o, oursCipher = forwardThroughput(b, append(sshOpts(key, sshPort), "root@127.0.0.1"), size, m.streams, m.down)
+				},
+				func() {
+					t, theirsCipher = forwardThroughput(b, append(sshOpts(sshd.ClientKey, sport), "root@127.0.0.1"), size, m.streams, m.down)
+				},
+				func() {
+					ts, sameCipher = forwardThroughput(b, append(append(sshOpts(sshd.ClientKey, sport), "-c", oursCipher), "root@127.0.0.1"), size, m.streams, m.down)
+				},
+			}
+			for k := range sides {
+				sides[(i+k)%3]()
+			}
 			ours, theirs, theirsSame, ratios = append(ours, o), append(theirs, t), append(theirsSame, ts), append(ratios, o/ts)
 		}
 		sfx := fmt.Sprintf("-%dstream", m.streams)
