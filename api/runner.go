@@ -44,7 +44,19 @@ type SubmitExtras struct {
 	// dstack's runner ignores the field and answers as it always does,
 	// and the client then calls /api/run.
 	Run bool `json:"run,omitempty"`
+	// Stdin is what the job reads on its standard input: "" (dstack's
+	// runner, and what the dstack server gets) the job's terminal, where
+	// nothing is ever typed, so a job that reads stdin waits forever;
+	// StdinNone an input that ends at once, as `docker run` without -i
+	// gives. Its terminal stays its stdout, stderr and controlling
+	// terminal (/dev/tty) either way. A Tandem runner refuses any other
+	// value (400); dstack's runner ignores the field.
+	Stdin string `json:"stdin,omitempty"`
 }
+
+// StdinNone is SubmitExtras.Stdin for a job whose standard input ends at
+// once (reads see end of file).
+const StdinNone = "none"
 
 // RunnerTaskParam is the query parameter with which a Tandem client names
 // the shim task whose runner it means, on every runner call: a Tandem

@@ -408,7 +408,8 @@ func TestWaitOnAStoppedTaskIs143(t *testing.T) {
 // when the runner can (Tandem's: one round trip less over a long link),
 // and falls back to /api/run when it answers the submit as dstack's
 // runner does; a run with code submits, uploads and runs. Each tells
-// where and as whom the job runs.
+// where and as whom the job runs. Every submit asks for a stdin that ends
+// at once (api.StdinNone), as docker run gives one without -i.
 func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -434,6 +435,9 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 				if err := json.NewDecoder(req.Body).Decode(&body); err != nil {
 					http.Error(w, err.Error(), http.StatusBadRequest)
 					return
+				}
+				if body.Tandem == nil || body.Tandem.Stdin != api.StdinNone {
+					t.Errorf("the submit's extras are %+v; want stdin %q (a job's stdin ends at once, as docker run's)", body.Tandem, api.StdinNone)
 				}
 				if body.Tandem != nil && body.Tandem.Run {
 					call += " run"

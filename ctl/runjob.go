@@ -24,6 +24,10 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 		JobSubmission: api.JobSubmission{ID: id},
 		ClusterInfo:   api.ClusterInfo{JobIPs: []string{""}, GPUsPerJob: max(o.GPUs, 0)},
 		Secrets:       map[string]string{},
+		// The job's stdin ends at once, as docker run gives one without -i
+		// (on its terminal, where nothing is typed, a job that reads stdin
+		// waited forever). dstack's runner ignores this.
+		Tandem: &api.SubmitExtras{Stdin: api.StdinNone},
 	}
 	wd := o.WorkDir
 	if wd == "" {
@@ -35,7 +39,7 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 		// Nobody pulls a detached job's output from its runner (attach and
 		// logs read what the shim keeps once it is gone): it leaves at the
 		// job's end and gives its ports back for the next run.
-		body.Tandem = &api.SubmitExtras{NoPull: true}
+		body.Tandem.NoPull = true
 	}
 	return body
 }

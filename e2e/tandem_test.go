@@ -88,6 +88,13 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	if !strings.Contains(out.String(), "training from code dir") || !strings.Contains(out.String(), "lr=0.1") {
 		t.Fatalf("output %q", out)
 	}
+	// A job that reads stdin reads its end, as under docker run without
+	// -i (on the terminal it waited forever: here for --max-duration, 124).
+	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--max-duration", "60s",
+		"--", "/bin/sh", "-c", "cat; read -r line; echo stdin-ended")
+	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "stdin-ended") {
+		t.Fatalf("a job reading stdin: %v\n%s\n%s", err, out, errb)
+	}
 	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo failing; exit 7")
 	err := cmd.Run()
 	if exitCodeOf(err) != 7 || !strings.Contains(errb.String(), "exit status 7") {

@@ -283,6 +283,9 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 			return fmt.Errorf("%w: job_spec.ssh_key.public: %v", ErrBadInput, err)
 		}
 	}
+	if t := b.Tandem; t != nil && t.Stdin != "" && t.Stdin != api.StdinNone {
+		return fmt.Errorf(`%w: tandem.stdin "%s" is not a mode: %q, or no field for the job's terminal`, ErrBadInput, api.Printable(t.Stdin), api.StdinNone)
+	}
 	if x.state == WaitRun {
 		// Nothing of the replaced submit may reach the job that runs: its
 		// uploads (code, archives) go with it.

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,6 +23,12 @@ func runJob(t *testing.T, cfg Config, commands ...string) api.JobStateEvent {
 // final state's file must be there as soon as the end is pullable.
 func runJobFile(t *testing.T, cfg Config, finalFile bool, commands ...string) api.JobStateEvent {
 	t.Helper()
+	return runJobWith(t, cfg, nil, finalFile, commands...)
+}
+
+// runJobWith is runJobFile with a Tandem client's submit extras.
+func runJobWith(t *testing.T, cfg Config, extras *api.SubmitExtras, finalFile bool, commands ...string) api.JobStateEvent {
+	t.Helper()
 	if cfg.TempDir == "" {
 		cfg.TempDir = t.TempDir()
 	}
@@ -31,7 +38,7 @@ func runJobFile(t *testing.T, cfg Config, finalFile bool, commands ...string) ap
 	}
 	t.Cleanup(func() { x.Close() })
 	wd := t.TempDir()
-	if err := x.Submit(api.SubmitBody{JobSpec: api.JobSpec{Commands: commands, WorkingDir: &wd, RepoDir: &wd}}); err != nil {
+	if err := x.Submit(api.SubmitBody{JobSpec: api.JobSpec{Commands: commands, WorkingDir: &wd, RepoDir: &wd}, Tandem: extras}); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := x.Run(); err != nil {
@@ -207,5 +214,31 @@ func TestJobEndsWhenItsFinalFileCannotBeWritten(t *testing.T) {
 	b, _ := os.ReadFile(filepath.Join(dir, "runner.log"))
 	if !strings.Contains(string(b), "could not leave the job's final state for the shim") {
 		t.Fatalf("runner log:\n%s", b)
+	}
+}
+
+// TestStdinModes: by default (dstack's runner) a job's stdin is its
+// terminal; a Tandem client's "none" gives it one that ends at once, so a
+// job that reads stdin goes on (as under docker run without -i) instead of
+// waiting forever, with the terminal still its output. Any other mode is
+// refused before anything is kept.
+func TestStdinModes(t *testing.T) {
+	if ev := runJob(t, Config{}, "sh", "-c", "[ -t 0 ] && exit 3"); ev.ExitStatus == nil || *ev.ExitStatus != 3 {
+		t.Fatalf("default stdin: %+v, want the terminal (exit 3)", ev)
+	}
+	none := &api.SubmitExtras{Stdin: api.StdinNone}
+	ev := runJobWith(t, Config{}, none, true, "sh", "-c", "cat; read -r x; [ -t 0 ] || [ -t 1 ] && exit 4")
+	if ev.ExitStatus == nil || *ev.ExitStatus != 4 {
+		t.Fatalf("stdin none: %+v, want reads at their end and output on the terminal (exit 4)", ev)
+	}
+	x := newTestExecutor(t)
+	for _, mode := range []string{"pipe", "NONE", "none ", "\x1b[2J"} {
+		err := x.Submit(api.SubmitBody{Tandem: &api.SubmitExtras{Stdin: mode}})
+		if !errors.Is(err, ErrBadInput) || x.State() != WaitSubmit {
+			t.Fatalf("stdin %q: %v, state %s; want a refusal", mode, err, x.State())
+		}
+		if strings.Contains(err.Error(), "\x1b") {
+			t.Fatalf("the refusal carries the raw escape: %q", err)
+		}
 	}
 }

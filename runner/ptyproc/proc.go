@@ -35,8 +35,10 @@ type Spec struct {
 	// uses Stdin, Stdout and Stderr.
 	TTY  bool
 	Size *Size // the terminal's first size; nil: the kernel's default
-	// Stdin is copied into the process until it ends or the process exits;
-	// nil: /dev/null. Stdout and Stderr nil: /dev/null. Without TTY only.
+	// Stdin is copied into the process until it ends or the process exits.
+	// nil: /dev/null, or with TTY the terminal. With TTY a Stdin replaces
+	// only fd 0: the terminal stays stdout, stderr and the controlling
+	// terminal. Stdout and Stderr (without TTY only) nil: /dev/null.
 	Stdin          io.Reader
 	Stdout, Stderr io.Writer
 	// ProcRoot is where SignalSession finds the session's processes
@@ -129,20 +131,27 @@ func Start(spec Spec) (*Proc, error) {
 			_ = tty.Chown(c.UID, c.GID)
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
-		attr.Setsid, attr.Setctty, attr.Ctty = true, true, 0
+		// Ctty names a descriptor of the child's: stdout is the terminal
+		// whatever stdin is.
+		attr.Setsid, attr.Setctty, attr.Ctty = true, true, 1
 	} else {
-		// A pipe, copied by us rather than by exec: exec's own copy would
-		// make Wait wait for the reader's end (an SSH client that never
-		// closes its stdin).
-		if spec.Stdin != nil {
-			w, err := cmd.StdinPipe()
-			if err != nil {
-				return nil, err
-			}
-			stdin = w
-		}
 		cmd.Stdout, cmd.Stderr = spec.Stdout, spec.Stderr
 		attr.Setpgid = true
+	}
+	// A pipe, copied by us rather than by exec: exec's own copy would make
+	// Wait wait for the reader's end (an SSH client that never closes its
+	// stdin).
+	if spec.Stdin != nil {
+		cmd.Stdin = nil
+		w, err := cmd.StdinPipe()
+		if err != nil {
+			p.Close()
+			if tty != nil {
+				tty.Close()
+			}
+			return nil, err
+		}
+		stdin = w
 	}
 	err := cmd.Start()
 	if tty != nil {

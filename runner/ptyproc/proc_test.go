@@ -67,6 +67,48 @@ func TestStartTTY(t *testing.T) {
 // so through everything the runner does with it (a resize, Ctrl-C, the
 // count of unread output, the foreground group), none of which may take
 // the descriptor with os.File.Fd (that makes it blocking again).
+// TestTTYWithStdin: a Stdin replaces only fd 0. The job reads it to its
+// end (then end of file, not a wait for typing), while its output still
+// goes to the terminal, which stays its controlling terminal (/dev/tty).
+func TestTTYWithStdin(t *testing.T) {
+	script := `read -r line; echo "got:$line"; cat; echo "eof"; ` +
+		`[ -t 0 ] || echo "stdin:pipe"; [ -t 1 ] && echo "stdout:tty"; ` +
+		`echo hi >/dev/tty && echo "devtty:ok"`
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+	}{
+		{"some input", "first\nrest\n", []string{"got:first", "rest", "eof"}},
+		{"none", "", []string{"got:", "eof"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Start(Spec{Path: "sh", Args: []string{"sh", "-c", script}, Env: []string{"PATH=/usr/bin:/bin"},
+				Dir: "/", TTY: true, Stdin: strings.NewReader(tc.in)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			done := make(chan string, 1)
+			go func() { done <- readAll(t, p) }()
+			var out string
+			select {
+			case out = <-done:
+			case <-time.After(20 * time.Second):
+				_ = p.Signal(syscall.SIGKILL)
+				t.Fatalf("the job still waits for input: %q", <-done)
+			}
+			if code, sig := p.Wait(); code != 0 || sig != 0 {
+				t.Fatalf("exit %d, %v; output %q", code, sig, out)
+			}
+			for _, w := range append(tc.want, "stdin:pipe", "stdout:tty", "devtty:ok") {
+				if !strings.Contains(out, w) {
+					t.Errorf("output %q lacks %q", out, w)
+				}
+			}
+		})
+	}
+}
+
 func TestTerminalStaysNonBlocking(t *testing.T) {
 	p, err := Start(Spec{Path: "sh", Args: []string{"sh", "-c", "read x"},
 		Env: []string{"PATH=/usr/bin:/bin"}, Dir: "/", TTY: true, Size: &Size{Rows: 24, Cols: 80}})
