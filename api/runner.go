@@ -48,15 +48,31 @@ type SubmitExtras struct {
 	// runner, and what the dstack server gets) the job's terminal, where
 	// nothing is ever typed, so a job that reads stdin waits forever;
 	// StdinNone an input that ends at once, as `docker run` without -i
-	// gives. Its terminal stays its stdout, stderr and controlling
-	// terminal (/dev/tty) either way. A Tandem runner refuses any other
-	// value (400); dstack's runner ignores the field.
+	// gives; StdinStream what the client sends on the runner's StdinPath
+	// WebSocket (`docker run -i`). Its terminal stays its stdout, stderr
+	// and controlling terminal (/dev/tty) whatever the mode. A Tandem
+	// runner refuses any other value (400); dstack's runner ignores the
+	// field.
 	Stdin string `json:"stdin,omitempty"`
 }
 
-// StdinNone is SubmitExtras.Stdin for a job whose standard input ends at
-// once (reads see end of file).
-const StdinNone = "none"
+// SubmitExtras.Stdin modes.
+const (
+	// StdinNone: the job's standard input ends at once (reads see end of
+	// file).
+	StdinNone = "none"
+	// StdinStream: the job reads what one client sends on StdinPath, and
+	// end of file once that client closes the stream.
+	StdinStream = "stream"
+)
+
+// StdinPath is a Tandem runner's WebSocket for a job submitted with
+// StdinStream: the client sends the input as binary messages and ends it
+// with a normal close; the runner reads nothing else from it and closes
+// it, with the reason, when the job no longer reads. One client per job;
+// another, or a job with another mode, is answered 409 before the
+// upgrade. dstack's runner answers 404.
+const StdinPath = "/stdin_ws"
 
 // RunnerTaskParam is the query parameter with which a Tandem client names
 // the shim task whose runner it means, on every runner call: a Tandem

@@ -52,6 +52,10 @@ type RunOptions struct {
 	// Detach returns once the job runs, leaving the task (tandem attach,
 	// logs, rm).
 	Detach bool
+	// Stdin, when set, is what the job reads on its standard input, sent
+	// to its runner as it comes (docker run -i; a Tandem runner only); nil:
+	// an input that ends at once (docker run without -i).
+	Stdin io.Reader
 	// Dial, when set, opens agent connections (e.g. a Tunnel's Dial); Shim
 	// and runner addresses are then as seen from the far end.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -225,6 +229,9 @@ func checkJobBody(body api.SubmitBody) error {
 func checkRun(o RunOptions) error {
 	if wd := o.WorkDir; wd != "" && !path.IsAbs(wd) && wd != "~" && !strings.HasPrefix(wd, "~/") {
 		return fmt.Errorf("--workdir %q: must be absolute (or ~/...: the login's home)", wd)
+	}
+	if o.Stdin != nil && o.Detach {
+		return errors.New("--interactive and --detach do not go together: a detached job's input would have no one to send it")
 	}
 	return checkCode(o)
 }
@@ -416,6 +423,11 @@ func (r *Run) StartJob(ctx context.Context) error {
 		return err
 	}
 	r.runner = runner
+	if r.o.Stdin != nil {
+		if err := stdinRunner(ctx, r.o.Clock, runner); err != nil {
+			return err
+		}
+	}
 	// The output stream is dialed beside the job's start (it waits for
 	// the job's output to begin): over a long link its connection no
 	// longer follows the start but overlaps it. Follow reads it.
@@ -466,6 +478,9 @@ func (r *Run) StartJob(ctx context.Context) error {
 		}
 	}
 	r.logs = logs
+	if r.o.Stdin != nil {
+		go r.feedStdin(ctx, runner)
+	}
 	r.started()
 	if r.o.Started != nil {
 		r.o.Started(r.info)

@@ -488,3 +488,61 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 		}
 	}
 }
+
+// TestInteractiveNeedsTandemsRunner: --interactive is refused, before the
+// job is submitted, by a runner without a stdin stream (dstack's: its job
+// would read a terminal nobody types into); with Tandem's the submit asks
+// for the stream (api.StdinStream). With --detach it is refused at once.
+func TestInteractiveNeedsTandemsRunner(t *testing.T) {
+	for _, tandem := range []bool{false, true} {
+		var mu sync.Mutex
+		var modes []string
+		runner := testRunner(t, func(w http.ResponseWriter, req *http.Request) {
+			switch req.URL.Path {
+			case "/api/healthcheck":
+				hc := api.HealthcheckResponse{Service: api.ServiceRunner, Version: "0.19.40"}
+				if tandem {
+					hc.TandemVersion = "0.1.0"
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(hc)
+			case "/api/submit":
+				var body api.SubmitBody
+				_ = json.NewDecoder(req.Body).Decode(&body)
+				mu.Lock()
+				modes = append(modes, body.Tandem.Stdin)
+				mu.Unlock()
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write([]byte(`{"started":true,"working_dir":"/workflow","username":"root"}`))
+			default:
+				http.NotFound(w, req)
+			}
+		})
+		o := RunOptions{Shim: "127.0.0.1:1", Commands: []string{"cat"}, Out: io.Discard, Stdin: strings.NewReader("input")}
+		r, err := NewRun(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		close(done)
+		r.probe = &runnerProbe{done: done, cancel: func() {}, r: runner}
+		ctx, cancel := context.WithCancel(context.Background())
+		err = r.StartJob(ctx)
+		cancel()
+		mu.Lock()
+		got := slices.Clone(modes)
+		mu.Unlock()
+		if !tandem {
+			if err == nil || !strings.Contains(err.Error(), "takes no input") || len(got) != 0 {
+				t.Fatalf("dstack's runner: %v, submits %q; want a refusal before any submit", err, got)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, []string{api.StdinStream}) {
+			t.Fatalf("Tandem's runner: %v, submits with stdin %q; want one with %q", err, got, api.StdinStream)
+		}
+	}
+	if _, err := NewRun(RunOptions{Shim: "127.0.0.1:1", Commands: []string{"cat"}, Stdin: strings.NewReader(""), Detach: true}); err == nil {
+		t.Fatal("--interactive with --detach was not refused")
+	}
+}

@@ -35,6 +35,9 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 	}
 	body.JobSpec.WorkingDir = &wd
 	body.JobSpec.RepoDir = &wd
+	if o.Stdin != nil {
+		body.Tandem.Stdin = api.StdinStream
+	}
 	if o.Detach {
 		// Nobody pulls a detached job's output from its runner (attach and
 		// logs read what the shim keeps once it is gone): it leaves at the
@@ -88,5 +91,28 @@ func (o RunOptions) jobRunning(rr api.RunResponse) {
 		o.status("job running in %s as %s", rr.WorkingDir, rr.Username)
 	case rr.WorkingDir != "": // a user the image's /etc/passwd does not name (FROM scratch)
 		o.status("job running in %s", rr.WorkingDir)
+	}
+}
+
+// stdinRunner refuses, before the job is submitted, a runner that cannot
+// take a job's input (--interactive): dstack's has no stdin stream, and
+// its job would read a terminal nobody types into.
+func stdinRunner(ctx context.Context, clk Clock, r *runnerclient.Client) error {
+	hc, err := retry(ctx, clk, 30*time.Second, r.Healthcheck)
+	if err != nil {
+		return fmt.Errorf("runner healthcheck: %w", err)
+	}
+	if hc.TandemVersion == "" {
+		return fmt.Errorf("--interactive: this task's runner (%s %s) takes no input for its job: only Tandem's dstack-runner does", api.Printable(hc.Service), api.Printable(hc.Version))
+	}
+	return nil
+}
+
+// feedStdin sends the run's input to its job until the input ends (the
+// job then reads end of file) or the job no longer reads; a failure is
+// told and the job goes on (it reads end of file).
+func (r *Run) feedStdin(ctx context.Context, runner *runnerclient.Client) {
+	if err := runner.FeedStdin(ctx, r.o.Stdin); err != nil && ctx.Err() == nil {
+		r.o.status("the job's input was cut (it reads its end): %v", err)
 	}
 }

@@ -4,9 +4,11 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/md5"
 	crand "crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -94,6 +96,23 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 		"--", "/bin/sh", "-c", "cat; read -r line; echo stdin-ended")
 	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "stdin-ended") {
 		t.Fatalf("a job reading stdin: %v\n%s\n%s", err, out, errb)
+	}
+	// --interactive: the job reads tandem's stdin, every byte, then its
+	// end; a job that stops reading ends the run as usual, with no word
+	// of the input it left.
+	input := make([]byte, 6<<20+5)
+	_, _ = crand.Read(input)
+	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--interactive", "--max-duration", "60s",
+		"--", "/bin/sh", "-c", "md5sum; wc -c")
+	cmd.Stdin = bytes.NewReader(input)
+	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), fmt.Sprintf("%x", md5.Sum(input))) {
+		t.Fatalf("--interactive: %v (want md5 %x)\n%s\n%s", err, md5.Sum(input), out, errb)
+	}
+	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--interactive", "--max-duration", "60s",
+		"--", "/bin/sh", "-c", "head -c 5 >/dev/null; echo read-enough")
+	cmd.Stdin = endless{}
+	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "read-enough") || strings.Contains(errb.String(), "input was cut") {
+		t.Fatalf("--interactive, a job that stops reading: %v\n%s\n%s", err, out, errb)
 	}
 	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo failing; exit 7")
 	err := cmd.Run()
@@ -222,6 +241,13 @@ func TestTandemOverSSH(t *testing.T) {
 		"--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo through the tunnel")
 	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "through the tunnel") {
 		t.Fatalf("run over ssh: %v\n%s\n%s", err, out, errb)
+	}
+	// The job's input goes through the tunnel as well.
+	cmd, out, errb = tandem(t, "run", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts,
+		"--shim", shim, "--runner-port", rport, "--image", h.image, "--interactive", "--max-duration", "60s", "--", "/bin/sh", "-c", "wc -c")
+	cmd.Stdin = bytes.NewReader(make([]byte, 3<<20+1))
+	if err := cmd.Run(); err != nil || strings.TrimSpace(out.String()) != strconv.Itoa(3<<20+1) {
+		t.Fatalf("run --interactive over ssh: %v\n%s\n%s", err, out, errb)
 	}
 	cmd, out, errb = tandem(t, "info", "--ssh", sshd.User+"@"+sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts, "--shim", shim)
 	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "dstack-shim 0.21.3 (tandem ") {
@@ -526,4 +552,14 @@ func tarMembers(t *testing.T, b []byte) map[string]string {
 func outcome(cmd *exec.Cmd, out, errb *bytes.Buffer) (string, string, int) {
 	err := cmd.Run()
 	return out.String(), errb.String(), exitCodeOf(err)
+}
+
+// endless is an input that never ends.
+type endless struct{}
+
+func (endless) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 'y'
+	}
+	return len(p), nil
 }

@@ -403,3 +403,95 @@ func (s *LogStream) Close() error {
 	s.stop()
 	return s.conn.Close()
 }
+
+// stdinChunk is the most one stdin message carries.
+const stdinChunk = 32 << 10
+
+// FeedStdin sends r to the job's standard input (api.StdinPath; the job
+// was submitted with api.StdinStream) until r ends, then closes the
+// stream: the job reads end of file. It returns nil when r ended and when
+// the job no longer reads (the runner closed the stream: the job ended),
+// and the dial's or r's error otherwise. ctx ending closes the stream.
+// Only a Tandem runner has the route: dstack's answers 404.
+func (c *Client) FeedStdin(ctx context.Context, r io.Reader) error {
+	u, err := url.Parse(c.t.BaseURL)
+	if err != nil {
+		return fmt.Errorf("stdin: %w", err)
+	}
+	u.Scheme = "ws"
+	u.Path = api.StdinPath
+	if c.task != "" {
+		u.RawQuery = url.Values{api.RunnerTaskParam: {c.task}}.Encode()
+	}
+	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout}
+	conn, resp, err := d.DialContext(ctx, u.String(), nil)
+	if err != nil {
+		if resp != nil {
+			return &api.StatusError{Method: http.MethodGet, Path: api.StdinPath, Code: resp.StatusCode}
+		}
+		return fmt.Errorf("stdin: dial %s: %w", u.Redacted(), err)
+	}
+	defer conn.Close()
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	defer stop()
+	// The runner sends nothing but its close: read for it (and for
+	// control frames) so a write blocked on a job that stopped reading,
+	// or a wait for the echo of our close, ends with the stream.
+	gone := make(chan struct{})
+	var closed bool // the runner closed the stream (a close frame), set before gone
+	go func() {
+		defer close(gone)
+		for {
+			if _, _, err := conn.NextReader(); err != nil {
+				var ce *websocket.CloseError
+				closed = errors.As(err, &ce)
+				return
+			}
+		}
+	}()
+	buf := make([]byte, stdinChunk)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			if err := conn.WriteMessage(websocket.BinaryMessage, buf[:n]); err != nil {
+				// The runner's close may be on its way behind the failure.
+				select {
+				case <-gone:
+				case <-time.After(5 * time.Second):
+				case <-ctx.Done():
+				}
+				switch {
+				case ctx.Err() != nil:
+					return ctx.Err()
+				case isClosed(gone, &closed):
+					return nil // the job no longer reads
+				}
+				return fmt.Errorf("stdin: %w", err)
+			}
+		}
+		if rerr != nil {
+			// The end of the input (or a read error: the job gets its end
+			// all the same, as an SSH session's command does).
+			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(5*time.Second))
+			select {
+			case <-gone:
+			case <-time.After(5 * time.Second):
+			case <-ctx.Done():
+			}
+			if errors.Is(rerr, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("stdin: reading the input: %w", rerr)
+		}
+	}
+}
+
+// isClosed reports whether gone is closed with *closed set.
+func isClosed(gone <-chan struct{}, closed *bool) bool {
+	select {
+	case <-gone:
+		return *closed
+	default:
+		return false
+	}
+}

@@ -53,6 +53,7 @@ the workers' with a [node N] prefix on stderr.
 			&cli.StringFlag{Name: "registry-password", EnvVars: []string{"TANDEM_REGISTRY_PASSWORD"}, Usage: "registry password or token (prefer the env var: argv is visible to other users)"},
 			&cli.StringFlag{Name: "name", Usage: "task name (default: tandem-<id>)"},
 			&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "print the task's name and id once the job runs, and exit (tandem attach, logs, rm)"},
+			&cli.BoolFlag{Name: "interactive", Usage: "the job reads tandem's stdin (a pipe, a file, or lines typed here; its end too), as docker run -i (here -i is the SSH key); without it the job's stdin ends at once"},
 			&cli.StringFlag{Name: "gpus", Value: "0", Usage: "GPUs: a count, or all"},
 			&cli.Float64Flag{Name: "cpu", Usage: "CPU limit in cores (0: none)"},
 			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 8GiB"},
@@ -89,6 +90,9 @@ func runAction(c *cli.Context) error {
 	o, err := runOptions(c, cmd, nodes[0].shim, jsonOut)
 	if err != nil {
 		return err
+	}
+	if o.Stdin != nil && len(nodes) > 1 {
+		return exitError{ctl.ExitFailure, "--interactive takes one node: of a multi-node run's jobs, none would be the one to read it"}
 	}
 	o.Image = image
 	var cluster []ctl.Node
@@ -161,6 +165,12 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
 		Env: map[string]string{}}
+	if c.Bool("interactive") {
+		o.Stdin = c.App.Reader
+		if o.Stdin == nil {
+			o.Stdin = os.Stdin
+		}
+	}
 	workers := terminalSafe(c.App.ErrWriter) // before shareLines wraps it
 	if jsonOut {
 		// Only JSON on stdout: the job's output goes to stderr, and of the

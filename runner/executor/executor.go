@@ -135,6 +135,7 @@ type Executor struct {
 	finished     chan struct{}    // closed when the job goroutine ended
 	jobEnv       []string         // the job's environment once built, for SSH sessions
 	uploads      map[string]int64 // stored upload path → its size
+	stdin        *stdinFeed       // the job's streamed stdin (api.StdinStream); nil otherwise
 
 	// journal holds what /api/pull serves: job states, job and runner logs.
 	journal   *logs.Journal
@@ -283,8 +284,9 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 			return fmt.Errorf("%w: job_spec.ssh_key.public: %v", ErrBadInput, err)
 		}
 	}
-	if t := b.Tandem; t != nil && t.Stdin != "" && t.Stdin != api.StdinNone {
-		return fmt.Errorf(`%w: tandem.stdin "%s" is not a mode: %q, or no field for the job's terminal`, ErrBadInput, api.Printable(t.Stdin), api.StdinNone)
+	mode, err := stdinMode(b)
+	if err != nil {
+		return err
 	}
 	if x.state == WaitRun {
 		// Nothing of the replaced submit may reach the job that runs: its
@@ -297,6 +299,12 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 	}
 	x.body = &b
 	x.submitAt = x.cfg.Now()
+	// A replaced submit's stdin feeder is cut off: its job never runs.
+	x.endStdinLocked()
+	x.stdin = nil
+	if mode == api.StdinStream {
+		x.stdin = newStdinFeed()
+	}
 	return x.moveLocked(WaitRun, "submit")
 }
 
@@ -436,6 +444,8 @@ func (x *Executor) Stop() {
 		}
 		return
 	}
+	x.endStdinLocked() // no job will read it
+
 	_ = x.moveLocked(WaitLogsFinished, "stop") // allowed from every state
 }
 

@@ -88,6 +88,7 @@ func (x *Executor) finish() {
 	}
 	x.mu.Lock()
 	_ = x.moveLocked(WaitLogsFinished, "finish") // allowed from every state
+	x.endStdinLocked()
 	x.mu.Unlock()
 	close(x.finished)
 }
@@ -203,8 +204,8 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 		return failed(err)
 	}
 	spec := ptyproc.Spec{Path: cmdline[0], Args: cmdline, Dir: wd, Env: env, TTY: true, ProcRoot: x.cfg.ProcRoot}
-	if body.Tandem != nil && body.Tandem.Stdin == api.StdinNone {
-		spec.Stdin = strings.NewReader("") // ends at once, as docker run without -i
+	if body.Tandem != nil {
+		spec.Stdin = x.stdinFor(body.Tandem.Stdin)
 	}
 	if x.cfg.CanSetUser {
 		spec.Cred = &ptyproc.Cred{UID: user.UID, GID: user.GID, Groups: user.Groups}

@@ -66,6 +66,7 @@ func New(d Deps) *echo.Echo {
 	e.GET("/api/pull", s.pull)
 	e.POST("/api/stop", s.stop)
 	e.GET("/logs_ws", s.logsWS)
+	e.GET(api.StdinPath, s.stdinWS)
 	return e
 }
 
@@ -352,3 +353,64 @@ func (s *srv) logsWS(c echo.Context) error {
 		}
 	}
 }
+
+// stdinWS feeds the job's stdin (api.StdinPath) from one client: its
+// binary messages, in order, until its close, which the job reads as end
+// of file (so does a client that goes away). Text messages are reserved
+// and skipped. Once the job no longer reads (it ended, or never started)
+// the stream ends with the reason; what the client still sends until it
+// answers the close is read and dropped, so its writes end with that
+// close, not a reset connection.
+func (s *srv) stdinWS(c echo.Context) error {
+	w, release, err := s.d.Executor.TakeStdin()
+	if err != nil {
+		return toHTTP(err)
+	}
+	conn, err := upgrader.Upgrade(c.Response(), c.Request(), nil)
+	if err != nil {
+		// Not a WebSocket (the upgrader answered): the input is still
+		// the next client's.
+		release()
+		return nil
+	}
+	defer w.Close()
+	defer conn.Close()
+	over := func(reason string) {
+		_ = conn.WriteControl(websocket.CloseMessage,
+			websocket.FormatCloseMessage(websocket.CloseNormalClosure, reason), time.Now().Add(time.Second))
+		_ = conn.SetReadDeadline(time.Now().Add(stdinCloseWait))
+	}
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-s.d.Executor.Finished():
+			over("the job ended") // a client with nothing to send waits in NextReader
+		case <-done:
+		}
+	}()
+	feeding := true
+	for {
+		typ, r, err := conn.NextReader()
+		if err != nil {
+			return nil // the client's close, its going, or the wait after ours: the input ends
+		}
+		if typ != websocket.BinaryMessage || !feeding {
+			_, _ = io.Copy(io.Discard, r)
+			continue
+		}
+		if _, err := io.Copy(w, r); err != nil {
+			feeding = false
+			if errors.Is(err, executor.ErrStdinOver) {
+				over("the job no longer reads its stdin")
+				_, _ = io.Copy(io.Discard, r)
+				continue
+			}
+			return nil
+		}
+	}
+}
+
+// stdinCloseWait bounds how long a stdin stream the runner closed waits
+// for the client's answer.
+const stdinCloseWait = 2 * time.Second

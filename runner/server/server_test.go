@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -24,7 +25,15 @@ func newTestServer(t testing.TB) http.Handler {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = x.Close() })
+	t.Cleanup(func() {
+		// A request may have started a job (a submit that asks to run):
+		// it ends before its temp dir goes.
+		if x.State() == executor.ServeLogs {
+			x.Stop()
+			<-x.Finished()
+		}
+		_ = x.Close()
+	})
 	return New(Deps{Version: "test", Executor: x, Log: logging.Discard()})
 }
 
@@ -128,6 +137,8 @@ func FuzzRunnerRequests(f *testing.F) {
 	f.Add(1, "multipart/form-data; boundary=B", part("archive", "x")+"--B--\r\n")
 	f.Add(2, "", "diff --git")
 	f.Add(3, "", "")
+	f.Add(0, "application/json", `{"job_spec":{"commands":["cat"]},"tandem":{"stdin":"stream"}}`)
+	f.Add(0, "application/json", `{"job_spec":{"commands":["cat"]},"tandem":{"run":true}}`)
 	paths := []string{"/api/submit", "/api/upload_archive", "/api/upload_code", "/api/pull?timestamp=1"}
 	f.Fuzz(func(t *testing.T, which int, ctype, body string) {
 		h := newTestServer(t)
@@ -399,5 +410,105 @@ func TestCallsNamingAnotherTaskAreRefused(t *testing.T) {
 	untold := New(Deps{Version: "test", Executor: x, Log: logging.Discard()})
 	if code, body := do(untold, http.MethodGet, "/api/healthcheck?"+api.RunnerTaskParam+"=task-a", "", ""); code != http.StatusOK {
 		t.Errorf("a runner told no task: %d %q", code, body)
+	}
+}
+
+// TestStdinWS: a job submitted with a streamed stdin reads the client's
+// binary messages in order (text ones are skipped) and then the end of
+// file the client's close means; its output shows both. A second client,
+// or a job submitted without the mode, is refused with 409 before any
+// upgrade; a client with nothing to send is told when the job ends.
+func TestStdinWS(t *testing.T) {
+	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = x.Close() })
+	srv := httptest.NewServer(New(Deps{Version: "test", Executor: x, Log: logging.Discard()}))
+	defer srv.Close()
+	u := "ws" + strings.TrimPrefix(srv.URL, "http") + api.StdinPath
+	submit := func(cmd, mode string) {
+		t.Helper()
+		wd := t.TempDir()
+		body, _ := json.Marshal(api.SubmitBody{JobSpec: api.JobSpec{Commands: []string{"sh", "-c", cmd}, WorkingDir: &wd, RepoDir: &wd},
+			Tandem: &api.SubmitExtras{Stdin: mode}})
+		resp, err := http.Post(srv.URL+"/api/submit", "application/json", strings.NewReader(string(body)))
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("submit: %v %v", err, resp)
+		}
+		resp.Body.Close()
+	}
+	submit("true", api.StdinNone)
+	if _, resp, err := websocket.DefaultDialer.Dial(u, nil); err == nil || resp == nil || resp.StatusCode != http.StatusConflict {
+		t.Fatalf("stdin of a job without the mode: %v %v", err, resp)
+	}
+	submit(`while read -r l; do echo "line:$l"; done; echo "eof"`, api.StdinStream)
+	// A plain GET is not a client: the input stays for the next one.
+	if resp, err := http.Get(srv.URL + api.StdinPath); err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("a plain GET: %v %v", err, resp)
+	}
+	conn, _, err := websocket.DefaultDialer.Dial(u, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, resp, err := websocket.DefaultDialer.Dial(u, nil); err == nil || resp == nil || resp.StatusCode != http.StatusConflict {
+		t.Fatalf("a second client: %v %v", err, resp)
+	}
+	for _, m := range []struct {
+		typ int
+		b   string
+	}{{websocket.BinaryMessage, "one\ntw"}, {websocket.TextMessage, "skipped\n"}, {websocket.BinaryMessage, "o\nthree\n"}} {
+		if err := conn.WriteMessage(m.typ, []byte(m.b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := http.Post(srv.URL+"/api/run", "application/json", nil)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("run: %v %v", err, resp)
+	}
+	resp.Body.Close()
+	_ = conn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+	conn.Close()
+	select {
+	case <-x.Finished():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the job did not see its input end")
+	}
+	p, _ := x.Pull(0)
+	var out strings.Builder
+	for _, l := range p.JobLogs {
+		out.Write(l.Message)
+	}
+	if got := strings.ReplaceAll(out.String(), "\r\n", "\n"); got != "line:one\nline:two\nline:three\neof\n" {
+		t.Fatalf("the job read %q", got)
+	}
+
+	// A client with nothing to send hears of the job's end.
+	y, err := executor.New(executor.Config{TempDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = y.Close() })
+	srv2 := httptest.NewServer(New(Deps{Version: "test", Executor: y, Log: logging.Discard()}))
+	defer srv2.Close()
+	wd := t.TempDir()
+	body, _ := json.Marshal(api.SubmitBody{JobSpec: api.JobSpec{Commands: []string{"true"}, WorkingDir: &wd, RepoDir: &wd},
+		Tandem: &api.SubmitExtras{Stdin: api.StdinStream}})
+	if resp, err := http.Post(srv2.URL+"/api/submit", "application/json", strings.NewReader(string(body))); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("submit: %v %v", err, resp)
+	}
+	idle, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(srv2.URL, "http")+api.StdinPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	if resp, err := http.Post(srv2.URL+"/api/run", "application/json", nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("run: %v %v", err, resp)
+	}
+	_ = idle.SetReadDeadline(time.Now().Add(20 * time.Second))
+	_, _, err = idle.ReadMessage()
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code != websocket.CloseNormalClosure || !strings.Contains(ce.Text, "job ended") {
+		t.Fatalf("an idle client at the job's end: %v", err)
 	}
 }

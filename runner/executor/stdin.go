@@ -1,0 +1,104 @@
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+// stdinFeed is a job's standard input when its client streams it
+// (api.StdinStream): one feeder writes it, the job reads it. Nothing is
+// buffered beyond the pipe's hand-over: a feeder waits while the job does
+// not read.
+type stdinFeed struct {
+	r *io.PipeReader
+	w *io.PipeWriter
+
+	mu    sync.Mutex
+	taken bool // a feeder has had w
+}
+
+func newStdinFeed() *stdinFeed {
+	r, w := io.Pipe()
+	return &stdinFeed{r: r, w: w}
+}
+
+// ErrStdinOver ends a stdin feeder's writes once the job no longer reads
+// them: it ended, or will never start.
+var ErrStdinOver = errors.New("the job no longer reads its stdin")
+
+// end unblocks the feeder, for good: the job ended, or will never start.
+func (f *stdinFeed) end() { f.r.CloseWithError(ErrStdinOver) }
+
+// stdinMode checks a submit's stdin mode.
+func stdinMode(b api.SubmitBody) (string, error) {
+	if b.Tandem == nil {
+		return "", nil
+	}
+	switch m := b.Tandem.Stdin; m {
+	case "", api.StdinNone, api.StdinStream:
+		return m, nil
+	default:
+		return "", fmt.Errorf(`%w: tandem.stdin "%s" is not a mode: %q, %q, or no field for the job's terminal`,
+			ErrBadInput, api.Printable(m), api.StdinNone, api.StdinStream)
+	}
+}
+
+// TakeStdin hands the job's streamed stdin (api.StdinStream) to its one
+// feeder, from the submit until the job ends. Closing the writer ends the
+// job's input (it reads end of file); writes fail with ErrStdinOver once
+// the job ended. A feeder that wrote nothing may give the stdin back
+// instead (release): the next one takes it.
+func (x *Executor) TakeStdin() (w io.WriteCloser, release func(), err error) {
+	x.mu.Lock()
+	f, state := x.stdin, x.state
+	x.mu.Unlock()
+	if f == nil {
+		return nil, nil, fmt.Errorf("%w: the job was not submitted with a streamed stdin (tandem.stdin %q)", ErrState, api.StdinStream)
+	}
+	if state != WaitRun && state != ServeLogs {
+		return nil, nil, fmt.Errorf("%w: stdin in state %s", ErrState, state)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.taken {
+		return nil, nil, fmt.Errorf("%w: the job's stdin has its feeder already (one per job)", ErrState)
+	}
+	f.taken = true
+	release = func() {
+		f.mu.Lock()
+		f.taken = false
+		f.mu.Unlock()
+	}
+	return f.w, release, nil
+}
+
+// stdinFor is what the job reads on fd 0 (nil: its terminal).
+func (x *Executor) stdinFor(mode string) io.Reader {
+	switch mode {
+	case api.StdinNone:
+		return eofReader{}
+	case api.StdinStream:
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		if x.stdin != nil {
+			return x.stdin.r
+		}
+	}
+	return nil
+}
+
+// endStdinLocked ends the streamed stdin, if any. x.mu is held.
+func (x *Executor) endStdinLocked() {
+	if x.stdin != nil {
+		x.stdin.end()
+	}
+}
+
+// eofReader is an input that ends at once, as docker run gives without -i.
+type eofReader struct{}
+
+func (eofReader) Read([]byte) (int, error) { return 0, io.EOF }
