@@ -227,7 +227,7 @@ func TestStdinModes(t *testing.T) {
 		t.Fatalf("default stdin: %+v, want the terminal (exit 3)", ev)
 	}
 	none := &api.SubmitExtras{Stdin: api.StdinNone}
-	ev := runJobWith(t, Config{}, none, true, "sh", "-c", "cat; read -r x; [ -t 0 ] || [ -t 1 ] && exit 4")
+	ev := runJobWith(t, Config{}, none, true, "sh", "-c", "cat; read -r x; [ -t 0 ] && exit 5; [ -t 1 ] && exit 4")
 	if ev.ExitStatus == nil || *ev.ExitStatus != 4 {
 		t.Fatalf("stdin none: %+v, want reads at their end and output on the terminal (exit 4)", ev)
 	}
