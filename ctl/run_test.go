@@ -467,14 +467,7 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 		if tc.code {
 			o.CodeDir = t.TempDir()
 		}
-		r, err := NewRun(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		close(done)
-		r.probe = &runnerProbe{done: done, cancel: func() {}, r: runner}
-		if err := r.StartJob(context.Background()); err != nil {
+		if err := runWithRunner(t, o, runner).StartJob(context.Background()); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		mu.Lock()
@@ -487,6 +480,19 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 			t.Errorf("%s: said %q", tc.name, said)
 		}
 	}
+}
+
+// runWithRunner is a run of o whose runner is runner, found ready.
+func runWithRunner(t *testing.T, o RunOptions, runner *runnerclient.Client) *Run {
+	t.Helper()
+	r, err := NewRun(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	close(done)
+	r.probe = &runnerProbe{done: done, cancel: func() {}, r: runner}
+	return r
 }
 
 // TestInteractiveNeedsTandemsRunner: --interactive is refused, before the
@@ -519,15 +525,8 @@ func TestInteractiveNeedsTandemsRunner(t *testing.T) {
 			}
 		})
 		o := RunOptions{Shim: "127.0.0.1:1", Commands: []string{"cat"}, Out: io.Discard, Stdin: strings.NewReader("input")}
-		r, err := NewRun(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan struct{})
-		close(done)
-		r.probe = &runnerProbe{done: done, cancel: func() {}, r: runner}
 		ctx, cancel := context.WithCancel(context.Background())
-		err = r.StartJob(ctx)
+		err := runWithRunner(t, o, runner).StartJob(ctx)
 		cancel()
 		mu.Lock()
 		got := slices.Clone(modes)

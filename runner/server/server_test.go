@@ -20,11 +20,26 @@ import (
 	"github.com/tandem-run/tandem/runner/executor"
 )
 
-func newTestServer(t testing.TB) http.Handler {
+// testExecutor is a fresh executor in a temp dir, closed after the test.
+func testExecutor(t testing.TB) *executor.Executor {
+	t.Helper()
 	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = x.Close() })
+	return x
+}
+
+// testHTTP serves x's API on a local HTTP server until the test ends.
+func testHTTP(t testing.TB, x *executor.Executor) *httptest.Server {
+	srv := httptest.NewServer(New(Deps{Version: "test", Executor: x, Log: logging.Discard()}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func newTestServer(t testing.TB) http.Handler {
+	x := testExecutor(t)
 	t.Cleanup(func() {
 		// A request may have started a job (a submit that asks to run):
 		// it ends before its temp dir goes.
@@ -32,7 +47,6 @@ func newTestServer(t testing.TB) http.Handler {
 			x.Stop()
 			<-x.Finished()
 		}
-		_ = x.Close()
 	})
 	return New(Deps{Version: "test", Executor: x, Log: logging.Discard()})
 }
@@ -204,11 +218,7 @@ func TestSubmitThatAsksToRunStartsTheJob(t *testing.T) {
 // An onlooker's states-only pull (peek=1&logs=0, tandem attach) does not
 // collect the job's logs; the driver's (logs=0) does.
 func TestPeekAtStatesIsRoutedAsAnOnlooker(t *testing.T) {
-	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = x.Close() })
+	x := testExecutor(t)
 	h := New(Deps{Version: "test", Executor: x, Log: logging.Discard()})
 	wd := t.TempDir()
 	submit := `{"job_spec":{"commands":["true"],"working_dir":"` + wd + `","repo_dir":"` + wd + `"},"tandem":{"run":true}}`
@@ -243,13 +253,8 @@ func TestPeekAtStatesIsRoutedAsAnOnlooker(t *testing.T) {
 // text message holding the job's final state, then the close; asked
 // without it, it sends the output only (dstack's shape).
 func TestLogsWSSendsTheEndWhenAsked(t *testing.T) {
-	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = x.Close() })
-	srv := httptest.NewServer(New(Deps{Version: "test", Executor: x, Log: logging.Discard()}))
-	defer srv.Close()
+	x := testExecutor(t)
+	srv := testHTTP(t, x)
 	wd := t.TempDir()
 	submit := `{"job_spec":{"commands":["sh","-c","echo out; exit 3"],"working_dir":"` + wd + `","repo_dir":"` + wd + `"},"tandem":{"run":true}}`
 	resp, err := http.Post(srv.URL+"/api/submit", "application/json", strings.NewReader(submit))
@@ -305,11 +310,7 @@ func TestLogsWSSendsTheEndWhenAsked(t *testing.T) {
 // /logs_ws asked for the output so far sends what the running job wrote
 // and closes, while the job runs on; without the parameter it follows.
 func TestLogsWSSoFarEndsWhileTheJobRuns(t *testing.T) {
-	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = x.Close() })
+	x := testExecutor(t)
 	t.Cleanup(func() { // the job's end, before its dirs go
 		x.Stop()
 		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -319,8 +320,7 @@ func TestLogsWSSoFarEndsWhileTheJobRuns(t *testing.T) {
 		}
 		t.Error("the job did not end on its stop")
 	})
-	srv := httptest.NewServer(New(Deps{Version: "test", Executor: x, Log: logging.Discard()}))
-	defer srv.Close()
+	srv := testHTTP(t, x)
 	wd := t.TempDir()
 	read := func(u string) (string, error) {
 		conn, _, err := websocket.DefaultDialer.Dial(u, nil)
@@ -379,11 +379,7 @@ func TestLogsWSSoFarEndsWhileTheJobRuns(t *testing.T) {
 // that names this task, or none, passes, and so does any call to a runner
 // told no task.
 func TestCallsNamingAnotherTaskAreRefused(t *testing.T) {
-	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = x.Close() })
+	x := testExecutor(t)
 	h := New(Deps{Version: "test", TaskID: "task-b", Executor: x, Log: logging.Discard()})
 	for _, path := range []string{"/api/healthcheck", "/api/pull?timestamp=0", "/logs_ws"} {
 		sep := "?"
@@ -419,13 +415,8 @@ func TestCallsNamingAnotherTaskAreRefused(t *testing.T) {
 // or a job submitted without the mode, is refused with 409 before any
 // upgrade; a client with nothing to send is told when the job ends.
 func TestStdinWS(t *testing.T) {
-	x, err := executor.New(executor.Config{TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = x.Close() })
-	srv := httptest.NewServer(New(Deps{Version: "test", Executor: x, Log: logging.Discard()}))
-	defer srv.Close()
+	x := testExecutor(t)
+	srv := testHTTP(t, x)
 	u := "ws" + strings.TrimPrefix(srv.URL, "http") + api.StdinPath
 	submit := func(cmd, mode string) {
 		t.Helper()
@@ -484,13 +475,8 @@ func TestStdinWS(t *testing.T) {
 	}
 
 	// A client with nothing to send hears of the job's end.
-	y, err := executor.New(executor.Config{TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = y.Close() })
-	srv2 := httptest.NewServer(New(Deps{Version: "test", Executor: y, Log: logging.Discard()}))
-	defer srv2.Close()
+	y := testExecutor(t)
+	srv2 := testHTTP(t, y)
 	wd := t.TempDir()
 	body, _ := json.Marshal(api.SubmitBody{JobSpec: api.JobSpec{Commands: []string{"true"}, WorkingDir: &wd, RepoDir: &wd},
 		Tandem: &api.SubmitExtras{Stdin: api.StdinStream}})
