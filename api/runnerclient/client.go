@@ -278,12 +278,6 @@ func (c *Client) LogsWithEnd(ctx context.Context, since time.Time) (*LogStream, 
 }
 
 func (c *Client) logs(ctx context.Context, since time.Time, mode logsMode) (*LogStream, error) {
-	u, err := url.Parse(c.t.BaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("logs: %w", err)
-	}
-	u.Scheme = "ws"
-	u.Path = "/logs_ws"
 	q := url.Values{}
 	if !since.IsZero() {
 		q.Set("start_time", since.Format(time.RFC3339Nano))
@@ -294,17 +288,9 @@ func (c *Client) logs(ctx context.Context, since time.Time, mode logsMode) (*Log
 	case logsSoFar:
 		q.Set(api.LogsSoFarParam, "1")
 	}
-	if c.task != "" {
-		q.Set(api.RunnerTaskParam, c.task)
-	}
-	u.RawQuery = q.Encode()
-	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout}
-	conn, resp, err := d.DialContext(ctx, u.String(), nil)
+	conn, err := c.dialWS(ctx, "logs", "/logs_ws", q)
 	if err != nil {
-		if resp != nil {
-			return nil, &api.StatusError{Method: http.MethodGet, Path: "/logs_ws", Code: resp.StatusCode}
-		}
-		return nil, fmt.Errorf("logs: dial %s: %w", u.Redacted(), err)
+		return nil, err
 	}
 	// Close the socket when ctx ends so a blocked Next returns.
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -414,22 +400,9 @@ const stdinChunk = 32 << 10
 // and the dial's or r's error otherwise. ctx ending closes the stream.
 // Only a Tandem runner has the route: dstack's answers 404.
 func (c *Client) FeedStdin(ctx context.Context, r io.Reader) error {
-	u, err := url.Parse(c.t.BaseURL)
+	conn, err := c.dialWS(ctx, "stdin", api.StdinPath, url.Values{})
 	if err != nil {
-		return fmt.Errorf("stdin: %w", err)
-	}
-	u.Scheme = "ws"
-	u.Path = api.StdinPath
-	if c.task != "" {
-		u.RawQuery = url.Values{api.RunnerTaskParam: {c.task}}.Encode()
-	}
-	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout}
-	conn, resp, err := d.DialContext(ctx, u.String(), nil)
-	if err != nil {
-		if resp != nil {
-			return &api.StatusError{Method: http.MethodGet, Path: api.StdinPath, Code: resp.StatusCode}
-		}
-		return fmt.Errorf("stdin: dial %s: %w", u.Redacted(), err)
+		return err
 	}
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
@@ -437,33 +410,35 @@ func (c *Client) FeedStdin(ctx context.Context, r io.Reader) error {
 	// The runner sends nothing but its close: read for it (and for
 	// control frames) so a write blocked on a job that stopped reading,
 	// or a wait for the echo of our close, ends with the stream.
-	gone := make(chan struct{})
-	var closed bool // the runner closed the stream (a close frame), set before gone
+	ended := make(chan error, 1) // how the stream ended, read once
 	go func() {
-		defer close(gone)
 		for {
 			if _, _, err := conn.NextReader(); err != nil {
-				var ce *websocket.CloseError
-				closed = errors.As(err, &ce)
+				ended <- err
 				return
 			}
 		}
 	}()
+	awaitEnd := func() error {
+		select {
+		case err := <-ended:
+			return err
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	}
 	buf := make([]byte, stdinChunk)
 	for {
 		n, rerr := r.Read(buf)
 		if n > 0 {
 			if err := conn.WriteMessage(websocket.BinaryMessage, buf[:n]); err != nil {
 				// The runner's close may be on its way behind the failure.
-				select {
-				case <-gone:
-				case <-time.After(5 * time.Second):
-				case <-ctx.Done():
-				}
-				switch {
+				var ce *websocket.CloseError
+				switch end := awaitEnd(); {
 				case ctx.Err() != nil:
 					return ctx.Err()
-				case isClosed(gone, &closed):
+				case errors.As(end, &ce):
 					return nil // the job no longer reads
 				}
 				return fmt.Errorf("stdin: %w", err)
@@ -473,11 +448,7 @@ func (c *Client) FeedStdin(ctx context.Context, r io.Reader) error {
 			// The end of the input (or a read error: the job gets its end
 			// all the same, as an SSH session's command does).
 			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(5*time.Second))
-			select {
-			case <-gone:
-			case <-time.After(5 * time.Second):
-			case <-ctx.Done():
-			}
+			_ = awaitEnd()
 			if errors.Is(rerr, io.EOF) {
 				return nil
 			}
@@ -486,12 +457,27 @@ func (c *Client) FeedStdin(ctx context.Context, r io.Reader) error {
 	}
 }
 
-// isClosed reports whether gone is closed with *closed set.
-func isClosed(gone <-chan struct{}, closed *bool) bool {
-	select {
-	case <-gone:
-		return *closed
-	default:
-		return false
+// dialWS opens the runner's WebSocket at path with query q (plus the task
+// this client means); what names the call in errors. An HTTP answer
+// instead of the upgrade is an api.StatusError.
+func (c *Client) dialWS(ctx context.Context, what, path string, q url.Values) (*websocket.Conn, error) {
+	u, err := url.Parse(c.t.BaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
+	u.Scheme = "ws"
+	u.Path = path
+	if c.task != "" {
+		q.Set(api.RunnerTaskParam, c.task)
+	}
+	u.RawQuery = q.Encode()
+	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout}
+	conn, resp, err := d.DialContext(ctx, u.String(), nil)
+	if err != nil {
+		if resp != nil {
+			return nil, &api.StatusError{Method: http.MethodGet, Path: path, Code: resp.StatusCode}
+		}
+		return nil, fmt.Errorf("%s: dial %s: %w", what, u.Redacted(), err)
+	}
+	return conn, nil
 }

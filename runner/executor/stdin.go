@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 
 	"github.com/tandem-run/tandem/api"
 )
@@ -14,11 +13,9 @@ import (
 // buffered beyond the pipe's hand-over: a feeder waits while the job does
 // not read.
 type stdinFeed struct {
-	r *io.PipeReader
-	w *io.PipeWriter
-
-	mu    sync.Mutex
-	taken bool // a feeder has had w
+	r     *io.PipeReader
+	w     *io.PipeWriter
+	taken bool // a feeder has w; guarded by the executor's mu
 }
 
 func newStdinFeed() *stdinFeed {
@@ -54,24 +51,21 @@ func stdinMode(b api.SubmitBody) (string, error) {
 // instead (release): the next one takes it.
 func (x *Executor) TakeStdin() (w io.WriteCloser, release func(), err error) {
 	x.mu.Lock()
-	f, state := x.stdin, x.state
-	x.mu.Unlock()
-	if f == nil {
+	defer x.mu.Unlock()
+	f := x.stdin
+	switch {
+	case f == nil:
 		return nil, nil, fmt.Errorf("%w: the job was not submitted with a streamed stdin (tandem.stdin %q)", ErrState, api.StdinStream)
-	}
-	if state != WaitRun && state != ServeLogs {
-		return nil, nil, fmt.Errorf("%w: stdin in state %s", ErrState, state)
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.taken {
+	case x.state != WaitRun && x.state != ServeLogs:
+		return nil, nil, fmt.Errorf("%w: stdin in state %s", ErrState, x.state)
+	case f.taken:
 		return nil, nil, fmt.Errorf("%w: the job's stdin has its feeder already (one per job)", ErrState)
 	}
 	f.taken = true
 	release = func() {
-		f.mu.Lock()
+		x.mu.Lock()
 		f.taken = false
-		f.mu.Unlock()
+		x.mu.Unlock()
 	}
 	return f.w, release, nil
 }
