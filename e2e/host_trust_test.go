@@ -300,6 +300,10 @@ func TestHostNetworkRunnerAdmitsOnlyRootEquivalentAccounts(t *testing.T) {
 	if !strings.Contains(out, " 403 ") || !strings.Contains(out, "uid 65534") {
 		t.Fatalf("nobody reached the host-network runner: %q", out)
 	}
+	// Nor the job's stdin (the refusal is the connection's, whatever the route).
+	if out := asUID(t, 65534, "GET", "http://127.0.0.1:"+runnerPort+api.StdinPath, ""); !strings.Contains(out, " 403 ") {
+		t.Fatalf("nobody reached the host-network runner's stdin stream: %q", out)
+	}
 }
 
 // TestMetricsAddressServesScrapersOnly: with --metrics-address, GET
