@@ -44,22 +44,16 @@ func asUID(t *testing.T, uid int, method, url, body string) string {
 }
 
 // sudoersFile grants user ALL as cloud-init does for a VM image's default
-// user (ubuntu, riftuser) and dstack requires of an SSH fleet's user. When
-// the machine has no sudoers (sudo not installed) a minimal one including
-// the directory is made; everything made is removed after the test.
+// user (ubuntu, riftuser) and dstack requires of an SSH fleet's user. The
+// shim asks the host's sudo, so sudo must be installed (make deps does);
+// the file is removed after the test.
 func sudoersFile(t *testing.T, user string) {
 	t.Helper()
-	if _, err := os.Stat("/etc/sudoers"); os.IsNotExist(err) {
-		if err := os.WriteFile("/etc/sudoers", []byte("@includedir /etc/sudoers.d\n"), 0o440); err != nil {
-			t.Fatal(err)
+	if _, err := exec.LookPath("sudo"); err != nil {
+		if testenv.InCI() {
+			t.Fatal("sudo missing (make deps installs it)")
 		}
-		t.Cleanup(func() { _ = os.Remove("/etc/sudoers") })
-	}
-	if _, err := os.Stat("/etc/sudoers.d"); os.IsNotExist(err) {
-		if err := os.Mkdir("/etc/sudoers.d", 0o750); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = os.Remove("/etc/sudoers.d") })
+		t.Skip("sudo missing (make deps installs it)")
 	}
 	path := filepath.Join("/etc/sudoers.d", "90-"+user)
 	if err := os.WriteFile(path, []byte(user+" ALL=(ALL) NOPASSWD:ALL\n"), 0o440); err != nil {

@@ -4,22 +4,27 @@
 // host's own policy. A uid is root-equivalent when it is
 //
 //   - 0 (root);
-//   - granted the command ALL as root by a sudoers rule, directly or through
-//     a %group or User_Alias (with or without a password: a user who knows
-//     their password is root);
+//   - allowed by the host's sudo to run a shell as root (with or without a
+//     password: a user who knows their password is root). sudo itself is
+//     asked (sudo -n -l -U NAME -u root /bin/sh), so the answer is its own,
+//     every rule of its policy included; a host without sudo grants none;
 //   - a member of the group that may write the Docker socket (docker run
 //     --privileged is root);
 //   - listed by the operator (Policy.Allow: a uid, a user name or @group).
 //
-// Accounts are read from the host's files (passwd, group, sudoers under
+// Accounts and groups are read from the host's files (passwd, group under
 // Root), so accounts known only through NSS (LDAP, SSSD) must be allowed
-// by uid or by a group listed in /etc/group.
+// by uid or by a group listed in /etc/group, unless sudo grants them (sudo
+// is asked by the name passwd gives, or NSS where passwd has none).
 package principal
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -46,11 +51,20 @@ type Policy struct {
 	Allow []string
 	// TTL is how long a decision is kept (5 s when zero).
 	TTL time.Duration
-	Now func() time.Time
-	Log *slog.Logger
+	// Sudo is the sudo binary asked ("" : the host's own, found in the
+	// usual places, when Root is the host; none for a fixture Root; "-":
+	// none).
+	Sudo string
+	// SudoTimeout bounds one question to sudo (DefaultSudoTimeout when
+	// zero); no answer in time is a refusal.
+	SudoTimeout time.Duration
+	Now         func() time.Time
+	Log         *slog.Logger
 
-	mu    sync.Mutex
-	cache map[uint32]cached
+	mu       sync.Mutex // guards the fields below
+	cache    map[uint32]cached
+	inflight map[uint32]chan struct{} // a uid being decided: closed when done
+	warned   bool                     // the lack of sudo was logged
 }
 
 type cached struct {
@@ -68,13 +82,12 @@ type Decision struct {
 }
 
 // snapshot is what the host's files said when they were read: the
-// accounts, the groups, the sudoers rules and the Docker socket's group.
+// accounts, the groups and the Docker socket's group.
 // One read serves every account AllowedUIDs decides at a task's start.
 type snapshot struct {
 	names     map[uint32]string // passwd: uid -> name
 	primary   map[uint32]uint32 // passwd: uid -> primary gid
 	groups    []group
-	rules     sudoRules
 	dockerGID uint32
 	hasDocker bool
 }
@@ -135,10 +148,6 @@ func (p *Policy) load() *snapshot {
 		s.groups = append(s.groups, g)
 		return true
 	})
-	var err error
-	if s.rules, err = p.sudoRules(); err != nil && p.Log != nil {
-		p.Log.Warn("read sudoers", "err", err)
-	}
 	s.dockerGID, s.hasDocker = p.dockerGroup()
 	return s
 }
@@ -163,28 +172,44 @@ func (s *snapshot) account(uid uint32) account {
 	return acc
 }
 
-// Decide answers for uid: from the host's files as they are at its first
-// question, then from the cache for TTL.
+// Decide answers for uid: from the host's files and sudo as they are at
+// its first question, then from the cache for TTL. Questions about one uid
+// that arrive together (a client's burst of connections) share one answer.
 func (p *Policy) Decide(uid uint32) Decision {
 	ttl := p.TTL
 	if ttl <= 0 {
 		ttl = 5 * time.Second
 	}
-	now := p.now()
-	p.mu.Lock()
-	if c, ok := p.cache[uid]; ok && now.Sub(c.at) < ttl {
+	for {
+		now := p.now()
+		p.mu.Lock()
+		if c, ok := p.cache[uid]; ok && now.Sub(c.at) < ttl {
+			p.mu.Unlock()
+			return c.d
+		}
+		if wait, busy := p.inflight[uid]; busy {
+			p.mu.Unlock()
+			<-wait
+			continue
+		}
+		if p.inflight == nil {
+			p.inflight = map[uint32]chan struct{}{}
+		}
+		done := make(chan struct{})
+		p.inflight[uid] = done
 		p.mu.Unlock()
-		return c.d
+
+		d := p.decide(p.load(), uid)
+		p.mu.Lock()
+		if p.cache == nil || len(p.cache) > 4096 {
+			p.cache = map[uint32]cached{}
+		}
+		p.cache[uid] = cached{d: d, at: now}
+		delete(p.inflight, uid)
+		close(done)
+		p.mu.Unlock()
+		return d
 	}
-	p.mu.Unlock()
-	d := p.decide(p.load(), uid)
-	p.mu.Lock()
-	if p.cache == nil || len(p.cache) > 4096 {
-		p.cache = map[uint32]cached{}
-	}
-	p.cache[uid] = cached{d: d, at: now}
-	p.mu.Unlock()
-	return d
 }
 
 func (p *Policy) decide(s *snapshot, uid uint32) Decision {
@@ -216,14 +241,51 @@ func (p *Policy) decide(s *snapshot, uid uint32) Decision {
 		d.Allowed, d.Why = true, "member of the Docker socket's group"
 		return d
 	}
-	if acc.name != "" {
-		if rule, ok := s.rules.grants(acc); ok {
-			d.Allowed, d.Why = true, "sudoers grants ALL: "+rule
+	name := acc.name
+	if name == "" {
+		name = p.nssName(uid)
+	}
+	if name != "" {
+		ok, err := p.sudoGrantsShell(context.Background(), name)
+		switch {
+		case ok:
+			d.Allowed, d.Why = true, "sudo lets it run a shell as root"
+			return d
+		case errors.Is(err, errNoSudo):
+			p.noSudoOnce()
+		case err != nil:
+			if p.Log != nil {
+				p.Log.Warn("sudo's answer not taken: the account is refused", "uid", uid, "err", err)
+			}
+			d.Why = "not root-equivalent on this host: sudo did not answer (" + err.Error() + "), and no other rule admits it"
 			return d
 		}
 	}
-	d.Why = "not root-equivalent on this host (not root, no sudoers rule granting ALL, not in the Docker socket's group, not allowed with --api-allow-user)"
+	d.Why = "not root-equivalent on this host (not root, sudo does not let it run a shell as root, not in the Docker socket's group, not allowed with --api-allow-user)"
 	return d
+}
+
+// nssName is the account name of a uid that passwd does not list (one
+// known through LDAP or SSSD), when the policy reads the host itself.
+func (p *Policy) nssName(uid uint32) string {
+	if p.Root != "" && p.Root != "/" {
+		return ""
+	}
+	u, err := user.LookupId(strconv.FormatUint(uint64(uid), 10))
+	if err != nil {
+		return ""
+	}
+	return u.Username
+}
+
+func (p *Policy) noSudoOnce() {
+	p.mu.Lock()
+	first := !p.warned
+	p.warned = true
+	p.mu.Unlock()
+	if first && p.Log != nil {
+		p.Log.Info("no sudo on this host: no account is root-equivalent through sudo")
+	}
 }
 
 // forEachLine calls fn with the colon-separated fields of each line of a
@@ -289,7 +351,7 @@ func (p *Policy) dockerGroup() (uint32, bool) {
 
 // String describes the rule for logs.
 func (p *Policy) String() string {
-	s := "root, sudoers rules granting ALL, the Docker socket's group"
+	s := "root, accounts sudo lets run a shell as root, the Docker socket's group"
 	if len(p.Allow) > 0 {
 		s += ", and " + strings.Join(p.Allow, ", ")
 	}
@@ -318,12 +380,29 @@ func (p *Policy) AllowedUIDs() []uint32 {
 	}
 	uids := make([]uint32, 0, len(s.names))
 	for uid := range s.names {
-		uids = append(uids, uid)
+		if !seen[uid] {
+			uids = append(uids, uid)
+		}
 	}
 	slices.Sort(uids)
-	for _, uid := range uids {
-		if !seen[uid] && p.decide(s, uid).Allowed {
-			seen[uid] = true
+	// Each account not admitted otherwise is a question to sudo (a few
+	// milliseconds each): four at a time, through the cache, so a burst of
+	// task starts asks once per TTL.
+	allowed := make([]bool, len(uids))
+	sem := make(chan struct{}, 4)
+	var wg sync.WaitGroup
+	for i, uid := range uids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			allowed[i] = p.Decide(uid).Allowed
+		}()
+	}
+	wg.Wait()
+	for i, uid := range uids {
+		if allowed[i] {
 			out = append(out, uid)
 		}
 	}

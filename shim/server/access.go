@@ -55,7 +55,7 @@ func (a Access) decide(v origin.Verdict, what string) (admit bool, msg string) {
 	}
 	if a.Principals != nil && v.HasUID {
 		if d := a.Principals.Decide(v.UID); !d.Allowed {
-			return false, what + " serves only root-equivalent accounts (root, sudoers granting ALL, the Docker socket's group, --api-allow-user): " + d.Error() + "; caller " + v.Peer
+			return false, what + " serves only root-equivalent accounts (root, accounts the host's sudo lets run a shell as root, the Docker socket's group, --api-allow-user): " + d.Error() + "; caller " + v.Peer
 		}
 	}
 	return true, ""
