@@ -73,12 +73,17 @@ func OpenJournal(dir string, c JournalConfig) (*Journal, error) {
 		log.Warn("the log's reader has not pulled within its grace: job output flows again and the log's bound drops its middle",
 			"over_bytes", behind, "reader_grace", c.ReaderGrace)
 	}
+	j.pace.onSpent = func(behind int64, held time.Duration) {
+		log.Warn("job output was held for its reader this long in all: it flows from now on and the log's bound drops its middle",
+			"over_bytes", behind, "held", held)
+	}
 	return j, nil
 }
 
 // Acked records that the reader of /api/pull has had every event up to
-// after (it asked for what follows): output held for it may flow.
-func (j *Journal) Acked(after int64) { j.pace.ack(after) }
+// after (it asked for what follows): output held for it may flow. A pull
+// that neither moves on nor has caught up does not count as the reader's.
+func (j *Journal) Acked(after int64) { j.pace.ack(after, after >= j.jobLogs.Newest()) }
 
 // ReleaseOutput stops holding the job's output for a reader, for good
 // (the job's terminal is being closed).

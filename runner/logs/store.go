@@ -230,6 +230,16 @@ func (s *Store) Len() int {
 	return len(s.index)
 }
 
+// Newest is the timestamp of the newest event (0: none yet).
+func (s *Store) Newest() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if len(s.index) == 0 {
+		return 0
+	}
+	return s.index[len(s.index)-1].ts
+}
+
 // Close closes the file.
 func (s *Store) Close() error {
 	s.mu.Lock()
