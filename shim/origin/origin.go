@@ -4,12 +4,25 @@
 // the client's socket can. Its mount namespace is the host's for sshd (the
 // dstack server's tunnel), tandem and anything else running on the host,
 // and a container's own for every job.
+//
+// A socket is a descriptor, and descriptors pass between processes
+// (SCM_RIGHTS over a unix socket; an abstract one is shared by every
+// process of a network namespace, a host-network job's included): the one
+// that made it, the one that holds it and the one that writes the requests
+// need not be the same. So a connection is the host's only when every
+// process holding its socket at accept is in the host's mount namespace,
+// and its uids are all of theirs (real, effective, saved and filesystem)
+// with the kernel's record of the socket's maker: a container's root
+// handing a socket to a local account, or an account handing its socket
+// to a set-uid program, is judged by the weakest of them.
 package origin
 
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/tandem-run/tandem/common/sockdiag"
 )
@@ -25,10 +38,11 @@ type Verdict struct {
 	// Client identifies the process that owns the client's socket
 	// ("pid 812"), for fairness between clients; "" when not found.
 	Client string
-	// UID owns the client's socket (the kernel's record of who made it);
-	// valid when HasUID.
-	UID    uint32
-	HasUID bool
+	// UIDs are every uid behind the client's socket: the kernel's record
+	// of who made it, then each holder's real, effective, saved and
+	// filesystem uids, without repeats. Empty when the socket was not
+	// found; a policy admits the connection only if it admits them all.
+	UIDs []uint32
 }
 
 // ErrNotFound means the client's socket is not in this network namespace's
@@ -79,18 +93,19 @@ func (c Checker) CheckBatch(pairs []Pair) []Verdict {
 			out[i].Reason = err.Error()
 			continue
 		}
-		out[i].UID, out[i].HasUID = uid, true
+		out[i].UIDs = []uint32{uid}
 		inodes[i] = inode
 		want[inode] = struct{}{}
 	}
 	if len(want) == 0 {
 		return out
 	}
-	owners, err := c.socketOwners(want)
+	holders, err := c.socketHolders(want)
 	if err != nil {
 		for i := range out {
 			if inodes[i] != 0 {
 				out[i].Reason = err.Error()
+				out[i].UIDs = nil
 			}
 		}
 		return out
@@ -104,34 +119,51 @@ func (c Checker) CheckBatch(pairs []Pair) []Verdict {
 		if inode == 0 {
 			continue
 		}
-		o, ok := owners[inode]
-		if !ok {
+		hs := holders[inode]
+		if len(hs) == 0 {
 			out[i].Reason = fmt.Sprintf("no process holds the client socket (inode %d)", inode)
 			continue
 		}
-		out[i].Peer = fmt.Sprintf("%s pid %d (%s) uid %d", out[i].Peer, o.pid, o.comm, out[i].UID)
-		out[i].Client = "pid " + strconv.Itoa(o.pid)
-		nv, seen := byPid[o.pid]
-		if !seen {
-			nv.same, nv.err = c.sameMountNamespace(o.pid)
-			byPid[o.pid] = nv
+		out[i].Client = "pid " + strconv.Itoa(hs[0].pid)
+		desc := make([]string, 0, len(hs))
+		out[i].FromHost = true
+		for _, h := range hs {
+			desc = append(desc, fmt.Sprintf("pid %d (%s) uid %d", h.pid, h.comm, h.uids[1]))
+			for _, u := range h.uids {
+				if !slices.Contains(out[i].UIDs, u) {
+					out[i].UIDs = append(out[i].UIDs, u)
+				}
+			}
+			nv, seen := byPid[h.pid]
+			if !seen {
+				nv.same, nv.err = c.sameMountNamespace(h.pid)
+				byPid[h.pid] = nv
+			}
+			switch {
+			case !out[i].FromHost:
+			case nv.err != nil:
+				out[i].FromHost, out[i].Reason = false, nv.err.Error()
+			case !nv.same:
+				out[i].FromHost = false
+				out[i].Reason = "the client runs in another mount namespace (a container)"
+				if len(hs) > 1 {
+					out[i].Reason = fmt.Sprintf("a process holding the client socket (pid %d) runs in another mount namespace (a container)", h.pid)
+				}
+			}
 		}
-		switch {
-		case nv.err != nil:
-			out[i].Reason = nv.err.Error()
-		case !nv.same:
-			out[i].Reason = "the client runs in another mount namespace (a container)"
-		default:
-			out[i].FromHost = true
+		if len(hs) > 4 {
+			desc = append(desc[:4], fmt.Sprintf("and %d more", len(hs)-4))
 		}
+		out[i].Peer = out[i].Peer + " " + strings.Join(desc, ", ")
 	}
 	return out
 }
 
-// owner is the process found holding a socket.
-type owner struct {
+// holder is a process found holding a socket.
+type holder struct {
 	pid  int
 	comm string
+	uids [4]uint32 // real, effective, saved, filesystem
 }
 
 func addrString(a net.Addr) string {

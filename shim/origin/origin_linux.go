@@ -11,14 +11,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// socketOwners finds a process holding each socket inode in want, with one
-// walk of the process table, newest process first: the client (an ssh
-// session's forwarder, a CLI, a job) is usually younger than the
-// long-lived daemons with many descriptors. The walk stops once every
-// inode is found. Descriptor links are read relative to each fd
-// directory, into one buffer.
-func (c Checker) socketOwners(want map[uint64]struct{}) (map[uint64]owner, error) {
-	found := make(map[uint64]owner, len(want))
+// socketHolders finds every process holding each socket inode in want,
+// with one walk of the whole process table: a socket passed to another
+// process is held by both until one closes it, and each holder counts.
+// Descriptor links are read relative to each fd directory, into one
+// buffer; a holder's name and uids are read once, at its first match.
+func (c Checker) socketHolders(want map[uint64]struct{}) (map[uint64][]holder, error) {
+	found := make(map[uint64][]holder, len(want))
 	proc, err := os.Open(c.proc())
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", c.proc(), err)
@@ -37,7 +36,7 @@ func (c Checker) socketOwners(want map[uint64]struct{}) (map[uint64]owner, error
 	slices.SortFunc(pids, func(a, b int) int { return b - a })
 	link := make([]byte, 64)
 	for _, pid := range pids {
-		comm := "" // read once per process, at its first match
+		var me *holder // this process, once it matched
 		dir := filepath.Join(c.proc(), strconv.Itoa(pid), "fd")
 		dfd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
@@ -57,21 +56,63 @@ func (c Checker) socketOwners(want map[uint64]struct{}) (map[uint64]owner, error
 			if _, ok := want[inode]; !ok {
 				continue
 			}
-			if _, dup := found[inode]; dup {
-				continue
+			if me == nil {
+				h, err := c.readHolder(pid)
+				if err != nil {
+					// A holder whose credentials cannot be read is not
+					// left out: it is taken as nobody, which no policy
+					// admits.
+					h = holder{pid: pid, comm: "unknown", uids: [4]uint32{nobody, nobody, nobody, nobody}}
+				}
+				me = &h
 			}
-			if comm == "" {
-				b, _ := os.ReadFile(filepath.Join(c.proc(), strconv.Itoa(pid), "comm"))
-				comm = strings.TrimSpace(string(b))
+			if !slices.ContainsFunc(found[inode], func(o holder) bool { return o.pid == pid }) {
+				found[inode] = append(found[inode], *me)
 			}
-			found[inode] = owner{pid: pid, comm: comm}
 		}
 		f.Close()
-		if len(found) == len(want) {
-			break
-		}
 	}
 	return found, nil
+}
+
+// nobody stands for a holder whose uids could not be read.
+const nobody = 65534
+
+// readHolder reads a process's name and uids from its status file.
+func (c Checker) readHolder(pid int) (holder, error) {
+	b, err := os.ReadFile(filepath.Join(c.proc(), strconv.Itoa(pid), "status"))
+	if err != nil {
+		return holder{}, err
+	}
+	h := holder{pid: pid}
+	gotUID := false
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "Name":
+			h.comm = strings.TrimSpace(v)
+		case "Uid":
+			f := strings.Fields(v)
+			if len(f) != 4 {
+				return holder{}, fmt.Errorf("pid %d: status Uid %q", pid, v)
+			}
+			for i := range f {
+				u, err := strconv.ParseUint(f[i], 10, 32)
+				if err != nil {
+					return holder{}, fmt.Errorf("pid %d: status Uid %q", pid, v)
+				}
+				h.uids[i] = uint32(u)
+			}
+			gotUID = true
+		}
+	}
+	if !gotUID {
+		return holder{}, fmt.Errorf("pid %d: no Uid in status", pid)
+	}
+	return h, nil
 }
 
 // socketLinkInode parses "socket:[12345]".

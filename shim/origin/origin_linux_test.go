@@ -4,6 +4,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -143,5 +145,89 @@ func BenchmarkCheck(b *testing.B) {
 		if v := (Checker{}).Check(c.LocalAddr(), c.RemoteAddr()); !v.FromHost {
 			b.Fatal(v)
 		}
+	}
+}
+
+// heldBy connects to ln from this process, hands a copy of the client's
+// socket to sleep started with attr (another uid, another mount namespace:
+// what SCM_RIGHTS gives a process just as inheritance does), and, when
+// keep is false, closes this process's copy, so the child alone holds it.
+func heldBy(t *testing.T, ln net.Listener, keep bool, argv []string, attr *syscall.SysProcAttr) net.Conn {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("another uid or mount namespace needs root")
+	}
+	cl, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := cl.(*net.TCPConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.ExtraFiles = []*os.File{f}
+	attr.Setpgid = true
+	cmd.SysProcAttr = attr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	})
+	f.Close()
+	if keep {
+		t.Cleanup(func() { cl.Close() })
+	} else {
+		cl.Close()
+	}
+	return accepted(t, ln)
+}
+
+// TestPassedSocketCountsEveryHolder (issue 64, hole 2): the uid that made
+// a socket is not who holds it. A socket root made and handed to an
+// ordinary account carries that account's uid too, and one that a
+// container's process also holds is not the host's.
+func TestPassedSocketCountsEveryHolder(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+
+	c := heldBy(t, ln, false, []string{"sleep", "30"}, &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}})
+	v := Checker{}.Check(c.LocalAddr(), c.RemoteAddr())
+	if !v.FromHost || !slices.Contains(v.UIDs, 0) || !slices.Contains(v.UIDs, 65534) || !strings.Contains(v.Peer, "uid 65534") {
+		t.Fatalf("root's socket held by nobody: %+v", v)
+	}
+
+	c = heldBy(t, ln, true, []string{"unshare", "--mount", "sleep", "30"}, &syscall.SysProcAttr{})
+	v = Checker{}.Check(c.LocalAddr(), c.RemoteAddr())
+	if v.FromHost || !strings.Contains(v.Reason, "a process holding the client socket") {
+		t.Fatalf("a socket a container also holds: %+v", v)
+	}
+}
+
+// TestHolderUIDs reads all four uids of a set-uid-like holder: a program
+// whose effective uid differs from its real one counts as both.
+func TestHolderUIDs(t *testing.T) {
+	dir := t.TempDir()
+	pid := filepath.Join(dir, "7")
+	if err := os.MkdirAll(pid, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(pid, "status"), []byte("Name:\tpasswd\nUmask:\t0022\nUid:\t1000\t0\t0\t0\nGid:\t1000\t1000\t1000\t1000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	h, err := Checker{Proc: dir}.readHolder(7)
+	if err != nil || h.comm != "passwd" || h.uids != [4]uint32{1000, 0, 0, 0} {
+		t.Fatalf("%+v %v", h, err)
+	}
+	if err := os.WriteFile(filepath.Join(pid, "status"), []byte("Name:\tx\nUid:\t0\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (Checker{Proc: dir}).readHolder(7); err == nil {
+		t.Fatal("a short Uid line was taken")
 	}
 }

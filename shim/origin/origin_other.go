@@ -6,7 +6,7 @@ import "errors"
 
 var errUnsupported = errors.New("origin checks need Linux procfs")
 
-func (c Checker) socketOwners(map[uint64]struct{}) (map[uint64]owner, error) {
+func (c Checker) socketHolders(map[uint64]struct{}) (map[uint64][]holder, error) {
 	return nil, errUnsupported
 }
 func (c Checker) sameMountNamespace(int) (bool, error) { return false, errUnsupported }

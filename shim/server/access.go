@@ -53,9 +53,12 @@ func (a Access) decide(v origin.Verdict, what string) (admit bool, msg string) {
 	if !v.FromHost && !a.AllowContainers {
 		return false, what + " serves only the host itself, not " + v.Peer + ": " + v.Reason
 	}
-	if a.Principals != nil && v.HasUID {
-		if d := a.Principals.Decide(v.UID); !d.Allowed {
-			return false, what + " serves only root-equivalent accounts (root, accounts the host's sudo lets run a shell as root, the Docker socket's group, --api-allow-user): " + d.Error() + "; caller " + v.Peer
+	if a.Principals != nil {
+		// Every uid behind the socket: its maker's and each holder's.
+		for _, uid := range v.UIDs {
+			if d := a.Principals.Decide(uid); !d.Allowed {
+				return false, what + " serves only root-equivalent accounts (root, accounts the host's sudo lets run a shell as root, the Docker socket's group, --api-allow-user): " + d.Error() + "; caller " + v.Peer
+			}
 		}
 	}
 	return true, ""

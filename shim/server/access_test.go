@@ -157,12 +157,12 @@ func TestAccessRefusesOrdinaryAccounts(t *testing.T) {
 // TestAccessRefusalText: the 403 names the uid and says what is admitted.
 func TestAccessRefusalText(t *testing.T) {
 	a := Access{Principals: fixedPolicy{}}
-	ok, msg := a.decide(origin.Verdict{FromHost: true, HasUID: true, UID: 1000, Peer: "127.0.0.1:5 pid 9 (curl) uid 1000"}, theAPI)
+	ok, msg := a.decide(origin.Verdict{FromHost: true, UIDs: []uint32{1000}, Peer: "127.0.0.1:5 pid 9 (curl) uid 1000"}, theAPI)
 	if ok || !strings.Contains(msg, "uid 1000") || !strings.Contains(msg, "root-equivalent") || !strings.Contains(msg, "pid 9") {
 		t.Fatalf("%v %q", ok, msg)
 	}
 	// A container is refused for what it is, whatever its uid.
-	ok, msg = Access{Principals: fixedPolicy{0: true}}.decide(origin.Verdict{HasUID: true, Peer: "p", Reason: "the client runs in another mount namespace (a container)"}, theAPI)
+	ok, msg = Access{Principals: fixedPolicy{0: true}}.decide(origin.Verdict{UIDs: []uint32{0}, Peer: "p", Reason: "the client runs in another mount namespace (a container)"}, theAPI)
 	if ok || !strings.Contains(msg, "serves only the host itself") {
 		t.Fatalf("%v %q", ok, msg)
 	}
