@@ -2,7 +2,9 @@ package cloudinit
 
 import (
 	"bytes"
+	"compress/gzip"
 	_ "embed"
+	"encoding/base64"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -345,7 +347,19 @@ type writeFile struct {
 	Path        string `yaml:"path"`
 	Permissions string `yaml:"permissions"`
 	Owner       string `yaml:"owner"`
+	Encoding    string `yaml:"encoding,omitempty"`
 	Content     string `yaml:"content"`
+}
+
+// gzipBase64 is content as write_files' gz+b64 encoding carries it: EC2
+// takes at most 16 KiB of user data, and the data-root mover alone is
+// 14 KiB as text.
+func gzipBase64(content string) string {
+	var b bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&b, gzip.BestCompression)
+	_, _ = zw.Write([]byte(content))
+	_ = zw.Close()
+	return base64.StdEncoding.EncodeToString(b.Bytes())
 }
 
 type cloudConfig struct {
@@ -386,7 +400,7 @@ func (v VM) UserData() (string, error) {
 	}
 	if !v.KeepDockerDataRoot {
 		cc.WriteFiles = append(cc.WriteFiles,
-			writeFile{Path: dataRootBin, Permissions: "0755", Owner: "root:root", Content: dataRootScript},
+			writeFile{Path: dataRootBin, Permissions: "0755", Owner: "root:root", Encoding: "gz+b64", Content: gzipBase64(dataRootScript)},
 			writeFile{Path: dataRootFile, Permissions: "0644", Owner: "root:root", Content: dataRootUnit})
 	}
 	b, err := yaml.Marshal(cc)

@@ -1,6 +1,10 @@
 package cloudinit
 
 import (
+	"bytes"
+	"compress/gzip"
+	"encoding/base64"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +13,23 @@ import (
 
 	"gopkg.in/yaml.v3"
 )
+
+func gunzipBase64(t *testing.T, s string) string {
+	t.Helper()
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := io.ReadAll(zr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
 
 func sampleVM() VM {
 	return VM{ShimURL: "https://example.com/tandem/0.1.0/dstack-shim-linux-amd64", RunnerURL: "https://example.com/tandem/0.1.0/dstack-runner-linux-amd64",
@@ -30,10 +51,14 @@ func TestUserDataValidCloudConfig(t *testing.T) {
 		t.Fatalf("round trip: %v %+v", err, cc)
 	}
 	// Docker's data root mover and its boot unit, as embedded.
-	if cc.WriteFiles[3].Path != dataRootBin || cc.WriteFiles[3].Content != dataRootScript || cc.WriteFiles[4].Path != dataRootFile {
+	if cc.WriteFiles[3].Path != dataRootBin || cc.WriteFiles[3].Encoding != "gz+b64" || gunzipBase64(t, cc.WriteFiles[3].Content) != dataRootScript || cc.WriteFiles[4].Path != dataRootFile {
 		t.Fatalf("data root files: %s %s", cc.WriteFiles[3].Path, cc.WriteFiles[4].Path)
 	}
-	shellcheck(t, cc.WriteFiles[3].Content, "bash")
+	shellcheck(t, dataRootScript, "bash")
+	// EC2 refuses user data over 16 KiB.
+	if len(ud) > 16<<10 {
+		t.Fatalf("user data is %d bytes, above EC2's 16 KiB", len(ud))
+	}
 	keep := sampleVM()
 	keep.KeepDockerDataRoot = true
 	if kept, _ := keep.UserData(); strings.Contains(kept, dataRootBin) {

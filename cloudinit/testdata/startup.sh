@@ -137,11 +137,11 @@ cat > "/usr/local/lib/tandem/docker-data-root.sh" <<'TANDEM_EOF'
 # disk. Runs at every boot before Docker (tandem-docker-data-root.service)
 # and from the cloud-init payload; idempotent.
 #
-# Never formats a disk that holds data (the rule volumes follow): a disk is
-# formatted only when it has no partitions, no filesystem or RAID signature
-# blkid knows and its first and last MiB read as zeros, as a fresh instance
-# store does. A disk this script formatted carries the label
-# tandem-ephemeral and is mounted again after a reboot. A data root the
+# Never formats a disk that holds data (the rule volumes follow). A disk
+# this script formatted carries the label tandem-ephemeral and is mounted
+# again after a reboot. Any other disk is formatted only when certainly new
+# and unused (claim_and_format; docker-data-root.md says how); else it is
+# left as it is and Docker stays on the boot disk. A data root the
 # operator chose in daemon.json is left alone.
 #
 # Instance stores are told apart from network disks by their NVMe model:
@@ -154,6 +154,14 @@ DEV=${TANDEM_DEV:-/dev}
 MNT=${TANDEM_EPHEMERAL_MOUNT:-/mnt/ephemeral}
 DAEMON_JSON=${TANDEM_DOCKER_DAEMON_JSON:-/etc/docker/daemon.json}
 DEFAULT_ROOT=${TANDEM_DOCKER_DEFAULT_ROOT:-/var/lib/docker}
+STATE=${TANDEM_STATE_DIR:-/var/lib/tandem}
+INSTANCE_ID_FILE=${TANDEM_INSTANCE_ID_FILE:-/var/lib/cloud/data/instance-id}
+MACHINE_ID_FILE=${TANDEM_MACHINE_ID_FILE:-/etc/machine-id}
+FORMAT_DISKS=${TANDEM_FORMAT_DISKS:-/etc/tandem/format-disks}
+# 256 GiB is about two minutes at the 2 GB/s an instance store reads at,
+# once, at the first boot that sees the disk.
+READ_MAX_MIB=${TANDEM_BLANK_READ_MAX_MIB:-262144}
+READ_MAX_SECONDS=${TANDEM_BLANK_READ_MAX_SECONDS:-600}
 LABEL=tandem-ephemeral
 log() { echo "tandem-docker-data-root: $*" >&2; }
 
@@ -205,13 +213,313 @@ instance_store() {
   return 1
 }
 
-# zeros DEV OFFSET_MIB: the MiB at OFFSET_MIB reads as zeros.
-zeros() {
-  [ "$(dd if="$1" bs=1M skip="$2" count=1 status=none | tr -d '\0' | wc -c)" = 0 ]
-}
-
 mounted_at() { # the mount point of device $1, if mounted
   awk -v d="$1" '$1 == d {print $2; exit}' /proc/self/mounts
+}
+
+# claim_and_format DEV SYSDIR: format DEV (ext4, our label) only when it
+# is certainly new and unused; exit 0 formatted, 3 refused (logged and
+# recorded), else failed. python3 holds the exclusive open and the udev
+# lock while it checks; the order and what it leaves: docker-data-root.md.
+claim_and_format() {
+  python3 - "$1" "$2" "$LABEL" "$STATE/docker-data-root-disks.json" "$INSTANCE_ID_FILE" "$MACHINE_ID_FILE" \
+    "$FORMAT_DISKS" "$READ_MAX_MIB" "$READ_MAX_SECONDS" <<'PY'
+import errno, fcntl, json, os, stat, subprocess, sys, time
+
+dev, sysdir, label, state_path, id_file, machine_id_file, opt_in_path = sys.argv[1:8]
+read_max = int(sys.argv[8]) << 20
+read_max_s = float(sys.argv[9])
+CHUNK = 16 << 20
+
+
+class Refused(Exception):
+    pass
+
+
+def log(msg):
+    print("tandem-docker-data-root: " + msg, file=sys.stderr, flush=True)
+
+
+def small(path, limit=4096):
+    """The first limit bytes of a sysfs or config file, stripped."""
+    with open(path, "rb") as f:
+        return f.read(limit).decode("utf-8", "replace").strip()
+
+
+def instance_id():
+    for p in (id_file, machine_id_file):
+        try:
+            v = small(p, 256)
+        except OSError:
+            continue
+        if v and v.isprintable():
+            return v
+    return ""
+
+
+def serial():
+    for p in ("device/serial", "wwid", "device/wwid"):
+        try:
+            v = " ".join(small(os.path.join(sysdir, p), 256).split())
+        except OSError:
+            continue
+        if v and v.isprintable():
+            return v
+    return ""
+
+
+def load_state():
+    try:
+        with open(state_path, "rb") as f:
+            st = json.loads(f.read(1 << 20))
+    except FileNotFoundError:
+        return {"disks": {}}
+    except (OSError, ValueError) as e:
+        raise Refused("the record of disks seen, %s, cannot be read (%s): nothing is formatted until it is fixed" % (state_path, e))
+    if not isinstance(st, dict) or not isinstance(st.get("disks"), dict):
+        raise Refused("the record of disks seen, %s, is not ours: nothing is formatted until it is fixed" % state_path)
+    return st
+
+
+def save_state(st):
+    # Written before each step it records and made durable (temp file,
+    # fsync, rename, fsync of the directory): a boot that dies in the
+    # middle finds the record of what it began.
+    d = os.path.dirname(state_path)
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    tmp = state_path + ".new"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(st, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, state_path)
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def opted_in(ser):
+    """The operator named this serial in the opt-in file, which only root
+    may write."""
+    try:
+        fd = os.open(opt_in_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_uid != 0 or st.st_mode & 0o022 or not stat.S_ISREG(st.st_mode):
+            log("%s is not a root-owned file only root may write: ignored" % opt_in_path)
+            return False
+        lines = f.read(1 << 16).decode("utf-8", "replace").splitlines()
+    return any(" ".join(l.split("#", 1)[0].split()) == ser for l in lines)
+
+
+def writes():
+    """Write I/Os and sectors the disk completed, and those in flight."""
+    try:
+        f = small(os.path.join(sysdir, "stat")).split()
+        inflight = small(os.path.join(sysdir, "inflight")).split()
+        return int(f[4]), int(f[6]), int(inflight[1])
+    except (OSError, ValueError, IndexError) as e:
+        raise Refused("its write counters cannot be read (%s)" % e)
+
+
+def openers(rdev):
+    """Other processes with the disk open (pid, command, for writing)."""
+    me, found = os.getpid(), []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == me:
+            continue
+        base = "/proc/" + pid
+        for sub in ("fd", "map_files"):
+            try:
+                names = os.listdir(base + "/" + sub)
+            except OSError:
+                continue
+            for n in names:
+                try:
+                    st = os.stat(base + "/" + sub + "/" + n)
+                except OSError:
+                    continue
+                if not stat.S_ISBLK(st.st_mode) or st.st_rdev != rdev:
+                    continue
+                writer = True  # a mapping, or flags unreadable: assume the worst
+                if sub == "fd":
+                    try:
+                        for line in small(base + "/fdinfo/" + n).splitlines():
+                            if line.startswith("flags:"):
+                                writer = int(line.split()[1], 8) & os.O_ACCMODE != os.O_RDONLY
+                    except (OSError, ValueError, IndexError):
+                        pass
+                try:
+                    comm = small(base + "/comm", 64)
+                except OSError:
+                    comm = "?"
+                found.append((int(pid), comm, writer))
+    return found
+
+
+def no_writers(rdev, when):
+    procs = openers(rdev)
+    w = ["%d (%s)" % (p, c) for p, c, wr in procs if wr]
+    if w:
+        raise Refused("open for writing by process %s %s" % (", ".join(sorted(set(w))), when))
+    for p, c, _ in procs:
+        log("%s is open for reading by process %d (%s) %s" % (dev, p, c, when))
+
+
+def first_nonzero(fd, size):
+    """The offset of the first byte that is not zero, or -1; every byte is
+    read, 16 MiB at a time, and dropped from the page cache after."""
+    buf, zero = bytearray(CHUNK), bytes(CHUNK)
+    view = memoryview(buf)
+    start, off = time.monotonic(), 0
+    while off < size:
+        n = os.preadv(fd, [view[: min(CHUNK, size - off)]], off)
+        if n <= 0:
+            raise Refused("it read short at byte %d of %d" % (off, size))
+        if buf[:n] != zero[:n] if n < CHUNK else buf != zero:
+            part = bytes(view[:n])
+            return off + n - len(part.lstrip(b"\0"))
+        os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
+        off += n
+        if time.monotonic() - start > read_max_s:
+            raise Refused("it was not read in full in %d s (%d of %d MiB): name its serial in %s to format it"
+                          % (read_max_s, off >> 20, size >> 20, opt_in_path))
+    log("%s: %d MiB read, all zeros, in %.1f s" % (dev, size >> 20, time.monotonic() - start))
+    return -1
+
+
+def check_and_format(record, optin):
+    st = os.stat(dev)
+    if not stat.S_ISBLK(st.st_mode):
+        raise Refused("not a block device")
+    rdev = st.st_rdev
+    if small(os.path.join(sysdir, "dev")) != "%d:%d" % (os.major(rdev), os.minor(rdev)):
+        raise Refused("its device number is not the one %s describes" % sysdir)
+    name = os.path.basename(sysdir)
+    if any(e.startswith(name) for e in os.listdir(sysdir)):
+        raise Refused("it is partitioned")
+    try:
+        held = os.listdir(os.path.join(sysdir, "holders"))
+    except FileNotFoundError:
+        held = []
+    if held:
+        raise Refused("it is held by %s (RAID, LVM, dm)" % ", ".join(held))
+    with open("/proc/self/mountinfo") as f:
+        if any(l.split()[2] == "%d:%d" % (os.major(rdev), os.minor(rdev)) for l in f):
+            raise Refused("it is mounted")
+    for b in os.listdir("/sys/block"):
+        try:
+            if os.stat(small("/sys/block/%s/loop/backing_file" % b)).st_rdev == rdev:
+                raise Refused("it backs the loop device %s" % b)
+        except OSError:
+            pass
+    try:
+        xfd = os.open(dev, os.O_RDONLY | os.O_EXCL | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            raise Refused("it is in use (a mount, RAID, swap or another program holds it exclusively)")
+        raise
+    lfd = os.open(dev, os.O_RDONLY)  # inherited by mke2fs: the lock lasts through the format
+    try:
+        # udev holds a shared lock for the moments it probes a disk.
+        for _ in range(100):
+            try:
+                fcntl.flock(lfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.1)
+        else:
+            raise Refused("another program holds its lock (flock)")
+        if os.fstat(xfd).st_rdev != rdev or os.fstat(lfd).st_rdev != rdev:
+            raise Refused("%s changed while it was opened" % dev)
+        before = writes()
+        no_writers(rdev, "when checked")
+        sig = subprocess.run(["blkid", "-p", "-o", "export", "/dev/fd/%d" % xfd], pass_fds=(xfd,),
+                             capture_output=True, text=True).stdout
+        kinds = [l.split("=", 1)[1] for l in sig.splitlines() if l.startswith(("TYPE=", "PTTYPE="))]
+        if kinds:
+            raise Refused("it holds a %s signature this script did not make" % "/".join(kinds))
+        size = os.lseek(xfd, 0, os.SEEK_END)
+        if optin:
+            log("%s: its serial is named in %s: formatted without reading it" % (dev, opt_in_path))
+        elif size > read_max:
+            raise Refused("it is too large to read in full at boot (%d GiB, above %d GiB), and no device report says it is blank: "
+                          "name its serial in %s to format it" % (size >> 30, read_max >> 30, opt_in_path))
+        else:
+            at = first_nonzero(xfd, size)
+            if at >= 0:
+                raise Refused("it is not blank: data at byte %d" % at)
+        os.fsync(lfd)  # a buffered writer's pages reach the counters
+        no_writers(rdev, "after it was read")
+        after = writes()
+        # Sectors, not I/Os: the fsync's flush counts as a write of none.
+        if after[1] != before[1] or after[2]:
+            raise Refused("it was written to while it was checked (%d sectors, %d writes in flight)"
+                          % (after[1] - before[1], after[2]))
+        record.update(outcome="formatting", at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        commit()
+        os.close(xfd)
+        xfd = -1
+        no_writers(rdev, "before the format")
+        log("formatting the blank instance store %s (ext4, label %s)" % (dev, label))
+        mk = subprocess.run(["mkfs.ext4", "-q", "-L", label, "-E", "nodiscard", "-m", "0", "/dev/fd/%d" % lfd],
+                            pass_fds=(lfd,), stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if mk.returncode != 0:
+            raise Refused("mkfs.ext4 failed (exit %d): %s" % (mk.returncode, mk.stderr.strip()[-300:]))
+        no_writers(rdev, "after the format")
+    finally:
+        if xfd >= 0:
+            os.close(xfd)
+        os.close(lfd)
+
+
+ser, inst = serial(), instance_id()
+if not ser or not inst:
+    log("%s: refused, not formatted: no %s to record it by: Docker stays on the boot disk"
+        % (dev, "serial" if not ser else "instance id (%s, %s)" % (id_file, machine_id_file)))
+    sys.exit(3)
+key = inst + "/" + ser
+try:
+    state = load_state()
+except Refused as e:
+    log("%s: refused, not formatted: %s: Docker stays on the boot disk" % (dev, e))
+    sys.exit(3)
+seen = state["disks"].get(key)
+optin = opted_in(ser)
+if seen is not None and not optin:
+    what = {
+        "formatting": "its format began and did not finish",
+        "formatted": "it was formatted then and no longer carries the label %s: someone's data, or wiped" % label,
+        "checking": "its check began and did not finish",
+    }.get(seen.get("outcome"), "it was refused then: %s" % seen.get("reason", "?"))
+    log("%s (serial %s): refused, not formatted: seen on an earlier boot of this instance (%s, %s): %s. "
+        "Name its serial in %s to format it; Docker stays on the boot disk" % (dev, ser, inst, seen.get("at", "?"), what, opt_in_path))
+    sys.exit(3)
+record = {"device": dev, "outcome": "checking", "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+state["disks"][key] = record
+
+
+def commit():
+    save_state(state)
+
+
+try:
+    commit()
+    check_and_format(record, optin)
+except Refused as e:
+    record.update(outcome="refused", reason=str(e))
+    commit()
+    log("%s (serial %s): refused, not formatted: %s: Docker stays on the boot disk" % (dev, ser, e))
+    sys.exit(3)
+record.update(outcome="formatted")
+commit()
+PY
 }
 
 if ! mountpoint -q "$MNT"; then
@@ -226,20 +534,18 @@ if ! mountpoint -q "$MNT"; then
     log "$dev is partitioned, mounted or held (RAID, LVM): not touched"
     exit 0
   fi
-  fs=$(blkid -p -s TYPE -o value "$dev" 2>/dev/null || true)
   label=$(blkid -p -s LABEL -o value "$dev" 2>/dev/null || true)
-  if [ -n "$fs" ] && [ "$label" != "$LABEL" ]; then
-    log "$dev holds a $fs filesystem (label '${label}') this script did not make: not touched"
-    exit 0
-  fi
-  if [ -z "$fs" ]; then
-    size_mib=$(($(blockdev --getsize64 "$dev") / 1048576))
-    if ! zeros "$dev" 0 || ! zeros "$dev" $((size_mib - 1)); then
-      log "$dev has no filesystem blkid knows but is not blank: not formatted"
-      exit 0
-    fi
-    log "formatting the blank instance store $dev (ext4, label $LABEL)"
-    mkfs.ext4 -q -L "$LABEL" -E nodiscard -m 0 "$dev"
+  if [ "$label" != "$LABEL" ]; then
+    rc=0
+    claim_and_format "$dev" "$SYS/block/$name" || rc=$?
+    case $rc in
+    0) ;;
+    3) exit 0 ;; # refused, said why: Docker stays on the boot disk
+    *)
+      log "$dev: the check or the format failed (exit $rc): not mounted, Docker stays on the boot disk"
+      exit 1
+      ;;
+    esac
   fi
   mkdir -p "$MNT"
   mount -o noatime "$dev" "$MNT"
@@ -274,13 +580,19 @@ cat > "/etc/systemd/system/tandem-docker-data-root.service" <<'TANDEM_EOF'
 [Unit]
 Description=Tandem: Docker's data root on the instance-store NVMe
 Documentation=https://github.com/tandem-run/tandem
-After=local-fs.target
+# cloud-init's instance id, which keys the record of disks seen, is
+# written by then (cloud-init.service is before sysinit.target anyway).
+After=local-fs.target cloud-init-local.service cloud-init.service
 Before=docker.service containerd.service dstack-shim.service
 ConditionPathExists=/usr/local/lib/tandem/docker-data-root.sh
 
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+# The blank check reads a disk of up to 256 GiB once, and gives up after
+# 10 minutes itself: Docker (ordered after, not requiring this) starts on
+# the boot disk however this ends.
+TimeoutStartSec=15min
 ExecStart=/usr/local/lib/tandem/docker-data-root.sh
 
 [Install]
