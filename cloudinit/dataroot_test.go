@@ -366,6 +366,13 @@ func TestDataRootLargeDiskNeedsTheOperator(t *testing.T) {
 	serial, _ := os.ReadFile(filepath.Join(h.sys, "block", "nvme1n1", "device", "serial"))
 	_ = os.MkdirAll(filepath.Dir(h.optIn), 0o755)
 	_ = os.WriteFile(h.optIn, []byte("# disks of mine to format\n"+strings.TrimSpace(string(serial))+"\n"), 0o644)
+	// A file anyone may write names nothing.
+	_ = os.Chmod(h.optIn, 0o666)
+	if out := h.run(); !strings.Contains(out, "ignored") || strings.Contains(out, "formatting") {
+		t.Fatalf("a world-writable opt-in was honoured:\n%s", out)
+	}
+	h.untouched(img, before, out)
+	_ = os.Chmod(h.optIn, 0o644)
 	out = h.run()
 	if !strings.Contains(out, "formatting") || label(t, loop) != "tandem-ephemeral" || h.dataRoot() != filepath.Join(h.mnt, "docker") {
 		t.Fatalf("opted in:\n%s", out)
@@ -379,4 +386,22 @@ func backingFile(t *testing.T, loop string) string {
 		t.Fatal(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// The device node must be the disk sysfs describes: a /dev entry pointing
+// at another disk (a blank one beside the instance store) is refused.
+func TestDataRootRefusesANodeThatIsAnotherDisk(t *testing.T) {
+	store, other := loopdev.New(t, 32, false), loopdev.New(t, 32, false)
+	h := newDataRootHost(t, "Amazon EC2 NVMe Instance Storage", store)
+	node := filepath.Join(h.dev, "nvme1n1")
+	if err := os.Remove(node); err != nil || os.Symlink(other, node) != nil {
+		t.Fatal(err)
+	}
+	img := backingFile(t, other)
+	before := sum(t, img)
+	out := h.run()
+	if !strings.Contains(out, "device number is not the one") {
+		t.Fatalf("want a refusal of the wrong node:\n%s", out)
+	}
+	h.untouched(img, before, out)
 }
