@@ -170,11 +170,12 @@ func TestShimKill9Restart(t *testing.T) {
 
 	p.kill9()
 	// While the shim is down: e exits on its own, and a task container that
-	// no record knows of appears (as dstack's own shim would leave it).
+	// no record knows of appears (as dstack's own shim with this home
+	// would leave it: unlabelled, its runner dir under the home).
 	_ = os.WriteFile(filepath.Join(ctlE, "exit"), []byte("4"), 0o644)
 	stray := randomID("stray")
 	if _, err := testenv.Docker(ctx, "run", "-d", "--name", "rs-"+stray, "--label", "ai.dstack.shim.is-task=true",
-		"--label", "ai.dstack.shim.task-id="+stray, img, "sleep", "300"); err != nil {
+		"--label", "ai.dstack.shim.task-id="+stray, "-v", filepath.Join(p.home, "runners", "rs-"+stray)+":/tmp/runner", img, "sleep", "300"); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(500 * time.Millisecond)

@@ -112,6 +112,7 @@ func config(c *cli.Context) (agent.Config, error) {
 			PullTimeout:       c.Duration("pull-timeout"),
 			VolumesRoot:       c.String("volumes-root"),
 			SpillDir:          c.String("state-spill-dir"),
+			AdoptUnlabelled:   c.Bool("adopt-unlabeled"),
 		},
 		DCGMExporterPort:     c.Int("dcgm-exporter-http-port"),
 		GPUMetricsInterval:   time.Duration(c.Int("dcgm-exporter-interval")) * time.Millisecond,
@@ -170,6 +171,7 @@ func Flags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "shim-home", EnvVars: []string{"DSTACK_SHIM_HOME"}, Usage: "home/state directory (default $HOME/.dstack)"},
 		&cli.StringFlag{Name: "state-spill-dir", EnvVars: []string{"TANDEM_SHIM_STATE_SPILL_DIR"}, Usage: "where task records wait when the shim home's filesystem refuses them (full), until written home; kept across a shim restart. On another filesystem (default /run/tandem-shim/<hash of the home>, a tmpfs)"},
+		&cli.BoolFlag{Name: "adopt-unlabeled", EnvVars: []string{"TANDEM_SHIM_ADOPT_UNLABELED"}, Usage: "take every task container without Tandem's shim-home label as this shim's (the migration from dstack's agents run with another home); by default only those whose runner dir is under this shim's home are, and other agents' containers are left alone"},
 		&cli.StringFlag{Name: "shim-binary-path", EnvVars: []string{"DSTACK_SHIM_BINARY_PATH"}, Usage: "file replaced on shim self-update"},
 		&cli.DurationFlag{Name: "reconcile-interval", Value: d.ReconcileInterval, Hidden: true, Usage: "how often containers are reconciled with tasks"},
 		&cli.BoolFlag{Name: "keep-startup-memory", EnvVars: []string{"TANDEM_SHIM_KEEP_STARTUP_MEMORY"}, Usage: "kill switch: keep the executable's start-up pages mapped (by default they are given back once recovered; idle RSS ~10 MB instead of ~20)"},

@@ -310,7 +310,12 @@ func (r *Runtime) ContainerRefs(ctx context.Context) ([]task.ContainerRef, error
 	}
 	out := make([]task.ContainerRef, 0, len(list))
 	for _, c := range list {
-		ref := task.ContainerRef{ID: c.ID, TaskID: c.Labels[task.LabelTaskID], ShimHome: c.Labels[task.LabelShimHome]}
+		ref := task.ContainerRef{ID: c.ID, TaskID: c.Labels[task.LabelTaskID], ShimHome: c.Labels[task.LabelShimHome], Running: c.State == "running" || c.State == "paused" || c.State == "restarting"}
+		for _, m := range c.Mounts {
+			if m.Type == mount.TypeBind && m.Destination == task.RunnerDirInContainer {
+				ref.RunnerDir = m.Source
+			}
+		}
 		for _, n := range c.Names { // its own name, not a link's alias ("/a/b")
 			if n = strings.TrimPrefix(n, "/"); !strings.Contains(n, "/") {
 				ref.Name = n
@@ -335,6 +340,11 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (task.ContainerState, 
 	if ins.Config != nil {
 		st.TaskID = ins.Config.Labels[task.LabelTaskID]
 		st.ShimHome = ins.Config.Labels[task.LabelShimHome]
+	}
+	for _, m := range ins.Mounts { // whose it is, when unlabelled (task.ownerOf)
+		if m.Type == mount.TypeBind && m.Destination == task.RunnerDirInContainer {
+			st.RunnerDir = m.Source
+		}
 	}
 	if ins.State != nil {
 		st.Running = ins.State.Running || ins.State.Restarting || ins.State.Paused

@@ -1,6 +1,10 @@
 package task
 
-import "github.com/tandem-run/tandem/api"
+import (
+	"path/filepath"
+
+	"github.com/tandem-run/tandem/api"
+)
 
 // Recovery decisions, apart from the I/O that carries them out (recover.go)
 // so that every case is a row in a table test.
@@ -20,12 +24,13 @@ const (
 	actEndGone         // 5: the container disappeared
 	actFailNeverRan    // 2: no container: end executor_error
 	actEndNeverStarted // 2 caught after create: remove the container, end executor_error
-	actAdoptRunning    // 7: a labelled container no record names, running
+	actAdoptRunning    // 7: a container of this shim no record names, running
 	actAdoptStopped    // 7: the same, stopped
-	actSkip            // a container that is ours already, unlabelled, or of a removed task
+	actSkip            // a container that is ours already, has no task id, or of a removed task
+	actLeaveForeign    // another agent's container: left alone, its GPUs kept from our tasks
 )
 
-var actionNames = [...]string{"keep", "release", "unreadable", "hold", "probe", "attach", "end-gone", "fail-never-ran", "end-never-started", "adopt-running", "adopt-stopped", "skip"}
+var actionNames = [...]string{"keep", "release", "unreadable", "hold", "probe", "attach", "end-gone", "fail-never-ran", "end-never-started", "adopt-running", "adopt-stopped", "skip", "leave-foreign"}
 
 func (a action) String() string { return actionNames[a] }
 
@@ -79,21 +84,77 @@ func decideHeld(c containerView) action {
 	return actAttach
 }
 
+// owner is whose a task container is, read from its labels and its runner
+// dir. A shim beside other agents on one Docker (dstack's own shim running
+// the dstack server's tasks, a second shim with a scratch home) sees their
+// task containers too: they carry the same dstack labels, and adopting them
+// put tasks the user never ran in `tandem ps -a`, for `tandem prune` to
+// remove.
+type owner int
+
+const (
+	// ownerSelf: labelled with this shim's home.
+	ownerSelf owner = iota
+	// ownerSameHome: no home label, its runner dir under this shim's home:
+	// made by a shim that ran with this home (dstack's, which this one
+	// replaces, or a Tandem shim from before the label). Adopted: the
+	// migration keeps the tasks running on a live host.
+	ownerSameHome
+	// ownerUnlabelled: no home label and a runner dir elsewhere (another
+	// agent's); adopted only when the operator asks (--adopt-unlabeled).
+	ownerUnlabelled
+	// ownerOther: labelled with another shim's home; never adopted.
+	ownerOther
+)
+
+var ownerNames = [...]string{"self", "same-home", "unlabelled", "other-home"}
+
+func (o owner) String() string { return ownerNames[o] }
+
+// ownerOf classifies a container by its LabelShimHome (labelHome) and the
+// host side of its runner-dir bind (runnerDir), for a shim at home. dstack's
+// shim binds <its home>/runners/<container name> at /tmp/runner, so the bind
+// says which home made an unlabelled container: no guess from the home's
+// path (/root/.dstack, /etc/.dstack on COS, a scratch dir) is needed.
+func ownerOf(labelHome, runnerDir, home string) owner {
+	switch {
+	case labelHome != "" && filepath.Clean(labelHome) == filepath.Clean(home):
+		return ownerSelf
+	case labelHome != "":
+		return ownerOther
+	case home != "" && runnerDir != "" && filepath.Dir(filepath.Clean(runnerDir)) == filepath.Join(home, "runners"):
+		return ownerSameHome
+	}
+	return ownerUnlabelled
+}
+
+// adoptable says whether a shim may take a container of owner o as one of
+// its tasks: list it, stop it, remove it. adoptUnlabelled is the operator's
+// --adopt-unlabeled.
+func adoptable(o owner, adoptUnlabelled bool) bool {
+	return o == ownerSelf || o == ownerSameHome || o == ownerUnlabelled && adoptUnlabelled
+}
+
 // strayView is a labelled container seen by the reconcile loop.
 type strayView struct {
 	taskID  string // its task label; "" for containers not ours
 	known   bool   // a task of that id exists
 	removed bool   // a tombstone names it
 	running bool
-	// otherShim: the container names another shim home as its creator (a
-	// second shim on the host, e.g. tests); never ours to adopt.
-	otherShim bool
+	// foreign: another agent's container (adoptable is false for its
+	// owner): never listed, stopped or removed; only the GPUs it holds
+	// are kept from this shim's tasks.
+	foreign bool
 }
 
 // decideStray decides what to do with a container no held task claimed.
 func decideStray(s strayView) action {
 	switch {
-	case s.taskID == "" || s.known || s.removed || s.otherShim:
+	case s.taskID == "":
+		return actSkip
+	case s.foreign:
+		return actLeaveForeign
+	case s.known || s.removed:
 		return actSkip
 	case s.running:
 		return actAdoptRunning

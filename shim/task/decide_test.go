@@ -56,16 +56,60 @@ func TestDecideStray(t *testing.T) {
 		s    strayView
 		want action
 	}{
-		{"not ours", strayView{}, actSkip},
+		{"no task id", strayView{}, actSkip},
+		{"no task id, foreign", strayView{foreign: true}, actSkip},
 		{"a task we have", strayView{taskID: "a", known: true, running: true}, actSkip},
 		{"removed (tombstone): never again", strayView{taskID: "a", removed: true, running: true}, actSkip},
-		{"another shim's container", strayView{taskID: "a", running: true, otherShim: true}, actSkip},
+		{"another agent's container", strayView{taskID: "a", running: true, foreign: true}, actLeaveForeign},
+		{"another agent's, stopped", strayView{taskID: "a", foreign: true}, actLeaveForeign},
+		{"another agent's, same task id as one of ours", strayView{taskID: "a", known: true, running: true, foreign: true}, actLeaveForeign},
 		{"no record, running", strayView{taskID: "a", running: true}, actAdoptRunning},
 		{"no record, stopped", strayView{taskID: "a"}, actAdoptStopped},
 	}
 	for _, tc := range tests {
 		if got := decideStray(tc.s); got != tc.want {
 			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The rule of whose a container is: labelled with our home, ours;
+// labelled with another, never; unlabelled, ours only when its runner dir
+// says it was made with our home (the migration from dstack's shim) or the
+// operator asked (--adopt-unlabeled).
+func TestOwnerAndAdoptable(t *testing.T) {
+	const home = "/root/.dstack"
+	tests := []struct {
+		name              string
+		label, runnerDir  string
+		home              string
+		want              owner
+		adopted, withFlag bool
+	}{
+		{"labelled with our home", home, "", home, ownerSelf, true, true},
+		{"labelled with our home, written unclean", home + "/", "/elsewhere/runners/x", home, ownerSelf, true, true},
+		{"labelled with another home", "/tmp/scratch", "", home, ownerOther, false, false},
+		{"labelled with another home, runner dir under ours", "/tmp/scratch", home + "/runners/x", home, ownerOther, false, false},
+		{"dstack's shim with our home (migration)", "", home + "/runners/task-1a2b3c4d", home, ownerSameHome, true, true},
+		{"dstack's shim on COS, we run with its home", "", "/etc/.dstack/runners/t-0", "/etc/.dstack", ownerSameHome, true, true},
+		{"dstack's task beside a scratch-home shim", "", home + "/runners/task-1a2b3c4d", "/tmp/scratch", ownerUnlabelled, false, true},
+		{"unlabelled, no runner dir", "", "", home, ownerUnlabelled, false, true},
+		{"unlabelled, runner dir deeper under our home", "", home + "/runners/a/b", home, ownerUnlabelled, false, true},
+		{"unlabelled, runner dir is our runners dir itself", "", home + "/runners", home, ownerUnlabelled, false, true},
+		{"unlabelled, runner dir climbs out of ours", "", home + "/runners/../../x/runners/y", home, ownerUnlabelled, false, true},
+		{"unlabelled, a home that is a prefix of ours", "", "/root/.dstack2/runners/x", home, ownerUnlabelled, false, true},
+		{"unlabelled, this shim has no home", "", "/runners/x", "", ownerUnlabelled, false, true},
+	}
+	for _, tc := range tests {
+		got := ownerOf(tc.label, tc.runnerDir, tc.home)
+		if got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+		if a := adoptable(got, false); a != tc.adopted {
+			t.Errorf("%s: adoptable %v, want %v", tc.name, a, tc.adopted)
+		}
+		if a := adoptable(got, true); a != tc.withFlag {
+			t.Errorf("%s: adoptable with --adopt-unlabeled %v, want %v", tc.name, a, tc.withFlag)
 		}
 	}
 }

@@ -49,8 +49,10 @@ const (
 	LabelIsTask = "ai.dstack.shim.is-task"
 	LabelTaskID = "ai.dstack.shim.task-id"
 	// LabelShimHome names the shim (by its home) that created a container,
-	// so that a shim adopts only its own strays: dstack's containers and
-	// ours from before this label carry none and are adopted too.
+	// so that a shim adopts only its own strays. dstack's containers and
+	// ours from before this label carry none: they are adopted when their
+	// runner dir is under this shim's home, or with Config.AdoptUnlabelled
+	// (decide.go, ownerOf).
 	LabelShimHome = "run.tandem.shim.home"
 )
 
@@ -110,6 +112,11 @@ type Config struct {
 	// Volumes mounts network volumes; nil refuses tasks that ask for them.
 	Volumes Volumes
 	Home    string // shim home; runner dirs live in <home>/runners
+	// AdoptUnlabelled takes every task container without a shim-home
+	// label as this shim's (the migration from dstack's agents run with
+	// another home); by default only those whose runner dir is under Home
+	// are (recover.go, case 7).
+	AdoptUnlabelled bool
 	// RunnerDirs makes, re-attaches and removes the runner directories
 	// (nil: plain directories; shim/runnerdir bounds each in a filesystem
 	// of its own).
@@ -204,6 +211,8 @@ type Engine struct {
 	// releaseBackoff is their first wait (0: releaseRetryFirst; tests).
 	retries        sync.WaitGroup
 	releaseBackoff time.Duration
+
+	foreign foreignHolds // GPUs other agents' running containers use (recover.go)
 
 	gpuModeMu sync.Mutex // guards gpuMode
 	gpuMode   string     // the runtime's answer to GPUMode, once it gave one

@@ -24,8 +24,9 @@ type stepRuntime struct {
 	reached map[string]chan struct{}
 	created map[string]bool // live containers by id
 	names   map[string]string
-	gpus    map[string][]string // the GPUs a container's device request names
-	idle    map[string]bool     // created and never started (neverStarted)
+	gpus    map[string][]string      // the GPUs a container's device request names
+	specs   map[string]ContainerSpec // what each was created with: its labels and binds
+	idle    map[string]bool          // created and never started (neverStarted)
 	exit    map[string]*exitState
 	n       int
 }
@@ -44,7 +45,7 @@ func (x *exitState) stop(code int) {
 
 func newStepRuntime() *stepRuntime {
 	return &stepRuntime{hold: map[string]chan struct{}{}, reached: map[string]chan struct{}{},
-		created: map[string]bool{}, names: map[string]string{}, exit: map[string]*exitState{}, gpus: map[string][]string{}, idle: map[string]bool{}}
+		created: map[string]bool{}, names: map[string]string{}, exit: map[string]*exitState{}, gpus: map[string][]string{}, idle: map[string]bool{}, specs: map[string]ContainerSpec{}}
 }
 
 // holdAt makes the next call of step block until the returned func is called.
@@ -89,7 +90,7 @@ func (r *stepRuntime) Create(ctx context.Context, s ContainerSpec) (string, erro
 	defer r.mu.Unlock()
 	r.n++
 	id := "c" + string(rune('0'+r.n))
-	r.created[id], r.names[s.Name], r.exit[id] = true, id, &exitState{done: make(chan struct{})}
+	r.created[id], r.names[s.Name], r.exit[id], r.specs[id] = true, id, &exitState{done: make(chan struct{})}, s
 	if s.GPUs != nil {
 		r.gpus[id] = s.GPUs.DeviceIDs
 	}
@@ -444,17 +445,23 @@ func (r *stepRuntime) neverStarted(id string) {
 }
 
 func (r *stepRuntime) state(id string) ContainerState {
-	if r.idle[id] {
-		return ContainerState{ID: id, Name: r.nameOf(id), NeverStarted: true, Ports: []api.PortMapping{}}
+	st := ContainerState{ID: id, Name: r.nameOf(id), NeverStarted: true, Ports: []api.PortMapping{}}
+	if !r.idle[id] {
+		st = ContainerState{ID: id, Name: r.nameOf(id), Running: true, Ports: []api.PortMapping{}, GPUIDs: r.gpus[id]}
+		select {
+		case <-r.exit[id].done:
+			st.Running, st.ExitCode = false, r.exit[id].code
+		default:
+		}
 	}
-	x := r.exit[id]
-	st := ContainerState{ID: id, Running: true, Ports: []api.PortMapping{}, GPUIDs: r.gpus[id]}
-	select {
-	case <-x.done:
-		st.Running, st.ExitCode = false, x.code
-	default:
+	// Labels and the runner dir as Docker shows them (whose it is).
+	s := r.specs[id]
+	st.TaskID, st.ShimHome = s.Labels[LabelTaskID], s.Labels[LabelShimHome]
+	for _, b := range s.Binds {
+		if b.Target == RunnerDirInContainer {
+			st.RunnerDir = b.Source
+		}
 	}
-	st.Name = r.nameOf(id)
 	return st
 }
 
@@ -477,9 +484,13 @@ func (r *stepRuntime) Containers(context.Context) ([]ContainerState, error) {
 	return out, nil
 }
 
+// Inspect takes a name or an id, as Docker does.
 func (r *stepRuntime) Inspect(_ context.Context, id string) (ContainerState, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if byName, ok := r.names[id]; ok {
+		id = byName
+	}
 	if !r.created[id] {
 		return ContainerState{}, ErrContainerGone
 	}

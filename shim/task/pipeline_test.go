@@ -283,12 +283,20 @@ func TestLocalImageIsUsedWithoutACheckAndPulledWhenMissing(t *testing.T) {
 }
 
 // downRuntime is Docker unreachable at create (or cut off mid-create,
-// when the error does not say nothing was made), and at remove.
+// when the error does not say nothing was made), and at remove (its
+// inspect of whose the container under the name is, and its remove).
 type downRuntime struct {
 	*stepRuntime
 	createErr error
 	mu        sync.Mutex
-	removes   int
+	removes   int // Docker calls of a remove
+}
+
+func (d *downRuntime) Inspect(context.Context, string) (ContainerState, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.removes++
+	return ContainerState{}, errors.New("Cannot connect to the Docker daemon")
 }
 
 func (d *downRuntime) Create(context.Context, ContainerSpec) (string, error) { return "", d.createErr }

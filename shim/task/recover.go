@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -34,9 +35,15 @@ import (
 //  5. Record running, no container: terminated, the container disappeared.
 //  6. Unreadable record: the task (named by its file) answers terminated,
 //     executor_error, with the reason.
-//  7. Labelled container without a record (an older shim, dstack's own):
-//     adopted. Running: re-attached like 3. Stopped: terminated with its
-//     exit code.
+//  7. Task container without a record, this shim's (its home's label, or
+//     no label and a runner dir under this home: dstack's own shim or an
+//     older Tandem one that ran with this home): adopted. Running:
+//     re-attached like 3. Stopped: terminated with its exit code.
+//  8. Another agent's task container (labelled with another home, or
+//     unlabelled with its runner dir elsewhere, unless --adopt-unlabeled):
+//     left alone, never listed, stopped or removed, not even under a
+//     task's name; the GPUs it uses while it runs are kept from this
+//     shim's tasks (foreign.go's part below).
 //
 // Steps 3–5 and 7 need Docker. When it does not answer, running tasks stay
 // running and Reconcile settles them once it does. The decisions themselves
@@ -146,14 +153,21 @@ func (e *Engine) restored(l loaded) *task {
 // containers Docker has (cases 3–5, 7). It is idempotent; the shim calls it
 // at start and on every tick until Docker answers.
 func (e *Engine) Reconcile(ctx context.Context) error {
-	conts, err := e.reconcileView(ctx)
+	conts, foreign, err := e.reconcileView(ctx)
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
+	e.holdForeign(conts, foreign)
+	// By id for what a record names (the record is this shim's word); by
+	// name only this shim's own: a container of another agent may carry
+	// the name (the same task name and id submitted to both).
 	byID, byName := map[string]ContainerState{}, map[string]ContainerState{}
 	byTask := map[string]bool{}
 	for _, c := range conts {
-		byID[c.ID], byName[c.Name] = c, c
+		byID[c.ID] = c
+		if e.adoptable(c.ShimHome, c.RunnerDir) {
+			byName[c.Name] = c
+		}
 	}
 	e.mu.RLock()
 	all := make([]*task, 0, len(e.tasks))
@@ -179,6 +193,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 		c, ok := byID[contID]
 		if !ok {
 			c, ok = byName[t.name]
+			ok = ok && c.TaskID == t.cfg.ID
 		}
 		a := decideHeld(containerView{found: ok, neverStarted: c.NeverStarted, probed: probed})
 		log.Debug("recovery", "action", a, "container_id", c.ID)
@@ -225,7 +240,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 			}
 		}
 	}
-	// 7: labelled containers nobody has a record of.
+	// 7, 8: task containers nobody here has a record of.
 	for _, c := range conts {
 		if c.TaskID == "" || byTask[c.TaskID] {
 			continue
@@ -308,8 +323,8 @@ func (e *Engine) adopt(c ContainerState) {
 	}
 	log := e.log.With("task_id", c.TaskID, "container", c.Name)
 	e.mu.Lock()
-	a := e.strayOf(c.TaskID, c.ShimHome, c.Running)
-	if a == actSkip {
+	a := e.strayOf(c.TaskID, c.ShimHome, c.RunnerDir, c.Running)
+	if a == actSkip || a == actLeaveForeign {
 		e.mu.Unlock()
 		return
 	}
@@ -326,13 +341,19 @@ func (e *Engine) adopt(c ContainerState) {
 	e.follow(t, log)
 }
 
-// strayOf decides a labelled container of task id, made by the shim at
-// home, that may have no task here (decideStray); e.mu held. Whether it
-// runs matters only once it is adopted.
-func (e *Engine) strayOf(id, home string, running bool) action {
+// strayOf decides a task container of task id, labelled with labelHome and
+// bound to runnerDir, that may have no task here (decideStray); e.mu held.
+// Whether it runs matters only once it is adopted.
+func (e *Engine) strayOf(id, labelHome, runnerDir string, running bool) action {
 	_, known := e.tasks[id]
 	return decideStray(strayView{taskID: id, known: known, removed: e.buried(id), running: running,
-		otherShim: home != "" && home != e.cfg.Home})
+		foreign: !e.adoptable(labelHome, runnerDir)})
+}
+
+// adoptable says whether a container labelled with labelHome and bound to
+// runnerDir is this shim's to take, stop and remove (ownerOf, adoptable).
+func (e *Engine) adoptable(labelHome, runnerDir string) bool {
+	return adoptable(ownerOf(labelHome, runnerDir, e.cfg.Home), e.cfg.AdoptUnlabelled)
 }
 
 // awaitsReconcile says whether Reconcile must still settle t against its
@@ -345,6 +366,8 @@ func (t *task) awaitsReconcile() bool {
 type ContainerRef struct {
 	ID, Name, TaskID string
 	ShimHome         string // LabelShimHome ("" if unknown)
+	RunnerDir        string // host side of its bind at RunnerDirInContainer ("" if none)
+	Running          bool
 }
 
 // refLister is a runtime that lists its labelled containers without
@@ -353,23 +376,34 @@ type refLister interface {
 	ContainerRefs(ctx context.Context) ([]ContainerRef, error)
 }
 
-// reconcileView is the containers Reconcile decides on. From a runtime
-// that lists cheaply, only those a decision needs are inspected: the
-// containers of tasks not watched yet, and labelled ones no task of this
-// shim has (strays that are not another shim's and not just removed). A
-// settled host's tick is then one list call: it was an inspect of every
-// task's container every 5 s (64 a tick with 64 tasks, queued with the
-// starts of a burst in Docker).
-func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, error) {
+// reconcileView is the containers Reconcile decides on, and every other
+// agent's task container the list shows (foreign). From a runtime that
+// lists cheaply, only those a decision needs are inspected: the containers
+// of tasks not watched yet, task containers of this shim that no task has
+// (strays not just removed), and other agents' running containers whose
+// GPUs are not held yet. A settled host's tick is then one list call: it
+// was an inspect of every task's container every 5 s (64 a tick with 64
+// tasks, queued with the starts of a burst in Docker).
+func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, []ContainerRef, error) {
 	lctx, cancel := context.WithTimeout(ctx, dockerCallTimeout)
 	defer cancel()
 	l, ok := e.rt.(refLister)
 	if !ok {
-		return e.rt.Containers(lctx)
+		conts, err := e.rt.Containers(lctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		var foreign []ContainerRef
+		for _, c := range conts {
+			if !e.adoptable(c.ShimHome, c.RunnerDir) {
+				foreign = append(foreign, ContainerRef{ID: c.ID, Name: c.Name, TaskID: c.TaskID, ShimHome: c.ShimHome, RunnerDir: c.RunnerDir, Running: c.Running})
+			}
+		}
+		return conts, foreign, nil
 	}
 	refs, err := l.ContainerRefs(lctx)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ids, names := map[string]bool{}, map[string]bool{}
 	var need []string
@@ -384,8 +418,20 @@ func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, error) {
 		}
 		t.mu.Unlock()
 	}
+	var foreign []ContainerRef
 	for _, r := range refs {
-		if e.strayOf(r.TaskID, r.ShimHome, false) != actSkip || ids[r.ID] || names[r.Name] {
+		own := e.adoptable(r.ShimHome, r.RunnerDir)
+		if !own {
+			foreign = append(foreign, r)
+		}
+		switch {
+		case ids[r.ID] || names[r.Name]:
+			need = append(need, r.ID)
+		case !own:
+			if r.Running && !e.foreignHeld(r.ID) {
+				need = append(need, r.ID) // for the GPUs it uses
+			}
+		case e.strayOf(r.TaskID, r.ShimHome, r.RunnerDir, false) != actSkip:
 			need = append(need, r.ID)
 		}
 	}
@@ -397,11 +443,11 @@ func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, error) {
 			continue // removed between the list and the inspect
 		}
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		out = append(out, st)
 	}
-	return out, nil
+	return out, foreign, nil
 }
 
 // ReconcileLoop retries Reconcile every interval until ctx ends: it settles
@@ -419,4 +465,123 @@ func (e *Engine) ReconcileLoop(ctx context.Context, every time.Duration) {
 			}
 		}
 	}
+}
+
+// foreignHolds are the GPUs other agents' running task containers use. Each
+// is locked in the engine's gpu.Locks under the container's name, so that
+// none of this shim's tasks is given a GPU a job it does not own computes
+// on (adopting those containers had locked them; leaving them alone must
+// not free them).
+type foreignHolds struct {
+	mu     sync.Mutex          // guards the fields below; taken after Engine.mu, never with a task's
+	gpus   map[string][]string // running foreign container id → the GPUs it names
+	logged bool                // the first reconcile's count of containers left alone was logged
+}
+
+// foreignHolder names a foreign container as the holder of its GPUs.
+func foreignHolder(id string) string { return "another agent's container " + id[:min(12, len(id))] }
+
+// foreignHeld says whether the GPUs of foreign container id are held.
+func (e *Engine) foreignHeld(id string) bool {
+	e.foreign.mu.Lock()
+	defer e.foreign.mu.Unlock()
+	_, ok := e.foreign.gpus[id]
+	return ok
+}
+
+// holdForeign keeps the GPUs of the foreign containers that run (foreign,
+// from the list) locked, and gives back those of the ones that stopped or
+// went. A new one's GPUs come from its inspect, in conts. The first call
+// logs how many containers were left alone, and why.
+func (e *Engine) holdForeign(conts []ContainerState, foreign []ContainerRef) {
+	states := make(map[string]ContainerState, len(conts))
+	for _, c := range conts {
+		states[c.ID] = c
+	}
+	f := &e.foreign
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gpus == nil {
+		f.gpus = map[string][]string{}
+	}
+	running := map[string]bool{}
+	for _, r := range foreign {
+		if !r.Running {
+			continue
+		}
+		ids, held := f.gpus[r.ID]
+		if !held {
+			st, ok := states[r.ID]
+			if !ok || !st.Running {
+				continue // stopped since the list: the next tick sees it
+			}
+			ids = slices.Clone(st.GPUIDs)
+			f.gpus[r.ID] = ids
+			if len(ids) > 0 {
+				e.log.Info("GPUs in use by another agent's task container are kept from this shim's tasks", "container", r.Name, "container_id", st.ID, "gpus", ids)
+			}
+		}
+		running[r.ID] = true
+		if e.gpus == nil {
+			continue
+		}
+		// One at a time: a GPU one of this shim's tasks was given before
+		// the container was seen is reported, the others still locked;
+		// it is locked again each tick, so it is not handed out anew once
+		// that task ends.
+		for _, g := range ids {
+			if err := e.gpus.Lock(foreignHolder(r.ID), []string{g}); err != nil && !held {
+				e.log.Warn("a GPU another agent's container uses is held by a task of this shim", "container", r.Name, "gpu", g, "err", err)
+			}
+		}
+	}
+	for id, ids := range f.gpus {
+		if !running[id] {
+			if e.gpus != nil {
+				e.gpus.Release(foreignHolder(id), ids)
+			}
+			delete(f.gpus, id)
+		}
+	}
+	if f.logged {
+		return
+	}
+	f.logged = true
+	counts := map[owner]int{}
+	for _, r := range foreign {
+		counts[ownerOf(r.ShimHome, r.RunnerDir, e.cfg.Home)]++
+	}
+	if len(foreign) > 0 {
+		e.log.Info("left other agents' task containers alone: not listed, stopped or removed", "containers", len(foreign),
+			"labelled_other_home", counts[ownerOther], "unlabelled", counts[ownerUnlabelled],
+			"why", "labelled with another shim's home, or unlabelled with a runner dir outside this home (dstack's shim with another home); --adopt-unlabeled takes the unlabelled ones")
+	}
+}
+
+// removeOwn removes t's container: the one its record names, and the one
+// under its name when that one is this shim's (a create whose answer was
+// lost leaves a container whose id was never recorded). Another agent's
+// container under the same name (the same task name and id submitted to
+// both) is left alone.
+func (e *Engine) removeOwn(ctx context.Context, t *task) error {
+	t.mu.Lock()
+	id, name := t.contID, t.name
+	t.mu.Unlock()
+	if id != "" {
+		if err := e.rt.Remove(ctx, id); err != nil {
+			return err
+		}
+	}
+	st, err := e.rt.Inspect(ctx, name)
+	switch {
+	case errors.Is(err, ErrContainerGone):
+		return nil
+	case err != nil:
+		return err
+	case st.TaskID != t.cfg.ID || !e.adoptable(st.ShimHome, st.RunnerDir):
+		e.log.Warn("another agent's container carries this task's container name; left alone", "task_id", t.cfg.ID,
+			"container", name, "container_id", st.ID, "its_shim_home", st.ShimHome, "its_runner_dir", st.RunnerDir)
+		return nil
+	}
+	return e.rt.Remove(ctx, st.ID)
 }

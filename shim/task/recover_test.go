@@ -146,13 +146,19 @@ func TestResubmitWithRegistryAuthAfterRestart(t *testing.T) {
 }
 
 // refRuntime lists cheaply (ContainerRefs) and counts inspects; taskOf
-// labels containers with a task id (strays), homeOf with a shim home.
+// labels containers with a task id (strays), homeOf with a shim home,
+// dirOf binds a runner dir (over what they were created with).
 type refRuntime struct {
 	*stepRuntime
 	mu       sync.Mutex
 	taskOf   map[string]string
 	homeOf   map[string]string
+	dirOf    map[string]string
 	inspects int
+}
+
+func newRefRuntime() *refRuntime {
+	return &refRuntime{stepRuntime: newStepRuntime(), taskOf: map[string]string{}, homeOf: map[string]string{}, dirOf: map[string]string{}}
 }
 
 func (r *refRuntime) ContainerRefs(context.Context) ([]ContainerRef, error) {
@@ -162,9 +168,24 @@ func (r *refRuntime) ContainerRefs(context.Context) ([]ContainerRef, error) {
 	defer r.mu.Unlock()
 	var out []ContainerRef
 	for id := range r.created {
-		out = append(out, ContainerRef{ID: id, Name: r.nameOf(id), TaskID: r.taskOf[id], ShimHome: r.homeOf[id]})
+		st := r.state(id)
+		out = append(out, r.labelled(ContainerRef{ID: id, Name: st.Name, TaskID: st.TaskID, ShimHome: st.ShimHome, RunnerDir: st.RunnerDir, Running: st.Running}))
 	}
 	return out, nil
+}
+
+// labelled gives ref the labels the test set for it, if any; r.mu held.
+func (r *refRuntime) labelled(ref ContainerRef) ContainerRef {
+	if v, ok := r.taskOf[ref.ID]; ok {
+		ref.TaskID = v
+	}
+	if v, ok := r.homeOf[ref.ID]; ok {
+		ref.ShimHome = v
+	}
+	if v, ok := r.dirOf[ref.ID]; ok {
+		ref.RunnerDir = v
+	}
+	return ref
 }
 
 func (r *refRuntime) Inspect(ctx context.Context, id string) (ContainerState, error) {
@@ -172,7 +193,8 @@ func (r *refRuntime) Inspect(ctx context.Context, id string) (ContainerState, er
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.inspects++
-	st.TaskID, st.ShimHome = r.taskOf[id], r.homeOf[id]
+	ref := r.labelled(ContainerRef{ID: st.ID, TaskID: st.TaskID, ShimHome: st.ShimHome, RunnerDir: st.RunnerDir})
+	st.TaskID, st.ShimHome, st.RunnerDir = ref.TaskID, ref.ShimHome, ref.RunnerDir
 	return st, err
 }
 
@@ -185,9 +207,10 @@ func (r *refRuntime) count() int {
 }
 
 // A reconcile tick of a settled host lists and inspects nothing; a stray
-// of this shim is inspected (once) and adopted, another shim's never.
+// of this shim is inspected (once) and adopted, another shim's never (it
+// is inspected once, for the GPUs it uses while it runs).
 func TestReconcileInspectsOnlyWhatItDecides(t *testing.T) {
-	rt := &refRuntime{stepRuntime: newStepRuntime(), taskOf: map[string]string{}, homeOf: map[string]string{}}
+	rt := newRefRuntime()
 	e, _ := newEngine(t, rt)
 	for _, id := range []string{"a", "b", "c"} {
 		if _, err := e.Submit(api.TaskConfig{ID: id, Name: id, ImageName: "img"}); err != nil {
@@ -212,13 +235,13 @@ func TestReconcileInspectsOnlyWhatItDecides(t *testing.T) {
 		t.Fatal(err)
 	}
 	rt.mu.Lock()
-	rt.taskOf[stray], rt.taskOf[other], rt.homeOf[other] = "s", "o", "/another/shim"
+	rt.taskOf[stray], rt.homeOf[stray], rt.taskOf[other], rt.homeOf[other] = "s", e.cfg.Home, "o", "/another/shim"
 	rt.mu.Unlock()
 	if err := e.Reconcile(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if n := rt.count(); n != 1 {
-		t.Fatalf("inspected %d containers, want the stray alone", n)
+	if n := rt.count(); n != 2 {
+		t.Fatalf("inspected %d containers, want the stray and the other shim's", n)
 	}
 	if info, err := e.Get("s"); err != nil || info.Status != api.TaskRunning {
 		t.Fatalf("the stray: %+v %v", info, err)
@@ -410,7 +433,8 @@ func TestRestoreProbesARecordBeforeRunning(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := rt.Create(context.Background(), ContainerSpec{Name: ContainerName("c", "c")}); err != nil {
+	if _, err := rt.Create(context.Background(), ContainerSpec{Name: ContainerName("c", "c"),
+		Labels: map[string]string{LabelIsTask: "true", LabelTaskID: "c", LabelShimHome: e1.cfg.Home}}); err != nil {
 		t.Fatal(err)
 	}
 	rt.mu.Lock()
@@ -619,4 +643,196 @@ func TestBridgePortsForwardedAndReopened(t *testing.T) {
 	if !slices.Contains(f.closed, "br") {
 		t.Fatalf("the ended task's forwards stay open: %v", f.closed)
 	}
+}
+
+// dstackTask creates a container shaped like one dstack's own shim (at
+// dstackHome) runs: its two labels, no shim-home label, its runner dir
+// bound at /tmp/runner; labelHome != "" labels it as a Tandem shim at that
+// home does.
+func dstackTask(t *testing.T, rt Runtime, id, dstackHome, labelHome string, gpus ...string) string {
+	t.Helper()
+	name := ContainerName(id, id)
+	spec := ContainerSpec{Name: name, Labels: map[string]string{LabelIsTask: "true", LabelTaskID: id},
+		Binds: []Bind{{Source: filepath.Join(dstackHome, "runners", name), Target: RunnerDirInContainer}}}
+	if labelHome != "" {
+		spec.Labels[LabelShimHome] = labelHome
+	}
+	if len(gpus) > 0 {
+		spec.GPUs = &GPURequest{DeviceIDs: gpus}
+	}
+	cid, err := rt.Create(context.Background(), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cid
+}
+
+// TestForeignContainersAreLeftAlone: a shim with a scratch home beside the
+// dstack server's tasks (run by dstack's agents at /root/.dstack) and
+// another shim's lists none of them, can stop or remove none, and still
+// gives none of its tasks a GPU a running one of them uses; the GPU is
+// free again once that container stopped.
+func TestForeignContainersAreLeftAlone(t *testing.T) {
+	rt := newRefRuntime()
+	e, locks := newEngine(t, rt, "g0", "g1")
+	ctx := context.Background()
+	dstack := dstackTask(t, rt, "dstack-job", "/root/.dstack", "", "g0")
+	other := dstackTask(t, rt, "other-job", "/tmp/other-shim", "/tmp/other-shim")
+	if err := rt.Stop(ctx, other, 0); err != nil { // a finished task: what prune would remove
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := e.Reconcile(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := e.List(); len(l) != 0 {
+		t.Fatalf("the shim lists other agents' tasks: %+v", l)
+	}
+	for _, id := range []string{"dstack-job", "other-job"} {
+		if _, err := e.Get(id); !errors.Is(err, ErrNotFound) {
+			t.Errorf("get %s: %v", id, err)
+		}
+		if _, err := e.Terminate(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser}); !errors.Is(err, ErrNotFound) {
+			t.Errorf("terminate %s: %v", id, err)
+		}
+		if err := e.Remove(ctx, id); !errors.Is(err, ErrNotFound) {
+			t.Errorf("remove %s: %v", id, err)
+		}
+	}
+	if n := rt.live(); n != 2 || !running(t, rt, dstack) {
+		t.Fatalf("containers left: %d, dstack's running: %v", n, running(t, rt, dstack))
+	}
+	// g0 is the dstack job's: a task asking for two cannot have them, one
+	// asking for one gets g1.
+	if _, err := e.Submit(api.TaskConfig{ID: "two", Name: "two", ImageName: "img", GPU: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if info := waitStatus(t, e, "two", api.TaskTerminated); info.TerminationReason != api.ReasonExecutorError {
+		t.Fatalf("a task was given the GPU another agent's job uses: %+v", info)
+	}
+	if _, err := e.Submit(api.TaskConfig{ID: "one", Name: "one", ImageName: "img", GPU: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if info := waitStatus(t, e, "one", api.TaskRunning); !slices.Equal(info.GPUIDs, []string{"g1"}) {
+		t.Fatalf("one: %+v", info)
+	}
+	if err := rt.Stop(ctx, dstack, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if locks.Free() != 1 {
+		t.Fatalf("the stopped container's GPU is not free again: free=%d", locks.Free())
+	}
+	if rt.live() != 3 {
+		t.Fatalf("containers: %d, want both foreign ones and one's", rt.live())
+	}
+}
+
+// TestAdoptsUnlabelledOnlyForTheMigration: an unlabelled container whose
+// runner dir is under this shim's home was made by dstack's shim with
+// this home (the shim it replaces): adopted. One from elsewhere is adopted
+// only with AdoptUnlabelled; one labelled with another home never.
+func TestAdoptsUnlabelledOnlyForTheMigration(t *testing.T) {
+	rt := newRefRuntime()
+	e, _ := newEngine(t, rt)
+	ctx := context.Background()
+	dstackTask(t, rt, "same-home", e.cfg.Home, "")
+	dstackTask(t, rt, "elsewhere", "/root/.dstack", "")
+	dstackTask(t, rt, "other-shim", "/tmp/other-shim", "/tmp/other-shim")
+	if err := e.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.Get("same-home"); err != nil || info.Status != api.TaskRunning {
+		t.Fatalf("dstack's task of this home: %+v %v", info, err)
+	}
+	for _, id := range []string{"elsewhere", "other-shim"} {
+		if _, err := e.Get(id); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("%s adopted without the flag: %v", id, err)
+		}
+	}
+
+	e2 := New(e.cfg, rt, gpu.NewLocks(nil), nil, logging.Discard())
+	e2.cfg.AdoptUnlabelled = true
+	t.Cleanup(e2.Sync)
+	if err := e2.Reconcile(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"same-home", "elsewhere"} {
+		if info, err := e2.Get(id); err != nil || info.Status != api.TaskRunning {
+			t.Fatalf("%s with --adopt-unlabeled: %+v %v", id, info, err)
+		}
+	}
+	if _, err := e2.Get("other-shim"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("another shim's container adopted with --adopt-unlabeled: %v", err)
+	}
+	// An adopted one is this shim's: terminate and remove reach it.
+	if _, err := e2.Terminate(ctx, "elsewhere", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e2.Remove(ctx, "elsewhere"); err != nil {
+		t.Fatal(err)
+	}
+	if rt.live() != 2 {
+		t.Fatalf("containers after removing the adopted one: %d", rt.live())
+	}
+}
+
+// TestForeignContainerUnderATaskName: another agent's container carries
+// the name of a task of this shim (the same task name and id submitted to
+// both) whose record lagged at a restart. Recovery does not take it for
+// the task's, and neither terminate nor remove touches it.
+func TestForeignContainerUnderATaskName(t *testing.T) {
+	rt := newStepRuntime()
+	e1, _ := newEngine(t, rt)
+	cfg := api.TaskConfig{ID: "t", Name: "t", ImageName: "img"}
+	for _, status := range []api.TaskStatus{api.TaskPulling, api.TaskPreparing} {
+		t.Run(string(status), func(t *testing.T) {
+			if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: status, ContainerName: ContainerName("t", "t")}); err != nil {
+				t.Fatal(err)
+			}
+			foreign := dstackTask(t, rt, "t", "/tmp/other-shim", "/tmp/other-shim")
+			e2 := New(e1.cfg, rt, gpu.NewLocks(nil), nil, logging.Discard())
+			t.Cleanup(e2.Sync)
+			ctx := context.Background()
+			if status == api.TaskPreparing {
+				// Terminated while still probed: the stop must not reach
+				// the container under its name.
+				down := &flakyContainers{stepRuntime: rt, down: true}
+				e2 = New(e1.cfg, down, gpu.NewLocks(nil), nil, logging.Discard())
+				t.Cleanup(e2.Sync)
+				_ = e2.Restore(ctx)
+				down.setDown(false)
+				info, err := e2.Terminate(ctx, "t", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser})
+				if err != nil || info.Status != api.TaskTerminated {
+					t.Fatalf("terminate: %+v %v", info, err)
+				}
+			} else if err := e2.Restore(ctx); err != nil {
+				t.Fatal(err)
+			}
+			info, _ := e2.Get("t")
+			if info.Status != api.TaskTerminated || info.ContainerID == foreign {
+				t.Fatalf("the task took another agent's container: %+v", info)
+			}
+			if !running(t, rt, foreign) {
+				t.Fatal("another agent's container was stopped")
+			}
+			if err := e2.Remove(ctx, "t"); err != nil {
+				t.Fatal(err)
+			}
+			if rt.live() != 1 {
+				t.Fatal("another agent's container was removed")
+			}
+			_ = rt.Remove(ctx, foreign)
+		})
+	}
+}
+
+// running says whether the test runtime's container id runs.
+func running(t *testing.T, rt Runtime, id string) bool {
+	t.Helper()
+	st, err := rt.Inspect(context.Background(), id)
+	return err == nil && st.Running
 }

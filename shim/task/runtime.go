@@ -70,6 +70,7 @@ var ErrNoCDIDevice = errors.New("no CDI spec on this host names the GPU; on the 
 type ContainerState struct {
 	ID, Name, TaskID string
 	ShimHome         string // LabelShimHome: which shim created it ("" if unknown)
+	RunnerDir        string // host side of its bind at RunnerDirInContainer ("" if none)
 	Running          bool
 	NeverStarted     bool // created but not started
 	ExitCode         int

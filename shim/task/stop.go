@@ -78,27 +78,28 @@ func (e *Engine) terminateLocked(ctx context.Context, t *task, id string, req ap
 		t.stopReq = &r
 	}
 	status, contID, probing := t.status, t.contID, t.probing
-	if probing {
-		// Restored before running and Docker has not answered yet: a
-		// container may run under the task's name.
-		status, contID = api.TaskRunning, t.name
-	}
 	t.mu.Unlock()
 	e.mustSave(t) // the reason must survive a restart: retried until written
 
 	t.cancelPre()
-	if status == api.TaskRunning && contID != "" {
-		if err := e.rt.Stop(ctx, contID, time.Duration(req.Timeout)*time.Second); err != nil {
+	if probing {
+		// Restored before running and Docker has not answered yet: a
+		// container may run under the task's name. Settle the task
+		// first: Reconcile takes the container under that name only if
+		// it is this shim's (never another agent's of the same name),
+		// then the stop below reaches it by id. Without an answer nothing
+		// could say whether its container runs, so the caller is told to
+		// retry, as for a running task whose stop failed; the stop
+		// request is kept.
+		if err := e.Reconcile(ctx); err != nil {
 			return api.TaskInfoResponse{}, &StopError{Err: err}
 		}
+		t.mu.Lock()
+		status, contID = t.status, t.contID
+		t.mu.Unlock()
 	}
-	if probing {
-		// Docker answers again: settle the task now (it ends with the
-		// stop's reason and gives back what it holds). Without an answer
-		// nothing could say whether its container runs, so the caller
-		// is told to retry, as for a running task whose stop failed;
-		// the stop request is kept.
-		if err := e.Reconcile(ctx); err != nil {
+	if status == api.TaskRunning && contID != "" {
+		if err := e.rt.Stop(ctx, contID, time.Duration(req.Timeout)*time.Second); err != nil {
 			return api.TaskInfoResponse{}, &StopError{Err: err}
 		}
 	}
@@ -145,7 +146,7 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	// task restored from an unreadable record has neither name nor dir.
 	if t.name != "" {
 		if !noContainer {
-			if err := e.rt.Remove(ctx, t.name); err != nil {
+			if err := e.removeOwn(ctx, t); err != nil {
 				return err
 			}
 		}
