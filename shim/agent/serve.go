@@ -6,13 +6,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
 	"time"
-
-	"golang.org/x/net/netutil"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/httpapi"
@@ -106,21 +103,16 @@ func (a *agent) startAPI(ctx context.Context) error {
 }
 
 // startMetrics serves h (the API's /metrics) alone on --metrics-address:
-// read-only counters for a scraper anywhere. Each connection is bounded in
-// time and there are at most 32 at once; nothing else of the API answers
-// there.
+// read-only counters for a scraper anywhere, on slots shared fairly among
+// peers (metrics.Listen); nothing else of the API answers there.
 func (a *agent) startMetrics(h http.Handler) error {
 	ln, err := net.Listen("tcp", a.cfg.MetricsAddress)
 	if err != nil {
 		return fmt.Errorf("listen %s (--metrics-address): %w", a.cfg.MetricsAddress, err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", h)
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 30 * time.Second,
-		IdleTimeout: 60 * time.Second, MaxHeaderBytes: 16 << 10, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
-	go func() { _ = hs.Serve(netutil.LimitListener(ln, 32)) }()
-	a.OnStop(func() { _ = hs.Close() })
-	a.log.Info("metrics serving", "addr", ln.Addr().String())
+	l := metrics.Listen(ln, h, a.log)
+	a.OnStop(func() { _ = l.Close() })
+	a.log.Info("metrics serving", "addr", l.Addr().String())
 	return nil
 }
 
