@@ -545,3 +545,26 @@ func TestInteractiveNeedsTandemsRunner(t *testing.T) {
 		t.Fatal("--interactive with --detach was not refused")
 	}
 }
+
+// TestRemoteCommand: words are quoted for the remote shell so the program
+// gets them as they are; one word alone is a shell line unless argv is
+// asked for (exec).
+func TestRemoteCommand(t *testing.T) {
+	for _, c := range []struct {
+		words     []string
+		shellLine bool
+		want      []string
+	}{
+		{nil, true, nil},
+		{[]string{"--"}, true, nil},
+		{[]string{"--", "sh", "-c", "exit 5"}, true, []string{"sh -c 'exit 5'"}},
+		{[]string{"make && make test"}, true, []string{"make && make test"}},
+		{[]string{"make && make test"}, false, []string{"'make && make test'"}},
+		{[]string{"echo", "it's", "$HOME"}, false, []string{`echo 'it'\''s' '$HOME'`}},
+		{[]string{"printf", ""}, false, []string{"printf ''"}},
+	} {
+		if got := RemoteCommand(c.words, c.shellLine); !slices.Equal(got, c.want) {
+			t.Errorf("RemoteCommand(%q, %v) = %q, want %q", c.words, c.shellLine, got, c.want)
+		}
+	}
+}

@@ -237,15 +237,48 @@ func (e SSHEndpoint) optionArgs() []string {
 }
 
 // SSHCommand returns the OpenSSH client argv that opens a shell (or runs
-// command) in the task's container through the runner's SSH server.
-func SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string) ([]string, error) {
+// command) in the task's container through the runner's SSH server; tty
+// asks for a terminal even with a command (ssh -tt, docker exec -t).
+func SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string, tty bool) ([]string, error) {
 	ep, err := runningEndpoint(ctx, ref, o, "ssh")
 	if err != nil {
 		return nil, err
 	}
 	argv := append([]string{"ssh"}, ep.optionArgs()...)
+	if tty {
+		argv = append(argv, "-tt")
+	}
 	argv = append(argv, ep.User+"@"+ep.Host)
-	return append(argv, command...), nil
+	if len(command) == 0 {
+		return argv, nil
+	}
+	// ssh reads options after the destination too: "--" ends them, so a
+	// command line starting with "-" is the command's.
+	return append(append(argv, "--"), command...), nil
+}
+
+// RemoteCommand is the command line an SSH server's shell reads for
+// words, each word quoted so that the job's program gets them as they
+// are, as docker exec passes its argv: ssh itself joins its words with
+// spaces, and `sh -c 'exit 5'` reached the shell as `sh -c exit 5` (exit
+// status 0). With shellLine, a single word is taken as a command line of
+// its own (`'make && make test'`), as ssh reads one; several words are
+// always argv.
+func RemoteCommand(words []string, shellLine bool) []string {
+	if len(words) > 0 && words[0] == "--" { // the CLI's end of flags
+		words = words[1:]
+	}
+	if len(words) == 0 {
+		return nil
+	}
+	if shellLine && len(words) == 1 {
+		return words
+	}
+	quoted := make([]string, len(words))
+	for i, w := range words {
+		quoted[i] = shellQuote(w)
+	}
+	return []string{strings.Join(quoted, " ")}
 }
 
 // SSHConfigEntry renders one Host block for a task, marked with the task

@@ -267,6 +267,33 @@ func TestTandemOverSSH(t *testing.T) {
 	if err := cmd.Run(); err != nil || strings.TrimSpace(out.String()) != "via-the-jump" {
 		t.Fatalf("tandem ssh over --ssh with --known-hosts: %v %q %q", err, out, errb)
 	}
+	// A command's words reach the program as they are (issue 67, item 7:
+	// `sh -c 'exit 5'` was joined into `sh -c exit 5` and exited 0); one
+	// word alone is a shell line, as ssh reads one; exec is docker exec.
+	jump := []string{"--ssh", sshd.User + "@" + sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts, "--shim", shim}
+	for _, c := range []struct {
+		args []string
+		out  string
+		code int
+	}{
+		{[]string{"ssh", "jumped", "--", "sh", "-c", "exit 5"}, "", 5},
+		{[]string{"ssh", "jumped", "--", "echo $((2+3)) done"}, "5 done", 0},
+		{[]string{"exec", "jumped", "sh", "-c", `echo "$0|$1"`, "a b", "it's"}, "a b|it's", 0},
+		{[]string{"exec", "jumped", "printf", "%s\n", "$HOME"}, "$HOME", 0},
+	} {
+		cmd, out, errb = tandemIn(t, dir, nil, append(append([]string{c.args[0]}, jump...), c.args[1:]...)...)
+		cmd.Stdin = nil
+		err := cmd.Run()
+		code := 0
+		if exit, ok := err.(*exec.ExitError); ok {
+			code = exit.ExitCode()
+		} else if err != nil {
+			t.Fatalf("%q: %v", c.args, err)
+		}
+		if code != c.code || strings.TrimSpace(out.String()) != c.out {
+			t.Fatalf("%q: exit %d %q, want %d %q (stderr %q)", c.args, code, out, c.code, c.out, errb)
+		}
+	}
 	// tandem cp takes the same jump (scp with the hop's ProxyCommand), with
 	// the task's host key pinned, both ways.
 	up := filepath.Join(t.TempDir(), "up.txt")
@@ -431,18 +458,18 @@ func TestTandemSSHIntoTask(t *testing.T) {
 		t.Fatalf("tasks %+v %v", items, err)
 	}
 	task := items[0].ID
-	ssh, sshOut, sshErr := tandem(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "echo", "$DSTACK_RUN_ID")
+	ssh, sshOut, sshErr := tandem(t, "ssh", "--shim", shim, "--runner-ssh-port", sshPort, "-i", key, task, "--", "echo $DSTACK_RUN_ID") // one word: a shell line
 	if err := ssh.Run(); err != nil || strings.TrimSpace(sshOut.String()) != task {
 		t.Fatalf("tandem ssh: %v %q %q", err, sshOut, sshErr)
 	}
 	// Over --ssh the host becomes OpenSSH's jump host for the container.
 	// -J passes no options to the hop, so a key or known_hosts file for it
 	// goes through a ProxyCommand.
-	argv, err := ctl.SSHCommand(context.Background(), task, ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222"}, []string{"true"})
+	argv, err := ctl.SSHCommand(context.Background(), task, ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222"}, []string{"true"}, false)
 	if err != nil || !slices.Contains(argv, "ProxyJump=ubuntu@gpu-host:2222") || argv[len(argv)-1] != "true" {
 		t.Fatalf("jump argv: %q %v", argv, err)
 	}
-	argv, err = ctl.SSHCommand(context.Background(), task[:6], ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222", Identity: key, KnownHosts: "/k h"}, []string{"true"})
+	argv, err = ctl.SSHCommand(context.Background(), task[:6], ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222", Identity: key, KnownHosts: "/k h"}, []string{"true"}, false)
 	want := "ProxyCommand=ssh -o 'UserKnownHostsFile=/k h' -i " + key + " -o IdentitiesOnly=yes -p 2222 -W %h:%p ubuntu@gpu-host"
 	if err != nil || !slices.Contains(argv, want) {
 		t.Fatalf("jump argv with key and known_hosts: %q %v, want %q", argv, err, want)

@@ -192,26 +192,48 @@ func logsCmd() *cli.Command {
 
 func sshCmd() *cli.Command {
 	return &cli.Command{Name: "ssh", Usage: "open a shell (or run a command) in a task's container", ArgsUsage: "TASK [-- COMMAND...]",
-		Description: "COMMAND is run as ssh runs one: its words are joined with spaces and the login shell reads the line\n" +
-			"(so $VARS expand in the container). Quote a command with its own quoting as one argument:\n" +
-			"  tandem ssh train -- 'sh -c \"echo hi; exit 3\"'",
+		Description: "COMMAND's words reach the program as they are, as docker exec passes them:\n" +
+			"  tandem ssh train -- sh -c 'echo hi; exit 3'   # exits 3\n" +
+			"One word alone is a command line for the login shell, as ssh reads one ($VARS expand in the container):\n" +
+			"  tandem ssh train -- 'cd /workflow && ls $HOME'",
 		Flags:        taskSSHFlags(),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 1 {
 				return exitError{ctl.ExitFailure, "usage: tandem ssh TASK [-- COMMAND...]"}
 			}
-			o, closeDial, err := taskSSHOptions(c)
-			if err != nil {
-				return err
-			}
-			argv, err := ctl.SSHCommand(c.Context, c.Args().First(), o, c.Args().Slice()[1:])
-			closeDial()
-			if err != nil {
-				return exitError{ctl.ExitFailure, errText(err)}
-			}
-			return runOpenSSH(c, argv)
+			return sshInto(c, ctl.RemoteCommand(c.Args().Slice()[1:], true), false)
 		}}
+}
+
+// execCmd is docker exec: a command in a running task's container, its
+// argv kept word for word (through the runner's SSH server).
+func execCmd() *cli.Command {
+	return &cli.Command{Name: "exec", Usage: "run a command in a task's container, its words kept as they are (docker exec)", ArgsUsage: "TASK COMMAND [ARG...]",
+		Flags: append(taskSSHFlags(),
+			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal (docker exec -t)"}),
+		BashComplete: completeTasks,
+		Action: func(c *cli.Context) error {
+			if c.NArg() < 2 {
+				return exitError{ctl.ExitFailure, "usage: tandem exec TASK COMMAND [ARG...] (a shell: tandem ssh TASK)"}
+			}
+			return sshInto(c, ctl.RemoteCommand(c.Args().Slice()[1:], false), c.Bool("tty"))
+		}}
+}
+
+// sshInto runs OpenSSH into the task named by the first argument with the
+// remote command line given.
+func sshInto(c *cli.Context, remote []string, tty bool) error {
+	o, closeDial, err := taskSSHOptions(c)
+	if err != nil {
+		return err
+	}
+	argv, err := ctl.SSHCommand(c.Context, c.Args().First(), o, remote, tty)
+	closeDial()
+	if err != nil {
+		return exitError{ctl.ExitFailure, errText(err)}
+	}
+	return runOpenSSH(c, argv)
 }
 
 func cpCmd() *cli.Command {
