@@ -3,7 +3,6 @@ package logs
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -12,25 +11,32 @@ import (
 	"time"
 )
 
-type syncWriter struct {
+// syncBuffer is a log sink that a test may read while the journal writes.
+type syncBuffer struct {
 	mu sync.Mutex
-	w  io.Writer
+	b  bytes.Buffer
 }
 
-func (s *syncWriter) Write(p []byte) (int, error) {
+func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.w.Write(p)
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 // pacedJournal is a journal whose job log keeps 1 MiB of head and 4 MiB
 // in all, waiting grace for a reader.
-func pacedJournal(t *testing.T, grace time.Duration, log *bytes.Buffer) (*Journal, string) {
+func pacedJournal(t *testing.T, grace time.Duration, log *syncBuffer) (*Journal, string) {
 	t.Helper()
 	dir := t.TempDir()
 	c := JournalConfig{Retention: Retention{Head: 1 << 20, Max: 4 << 20}, ReaderGrace: grace}
 	if log != nil {
-		c.Log = slog.New(slog.NewTextHandler(&syncWriter{w: log}, nil))
+		c.Log = slog.New(slog.NewTextHandler(log, nil))
 	}
 	j, err := OpenJournal(dir, c)
 	if err != nil {
@@ -93,7 +99,7 @@ func pullAllFrom(t *testing.T, j *Journal, ts int64, every time.Duration, stop <
 // every line arrives, in order, with no marker, because the writer is
 // held while the reader is behind; the file stays within its bound.
 func TestOutputWaitsForAPullingReader(t *testing.T) {
-	var log bytes.Buffer
+	var log syncBuffer
 	j, path := pacedJournal(t, time.Minute, &log)
 	const n = 40 << 20 / 100
 	j.Acked(0) // the reader is there before the job prints
@@ -126,7 +132,7 @@ func TestOutputWaitsForAPullingReader(t *testing.T) {
 // gets the head, the marker and the newest lines.
 func TestOutputFlowsWhenTheReaderIsGone(t *testing.T) {
 	grace := 300 * time.Millisecond
-	var log bytes.Buffer
+	var log syncBuffer
 	j, path := pacedJournal(t, grace, &log)
 	const n = 40 << 20 / 100
 	// 3 MiB first, under the 4 MiB bound, with no reader yet: the reader's
@@ -211,7 +217,7 @@ func TestReleasedOutputKeepsWhatTheReaderHasNotHad(t *testing.T) {
 // flows and the bound drops the middle, with its marker.
 func TestAStrayReaderDoesNotHoldTheJob(t *testing.T) {
 	grace := 300 * time.Millisecond
-	var log bytes.Buffer
+	var log syncBuffer
 	j, _ := pacedJournal(t, grace, &log)
 	const n = 20 << 20 / 100
 	j.Acked(0)
@@ -254,10 +260,12 @@ func TestAStrayReaderDoesNotHoldTheJob(t *testing.T) {
 // TestACaughtUpReaderStillCounts: a reader that has every event pulls
 // with the same timestamp while the job is quiet (it has nothing to move
 // on to); quiet for longer than the grace, it is still there, and the
-// job's next burst waits for it: every line arrives, no marker.
+// job's next burst, between two of its pulls, waits for it: every line
+// arrives, no marker.
 func TestACaughtUpReaderStillCounts(t *testing.T) {
 	grace := 300 * time.Millisecond
-	j, _ := pacedJournal(t, grace, nil)
+	var log syncBuffer
+	j, _ := pacedJournal(t, grace, &log)
 	<-writeLines(j, 10)
 	w, err := j.Since(0, 64<<10)
 	if err != nil {
@@ -271,6 +279,17 @@ func TestACaughtUpReaderStillCounts(t *testing.T) {
 	}
 	const n = 20 << 20 / 100
 	done := writeRange(j, 10, n)
+	// The reader pulls next once the burst is held (or, wrongly, done).
+	for held := false; !held; {
+		select {
+		case <-done:
+			held = true
+		default:
+			if held = strings.Contains(log.String(), "job output is held"); !held {
+				time.Sleep(time.Millisecond)
+			}
+		}
+	}
 	got := pullAllFrom(t, j, ts, time.Millisecond, done)
 	if len(got) != n-10 {
 		t.Fatalf("%d lines delivered after the quiet, want %d", len(got), n-10)
