@@ -1,7 +1,11 @@
 // Package runnerdir makes each task's runner directory a filesystem of its
-// own, of a fixed size: an ext4 image beside it (sparse: it takes only what
-// is written), attached to a loop device and mounted nosuid,nodev,discard
-// (what the job frees goes back to the host's disk). The job
+// own, of a bounded size: an ext4 image beside it (sparse: it takes only
+// what is written), attached to a loop device and mounted nosuid,nodev,discard
+// (what the job frees goes back to the host's disk). Its size is the
+// configured one where the host has room for it, less where it has not,
+// and a task is refused where there is no room at all: what every image
+// may still grow by never passes what the disk has above its floor
+// (room.go). The job
 // runs as root and writes straight into its runner directory (bound into
 // the container at /tmp/runner); with a filesystem of its own it meets
 // ENOSPC there, in its own space, and the shim home's disk, which other
@@ -45,8 +49,16 @@ type Dirs struct {
 	Mkfs string
 	// SysBlock is /sys/block (a fixture root in tests).
 	SysBlock string
+	// Statfs reads the runner dirs' filesystem (StatfsSpace when nil).
+	Statfs func(path string) (Space, error)
+	// MinSize is the least a dir is made with (DefaultMinSize when ≤ 0;
+	// Size when that is less): under it, no room (room.go).
+	MinSize int64
 
 	warned sync.Once
+
+	roomMu sync.Mutex          // one room decision at a time (room.go)
+	booked map[string]*booking // by dir: room taken, image not yet on disk; guarded by roomMu
 
 	// One formatted image, the template, is kept beside the runner dirs;
 	// each task's image is a sparse copy of its few written blocks (about
@@ -276,7 +288,7 @@ func (d *Dirs) template(ctx context.Context, runners string, background bool) (s
 	}
 	tmp := fmt.Sprintf("%s.tmp-%d", p, os.Getpid())
 	_ = os.Remove(tmp)
-	if err := d.format(ctx, tmp, background); err != nil {
+	if err := d.format(ctx, tmp, d.Size, background); err != nil {
 		return "", err
 	}
 	if err := os.Rename(tmp, p); err != nil {
@@ -303,7 +315,8 @@ func validImage(path string) bool {
 // job's reach.
 func imagePath(dir string) string { return dir + ".ext4" }
 
-// Make creates dir for a new task, bounded when it can be. An image left
+// Make creates dir for a new task, bounded when it can be, of the size its
+// reservation took when the room is still there (room.go). An image left
 // there (a start cut short) is attached, never formatted again; a plain
 // directory that already holds files (made before bounds, or unbounded)
 // is kept as it is.
@@ -317,7 +330,14 @@ func (d *Dirs) Make(ctx context.Context, dir string) error {
 	if entries, err := os.ReadDir(dir); err == nil && len(entries) > 0 {
 		return nil
 	}
-	if err := d.create(ctx, dir); err != nil {
+	// Sized against the room left (room.go); no room is the task's
+	// error, never an unbounded dir.
+	size, done, err := d.sizeFor(dir)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if err := d.create(ctx, dir, size); err != nil {
 		d.warned.Do(func() {
 			d.log().Warn("runner directories are not bounded on this host (each job can fill the shim home's disk through its own): making a filesystem of its own failed",
 				"err", err, "size_bytes", d.Size)
@@ -329,13 +349,18 @@ func (d *Dirs) Make(ctx context.Context, dir string) error {
 
 // create makes dir's image, a sparse copy of the template (created here,
 // so nothing is ever formatted over), and mounts it on dir.
-func (d *Dirs) create(ctx context.Context, dir string) error {
+func (d *Dirs) create(ctx context.Context, dir string, size int64) error {
 	img := imagePath(dir)
 	if err := os.MkdirAll(filepath.Dir(img), 0o755); err != nil {
 		return err
 	}
 	var err error
-	if !d.takeSpare(img) {
+	switch {
+	case size != d.Size:
+		// Less room than the configured size: a size of its own, made
+		// by a mkfs (a host short of room is not where bursts start).
+		err = d.format(ctx, img, size, false)
+	case !d.takeSpare(img):
 		var tmpl string
 		if tmpl, err = d.template(ctx, filepath.Dir(img), false); err == nil {
 			err = copySparse(tmpl, img)
@@ -410,14 +435,14 @@ func copySparse(src, dst string) (err error) {
 	return nil
 }
 
-// format makes a new image at img (O_EXCL: never over a file); in the
-// background, at the lowest CPU priority.
-func (d *Dirs) format(ctx context.Context, img string, background bool) error {
+// format makes a new image of size at img (O_EXCL: never over a file); in
+// the background, at the lowest CPU priority.
+func (d *Dirs) format(ctx context.Context, img string, size int64, background bool) error {
 	f, err := os.OpenFile(img, os.O_CREATE|os.O_EXCL|os.O_RDWR, 0o600)
 	if err != nil {
 		return fmt.Errorf("runner dir image: %w", err)
 	}
-	err = f.Truncate(d.Size)
+	err = f.Truncate(size)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -484,6 +509,9 @@ func (d *Dirs) Remove(dir string) error {
 	if err := os.Remove(imagePath(dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
+	d.roomMu.Lock()
+	delete(d.booked, dir) // a task removed before its start made the image
+	d.roomMu.Unlock()
 	return nil
 }
 

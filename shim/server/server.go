@@ -18,6 +18,7 @@ import (
 	"github.com/tandem-run/tandem/common/httpapi"
 	"github.com/tandem-run/tandem/common/ident"
 	"github.com/tandem-run/tandem/shim/component"
+	"github.com/tandem-run/tandem/shim/runnerdir"
 	"github.com/tandem-run/tandem/shim/task"
 )
 
@@ -140,6 +141,7 @@ func (s *srv) ready(next echo.HandlerFunc) echo.HandlerFunc {
 // toHTTP maps engine and component errors to API errors.
 func toHTTP(err error) error {
 	var stopErr *task.StopError
+	var noRoom *runnerdir.NoRoomError
 	switch {
 	case err == nil:
 		return nil
@@ -149,6 +151,9 @@ func toHTTP(err error) error {
 		return &httpapi.Error{Status: http.StatusServiceUnavailable, Message: task.ErrNotReady.Error()}
 	case errors.Is(err, task.ErrInvalid):
 		return &httpapi.Error{Status: http.StatusBadRequest, Message: trimClass(err, task.ErrInvalid)}
+	case errors.As(err, &noRoom):
+		// Its own text: what the home has and the rule, no path.
+		return &httpapi.Error{Status: http.StatusInsufficientStorage, Message: noRoom.Error(), Err: err}
 	case errors.Is(err, task.ErrStorage):
 		// Said without the cause's path and wording (they are logged).
 		return &httpapi.Error{Status: http.StatusInsufficientStorage, Message: task.ErrStorage.Error(), Err: err}

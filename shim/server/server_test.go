@@ -15,6 +15,7 @@ import (
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/shim/component"
 	"github.com/tandem-run/tandem/shim/gpu"
+	"github.com/tandem-run/tandem/shim/runnerdir"
 	"github.com/tandem-run/tandem/shim/task"
 )
 
@@ -169,6 +170,19 @@ func TestInternalErrorsAreNotSent(t *testing.T) {
 		if !strings.Contains(log.String(), "/root/.dstack/tasks/x.json") && !strings.Contains(log.String(), "/var/lib/docker") {
 			t.Errorf("the cause is not in the log: %s", log.String())
 		}
+	}
+}
+
+// A submit the runner dirs' room does not fit is a 507 whose text says
+// what the home has and the rule (runnerdir.NoRoomError), as the engine
+// returned it.
+func TestNoRoomForARunnerDirIs507(t *testing.T) {
+	err := fmt.Errorf("reserve: %w", &runnerdir.NoRoomError{Free: 100 << 20, Floor: 64 << 20, Claimed: 20 << 20, Min: 16 << 20})
+	h := New(Deps{Version: "test", Tasks: errTasks{err}, Log: slog.New(slog.DiscardHandler)})
+	code, body := do(h, "POST", "/api/tasks", `{"id":"x","name":"x","image_name":"busybox"}`)
+	const want = "no room on the shim home's disk for another runner dir: it has 100 MiB free, keeps 64 MiB free (its floor), and the runner dirs already made may still grow by 20 MiB; a runner dir needs at least 16 MiB: free space in its home or remove ended tasks\n"
+	if code != http.StatusInsufficientStorage || body != want {
+		t.Fatalf("%d %q", code, body)
 	}
 }
 

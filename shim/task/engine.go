@@ -363,18 +363,29 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	e.wg.Add(1)
 	e.mu.Unlock()
 	info := e.info(t)
-	// The first record is on disk before the answer: a task the server was
-	// told about survives a restart. When it cannot be written, nothing
-	// starts and the caller hears why.
-	saveStart := e.now()
-	err := e.save(t)
-	t.recordTook = e.now().Sub(saveStart)
-	if err != nil {
+	forget := func() {
 		e.mu.Lock()
 		delete(e.tasks, cfg.ID)
 		e.mu.Unlock()
 		cancel()
 		e.wg.Done()
+	}
+	// Its runner dir's room is taken first: with none, nothing is written.
+	unreserve, err := e.reserveRunnerDir(t)
+	if err != nil {
+		forget()
+		e.log.Warn("task refused: no room for its runner dir", "task_id", cfg.ID, "err", err)
+		return api.TaskInfoResponse{}, err
+	}
+	// The first record is on disk before the answer: a task the server was
+	// told about survives a restart. When it cannot be written, nothing
+	// starts and the caller hears why.
+	saveStart := e.now()
+	err = e.save(t)
+	t.recordTook = e.now().Sub(saveStart)
+	if err != nil {
+		unreserve()
+		forget()
 		_ = e.recs.remove(cfg.ID) // the copy spilled while it failed: a refused task is not restored
 		e.log.Error("task refused: its record cannot be written", "task_id", cfg.ID, "err", err)
 		return api.TaskInfoResponse{}, fmt.Errorf("%w: %v", ErrStorage, err)
@@ -382,6 +393,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	e.obs().TaskSubmitted()
 	go func() {
 		defer e.wg.Done()
+		defer unreserve() // its image, once made, counts from the disk
 		e.run(ctx, t)
 	}()
 	return info, nil

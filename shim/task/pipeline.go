@@ -29,6 +29,26 @@ func (e *Engine) runnerDir(t *task) (string, error) {
 	return filepath.Join(e.cfg.Home, "runners", t.name), nil
 }
 
+// roomReserver is what RunnerDirs may also be: they take a new task's room
+// on the disk before it is accepted (an error: refused, nothing written).
+type roomReserver interface {
+	Reserve(dir string) (release func(), err error)
+}
+
+// reserveRunnerDir takes the room of t's runner dir, when its RunnerDirs
+// take room; release gives it back, harmless once the dir is made.
+func (e *Engine) reserveRunnerDir(t *task) (release func(), err error) {
+	r, ok := e.cfg.RunnerDirs.(roomReserver)
+	if !ok {
+		return func() {}, nil
+	}
+	dir, err := e.runnerDir(t)
+	if err != nil {
+		return func() {}, nil // the start fails on it, and says why
+	}
+	return r.Reserve(dir)
+}
+
 // failure is how a pipeline stage ends a task.
 type failure struct {
 	reason api.TerminationReason
