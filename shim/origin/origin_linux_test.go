@@ -176,6 +176,17 @@ func heldBy(t *testing.T, ln net.Listener, keep bool, argv []string, attr *sysca
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		_ = cmd.Wait()
 	})
+	// The holder is in place once sleep runs: unshare makes its namespace
+	// and then execs it (checked before that, it was still the host's).
+	comm := filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "comm")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if b, _ := os.ReadFile(comm); strings.TrimSpace(string(b)) == "sleep" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%q did not become sleep", argv)
+		}
+	}
 	f.Close()
 	if keep {
 		t.Cleanup(func() { cl.Close() })
