@@ -67,6 +67,7 @@ type Config struct {
 
 	Executor executor.Config
 	SSH      sshd.Config
+	Metrics  metrics.Config
 }
 
 // Defaults are the runner's defaults, its components' included: the flags
@@ -85,6 +86,7 @@ func Defaults() Config {
 		Linger:       10 * time.Second,
 		Executor:     executor.Defaults(),
 		SSH:          sshd.Defaults(),
+		Metrics:      metrics.Defaults(),
 	}
 }
 
@@ -246,7 +248,7 @@ func (a *agent) startSSH(context.Context) error {
 
 // startAPI serves the runner's HTTP API.
 func (a *agent) startAPI(context.Context) error {
-	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), TaskID: a.cfg.TaskID, Executor: a.x, Metrics: metrics.Collector{}, Log: a.log})
+	e := server.New(server.Deps{Version: version.String(), TandemVersion: version.Tandem(), TaskID: a.cfg.TaskID, Executor: a.x, Metrics: metrics.New(a.cfg.Metrics, a.log, nil), Log: a.log})
 	addr := net.JoinHostPort(a.cfg.HTTPAddress, strconv.Itoa(a.cfg.HTTPPort))
 	ln, err := listen(addr)
 	if err != nil {

@@ -91,6 +91,7 @@ func app(run func(context.Context, agent.Config) error) *cli.App {
 				&cli.StringFlag{Name: "task-id", EnvVars: []string{"TANDEM_TASK_ID"}, Hidden: true, Usage: "the shim task this runner serves (said in its healthcheck)"},
 				&cli.StringFlag{Name: "api-allow-uids", EnvVars: []string{"TANDEM_RUNNER_API_UIDS"}, Usage: "serve the HTTP API only to local clients whose socket is owned by one of these uids (comma-separated; the shim passes its root-equivalent accounts to host-network runners); empty: every client"},
 				&cli.StringFlag{Name: "host-fs", EnvVars: []string{"TANDEM_RUNNER_HOST_FS"}, Usage: "a path on the host's filesystem (the shim binds an empty read-only dir) whose free space is watched beside --temp-dir's, when the runner dir is a filesystem of its own"},
+				&cli.StringFlag{Name: "metrics-root", Value: d.Metrics.Root, EnvVars: []string{"TANDEM_RUNNER_METRICS_ROOT"}, Hidden: true, Usage: "read /dev and /sys for the job's GPU metrics under this dir (a fixture tree in tests)"},
 				&cli.Int64Flag{Name: "log-min-free-bytes", EnvVars: []string{"TANDEM_RUNNER_LOG_MIN_FREE_BYTES"}, Usage: "free space under --temp-dir below which output is no longer kept (the job goes on); 0: a tenth of the filesystem, at most 256 MiB; -1: none"},
 			},
 			Action: func(c *cli.Context) error {
@@ -121,6 +122,8 @@ func app(run func(context.Context, agent.Config) error) *cli.App {
 				x.LogRetention = logs.Retention{Head: c.Int64("job-log-head-bytes"), Max: c.Int64("job-log-max-bytes")}
 				x.LogMinFree = c.Int64("log-min-free-bytes")
 				x.HostFS = c.String("host-fs")
+				cfg.Metrics.Root = c.String("metrics-root")
+				_ = os.Unsetenv("TANDEM_RUNNER_METRICS_ROOT")
 				_ = os.Unsetenv("TANDEM_RUNNER_HOST_FS")
 				if cfg.APIUIDs, err = parseUIDs(c.String("api-allow-uids")); err != nil {
 					return fmt.Errorf("--api-allow-uids: %w", err)

@@ -1,6 +1,7 @@
-// Package metrics reads the job container's resource usage from its cgroup
-// (v2 or v1) and GPU usage from nvidia-smi when the NVIDIA runtime put it in
-// the container.
+// Package metrics reads the job container's resource usage: CPU and memory
+// from its cgroup (v2 or v1), and the usage of the GPUs mapped into it from
+// the vendor's tool in the image (nvidia-smi, amd-smi, hl-smi) or, for AMD,
+// from the amdgpu driver's sysfs. What it reports is dstack's /api/metrics.
 package metrics
 
 import (
@@ -9,8 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,17 +23,66 @@ import (
 // ErrUnavailable means no cgroup data at all could be found.
 var ErrUnavailable = errors.New("no cgroup data available")
 
-// Collector reads metrics; the roots are injectable for tests.
-type Collector struct {
+// Config says where the collector reads; every root is injectable so the
+// hardware code runs against fixture trees.
+type Config struct {
 	ProcRoot   string // "/proc"
 	CgroupRoot string // "" = from /proc/self/mounts
-	NvidiaSMI  string // "" = look up nvidia-smi on PATH
-	Now        func() time.Time
+	// Root is where /dev and /sys are read to find the job's GPUs and,
+	// for AMD without amd-smi, their usage ("/" in a job's container).
+	Root string
+	// The vendor tools; "" = looked up on PATH (the image's).
+	NvidiaSMI, AMDSMI, HLSMI string
+	// ToolTimeout bounds one run of a vendor tool, ToolOutput what it may
+	// print; past either the run is killed (its process group) and the
+	// answer has no GPU usage from it.
+	ToolTimeout time.Duration
+	ToolOutput  int
+}
+
+// Defaults are the collector's settings in a job's container.
+func Defaults() Config {
+	return Config{ProcRoot: "/proc", Root: "/", ToolTimeout: defaultToolTimeout, ToolOutput: defaultToolOutput}
+}
+
+// Collector reads metrics. Its GPU part runs at most one vendor tool at a
+// time: concurrent requests share the run in flight.
+type Collector struct {
+	cfg    Config
+	log    *slog.Logger
+	now    func() time.Time
+	flight flight
+	once   logOnce
+}
+
+// New returns a collector; zero fields of cfg take Defaults'. now may be nil
+// (time.Now).
+func New(cfg Config, log *slog.Logger, now func() time.Time) *Collector {
+	d := Defaults()
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = d.ProcRoot
+	}
+	if cfg.Root == "" {
+		cfg.Root = d.Root
+	}
+	if cfg.ToolTimeout <= 0 {
+		cfg.ToolTimeout = d.ToolTimeout
+	}
+	if cfg.ToolOutput <= 0 {
+		cfg.ToolOutput = d.ToolOutput
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Collector{cfg: cfg, log: log, now: now}
 }
 
 type mount struct{ fstype, dir, opts string }
 
-func (c Collector) mounts() ([]mount, error) {
+func (c *Collector) mounts() ([]mount, error) {
 	b, err := os.ReadFile(filepath.Join(c.proc(), "self", "mounts"))
 	if err != nil {
 		return nil, err
@@ -47,15 +97,10 @@ func (c Collector) mounts() ([]mount, error) {
 	return out, nil
 }
 
-func (c Collector) proc() string {
-	if c.ProcRoot == "" {
-		return "/proc"
-	}
-	return c.ProcRoot
-}
+func (c *Collector) proc() string { return c.cfg.ProcRoot }
 
 // cgroupPaths maps controller ("" for v2) to the process's cgroup path.
-func (c Collector) cgroupPaths() (map[string]string, error) {
+func (c *Collector) cgroupPaths() (map[string]string, error) {
 	b, err := os.ReadFile(filepath.Join(c.proc(), "self", "cgroup"))
 	if err != nil {
 		return nil, err
@@ -79,7 +124,7 @@ func (c Collector) cgroupPaths() (map[string]string, error) {
 
 // resolve finds the directory of a controller ("" = v2) and the cgroup path
 // inside it. In a container with a private cgroup namespace the path is "/".
-func (c Collector) resolve(ms []mount, controller, cgPath string) string {
+func (c *Collector) resolve(ms []mount, controller, cgPath string) string {
 	for _, m := range ms {
 		if controller == "" && m.fstype == "cgroup2" {
 			return c.join(m.dir, cgPath)
@@ -95,9 +140,9 @@ func (c Collector) resolve(ms []mount, controller, cgPath string) string {
 	return ""
 }
 
-func (c Collector) join(dir, cgPath string) string {
-	if c.CgroupRoot != "" {
-		dir = filepath.Join(c.CgroupRoot, strings.TrimPrefix(dir, "/sys/fs/cgroup"))
+func (c *Collector) join(dir, cgPath string) string {
+	if c.cfg.CgroupRoot != "" {
+		dir = filepath.Join(c.cfg.CgroupRoot, strings.TrimPrefix(dir, "/sys/fs/cgroup"))
 	}
 	p := filepath.Join(dir, cgPath)
 	if _, err := os.Stat(p); err != nil {
@@ -107,12 +152,8 @@ func (c Collector) join(dir, cgPath string) string {
 }
 
 // Collect returns the current usage.
-func (c Collector) Collect(ctx context.Context) (api.MetricsResponse, error) {
-	now := time.Now
-	if c.Now != nil {
-		now = c.Now
-	}
-	resp := api.MetricsResponse{TimestampMicro: now().UnixMicro(), GPUs: []api.GPUMetrics{}}
+func (c *Collector) Collect(ctx context.Context) (api.MetricsResponse, error) {
+	resp := api.MetricsResponse{TimestampMicro: c.now().UnixMicro(), GPUs: []api.GPUMetrics{}}
 	ms, err := c.mounts()
 	if err != nil {
 		return resp, ErrUnavailable
@@ -142,7 +183,7 @@ func (c Collector) Collect(ctx context.Context) (api.MetricsResponse, error) {
 	return resp, nil
 }
 
-func (c Collector) v2(dir string, r *api.MetricsResponse) error {
+func (c *Collector) v2(dir string, r *api.MetricsResponse) error {
 	stat, err := readKV(filepath.Join(dir, "cpu.stat"))
 	if err != nil {
 		return err
@@ -161,7 +202,7 @@ func (c Collector) v2(dir string, r *api.MetricsResponse) error {
 	return nil
 }
 
-func (c Collector) v1(cpuDir, memDir string, r *api.MetricsResponse) error {
+func (c *Collector) v1(cpuDir, memDir string, r *api.MetricsResponse) error {
 	if cpuDir != "" {
 		ns, err := readUint(filepath.Join(cpuDir, "cpuacct.usage"))
 		if err != nil {
@@ -186,37 +227,6 @@ func (c Collector) v1(cpuDir, memDir string, r *api.MetricsResponse) error {
 		r.MemoryWorkingSetBytes = sub(cur, inactive)
 	}
 	return nil
-}
-
-func (c Collector) gpus(ctx context.Context) []api.GPUMetrics {
-	out := []api.GPUMetrics{}
-	bin := c.NvidiaSMI
-	if bin == "" {
-		p, err := exec.LookPath("nvidia-smi")
-		if err != nil {
-			return out
-		}
-		bin = p
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	b, err := exec.CommandContext(ctx, bin, "--query-gpu=memory.used,utilization.gpu", "--format=csv,noheader,nounits").Output()
-	if err != nil {
-		return out
-	}
-	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		f := strings.Split(l, ",")
-		if len(f) != 2 {
-			continue
-		}
-		mib, err1 := strconv.ParseUint(strings.TrimSpace(f[0]), 10, 64)
-		util, err2 := strconv.Atoi(strings.TrimSpace(f[1]))
-		if err1 != nil || err2 != nil {
-			continue
-		}
-		out = append(out, api.GPUMetrics{GPUMemoryUsageBytes: mib << 20, GPUUtilPercent: util})
-	}
-	return out
 }
 
 func sub(a, b uint64) uint64 {

@@ -27,7 +27,7 @@ func TestCollectV2AndV1AndGPU(t *testing.T) {
 	smi := filepath.Join(v2, "nvidia-smi")
 	write(t, v2, "nvidia-smi", "#!/bin/sh\necho '1024, 87'\necho '0, 0'\n")
 	_ = os.Chmod(smi, 0o755)
-	c := Collector{ProcRoot: filepath.Join(v2, "proc"), CgroupRoot: filepath.Join(v2, "cg"), NvidiaSMI: smi}
+	c := New(Config{ProcRoot: filepath.Join(v2, "proc"), CgroupRoot: filepath.Join(v2, "cg"), Root: v2, NvidiaSMI: smi}, nil, nil)
 	m, err := c.Collect(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -43,7 +43,7 @@ func TestCollectV2AndV1AndGPU(t *testing.T) {
 	write(t, v1, "cg/cpu,cpuacct/cpuacct.usage", "5000000000\n")
 	write(t, v1, "cg/memory/memory.usage_in_bytes", "2048\n")
 	write(t, v1, "cg/memory/memory.stat", "total_inactive_file 48\n")
-	c = Collector{ProcRoot: filepath.Join(v1, "proc"), CgroupRoot: filepath.Join(v1, "cg"), NvidiaSMI: "/nonexistent"}
+	c = New(Config{ProcRoot: filepath.Join(v1, "proc"), CgroupRoot: filepath.Join(v1, "cg"), Root: v1, NvidiaSMI: "/nonexistent"}, nil, nil)
 	m, err = c.Collect(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func TestCollectV2AndV1AndGPU(t *testing.T) {
 	none := t.TempDir()
 	write(t, none, "proc/self/mounts", "proc /proc proc rw 0 0\n")
 	write(t, none, "proc/self/cgroup", "")
-	if _, err := (Collector{ProcRoot: filepath.Join(none, "proc")}).Collect(context.Background()); !errors.Is(err, ErrUnavailable) {
+	if _, err := New(Config{ProcRoot: filepath.Join(none, "proc"), Root: none}, nil, nil).Collect(context.Background()); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("no cgroups: %v", err)
 	}
 }

@@ -1,0 +1,152 @@
+package metrics
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/tandem-run/tandem/api"
+)
+
+const (
+	// amd-smi is a Python program: 0.5-2 s on an 8-GPU host. The server
+	// asks every 10 s; a run past 5 s is a tool that hangs.
+	defaultToolTimeout = 5 * time.Second
+	// 256 GPUs (an MI300X host in CPX mode has 64) of amd-smi's widest CSV
+	// row (~120 bytes) fit twice.
+	defaultToolOutput = 64 << 10
+	// toolWaitDelay is how long a finished or killed tool's children may
+	// keep its stdout open before the pipe is closed under them.
+	toolWaitDelay = 500 * time.Millisecond
+	// maxGPUs bounds the list one answer carries, whatever a tool prints.
+	maxGPUs = 256
+)
+
+var (
+	errToolTimeout = errors.New("ran past its time bound")
+	errToolOutput  = errors.New("printed past its output bound")
+)
+
+// runTool runs a vendor tool of the job's image, bounded: it is killed with
+// its process group past timeout or past limit bytes of stdout, and stdin
+// and stderr are /dev/null. The image is the job's, so the tool is the
+// job's: it may hang, print without end or fork children that hold the pipe.
+func runTool(ctx context.Context, timeout time.Duration, limit int, bin string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = toolWaitDelay
+	out := &capped{limit: limit, over: cancel}
+	cmd.Stdout = out
+	err := cmd.Start()
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", bin, err)
+	}
+	err = cmd.Wait()
+	if errors.Is(err, exec.ErrWaitDelay) {
+		// It exited 0 and its answer is read; a child of its kept the
+		// pipe open past toolWaitDelay and is killed below.
+		err = nil
+	}
+	// Children it left behind go with it. Its group id stays its own
+	// while any member lives, so this reaches no other process.
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	switch {
+	case out.exceeded:
+		return nil, fmt.Errorf("%s %w (%d bytes)", bin, errToolOutput, limit)
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return nil, fmt.Errorf("%s %w (%s)", bin, errToolTimeout, timeout)
+	case err != nil:
+		return nil, fmt.Errorf("run %s: %w", bin, err)
+	}
+	return out.buf.Bytes(), nil
+}
+
+// capped keeps at most limit bytes; the first write past it calls over
+// (which kills the tool) and fails.
+type capped struct {
+	buf      bytes.Buffer
+	limit    int
+	over     func()
+	exceeded bool
+}
+
+func (w *capped) Write(p []byte) (int, error) {
+	if w.exceeded || w.buf.Len()+len(p) > w.limit {
+		w.exceeded = true
+		w.over()
+		return 0, errToolOutput
+	}
+	return w.buf.Write(p)
+}
+
+// flight runs one GPU read at a time: a request that comes while one is
+// under way waits for it and shares its answer, so a burst of /api/metrics
+// calls starts one amd-smi, not one each in the job's memory.
+type flight struct {
+	mu  sync.Mutex
+	cur *flightCall // guarded by mu
+}
+
+type flightCall struct {
+	done chan struct{}
+	gpus []api.GPUMetrics // written before done is closed
+}
+
+// do returns fn's answer, from the run in flight if there is one. The run
+// is not cancelled by ctx (other requests may wait on it; it is bounded by
+// the tool's own time bound); a caller whose ctx ends gets no GPUs.
+func (f *flight) do(ctx context.Context, fn func(context.Context) []api.GPUMetrics) []api.GPUMetrics {
+	f.mu.Lock()
+	c := f.cur
+	if c == nil {
+		c = &flightCall{done: make(chan struct{})}
+		f.cur = c
+		run := context.WithoutCancel(ctx)
+		go func() {
+			c.gpus = fn(run)
+			f.mu.Lock()
+			f.cur = nil
+			f.mu.Unlock()
+			close(c.done)
+		}()
+	}
+	f.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.gpus
+	case <-ctx.Done():
+		return []api.GPUMetrics{}
+	}
+}
+
+// logOnce logs each of a fixed set of conditions the first time it is seen:
+// the server asks every 10 s, and "amd-smi is not in the image" is news
+// once.
+type logOnce struct {
+	mu   sync.Mutex
+	seen map[string]bool // guarded by mu
+}
+
+func (o *logOnce) warn(log *slog.Logger, key, msg string, args ...any) {
+	o.mu.Lock()
+	first := !o.seen[key]
+	if first {
+		if o.seen == nil {
+			o.seen = map[string]bool{}
+		}
+		o.seen[key] = true
+	}
+	o.mu.Unlock()
+	if first {
+		log.Warn(msg, args...)
+	}
+}
