@@ -240,11 +240,15 @@ func (a *agent) startDocker(context.Context) error {
 	return nil
 }
 
-// startGPUs asks every vendor for GPUs; discrete GPUs of two vendors stop
+// startGPUs asks every vendor for GPUs (in dstack's order: the vendors
+// with device paths of their own first); discrete GPUs of two vendors stop
 // the shim with a clear error instead of a silent pick.
 func (a *agent) startGPUs(ctx context.Context) error {
 	a.nvml = gpu.NewNVML()
-	gpus, err := gpu.Discover(ctx, a.log, a.nvml, gpu.AMD{Root: a.cfg.HostRoot})
+	root := a.cfg.HostRoot
+	a.tcfg.GPUHostRoot = root
+	gpus, err := gpu.Discover(ctx, a.log, a.nvml, gpu.Tenstorrent{Root: root}, gpu.AMD{Root: root},
+		gpu.Gaudi{Root: root, Log: a.log})
 	if err != nil {
 		return err
 	}

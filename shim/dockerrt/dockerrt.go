@@ -352,14 +352,17 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (task.ContainerState, 
 		st.ExitCode = ins.State.ExitCode
 	}
 	if hc := ins.HostConfig; hc != nil {
-		var reqIDs, devs []string
+		seen := gpu.Seen{Runtime: hc.Runtime}
 		for _, dr := range hc.DeviceRequests {
-			reqIDs = append(reqIDs, dr.DeviceIDs...)
+			seen.RequestIDs = append(seen.RequestIDs, dr.DeviceIDs...)
 		}
 		for _, d := range hc.Devices {
-			devs = append(devs, d.PathOnHost)
+			seen.Devices = append(seen.Devices, gpu.Device{Host: d.PathOnHost, Container: d.PathInContainer})
 		}
-		st.GPUIDs = gpu.IDsFromContainer(reqIDs, devs)
+		if ins.Config != nil {
+			seen.Env = ins.Config.Env
+		}
+		st.GPUIDs = gpu.IDsFromContainer(seen)
 		if hc.NetworkMode.IsHost() {
 			st.Ports = []api.PortMapping{}
 		}

@@ -148,6 +148,8 @@ type Config struct {
 	// the runtime on the first GPU task (nvidiaCDI).
 	GPUVendor api.GPUVendor
 	NvidiaCDI bool
+	// GPUHostRoot is where GPU device nodes are found ("/"; --host-root).
+	GPUHostRoot string
 }
 
 // Defaults are the engine's defaults: WithDefaults (and so New) fills the

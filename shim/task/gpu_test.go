@@ -3,7 +3,10 @@ package task
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -41,6 +44,50 @@ func TestGPUWiringPerVendor(t *testing.T) {
 			e.cfg.GPUVendor, e.cfg.NvidiaCDI = tc.vendor, tc.cdi
 			cfg := normalize(api.TaskConfig{ID: "t", Name: "n", ImageName: "i"})
 			tc.check(t, e.containerSpec(&task{cfg: cfg, name: "n-1"}, "/r", ids))
+		})
+	}
+}
+
+// Gaudi and Tenstorrent tasks get dstack's wiring; a passed-through
+// HABANA_VISIBLE_DEVICES never shadows the shim's (it would give the task
+// every card, or another task's), and Tenstorrent's nodes come from the
+// host root.
+func TestGPUWiringGaudiTenstorrent(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "dev", "hugepages-1G"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		vendor api.GPUVendor
+		ids    []string
+		check  func(t *testing.T, s ContainerSpec)
+	}{
+		{api.GPUVendorIntel, []string{"2", "3"}, func(t *testing.T, s ContainerSpec) {
+			var habana []string
+			for _, kv := range s.Env {
+				if strings.HasPrefix(kv, "HABANA_VISIBLE_DEVICES=") {
+					habana = append(habana, kv)
+				}
+			}
+			if s.Runtime != "habana" || s.IpcMode != "host" || !slices.Equal(s.CapAdd, []string{"SYS_NICE"}) || s.GPUs != nil ||
+				!slices.Equal(habana, []string{"HABANA_VISIBLE_DEVICES=2,3"}) || !slices.Contains(s.Env, "KEEP=1") {
+				t.Fatalf("%+v", s)
+			}
+		}},
+		{api.GPUVendorTenstorrent, []string{"1"}, func(t *testing.T, s ContainerSpec) {
+			if s.Runtime != "" || s.IpcMode != "" || len(s.Devices) != 1 ||
+				s.Devices[0] != (Device{Host: filepath.Join(root, "dev/tenstorrent/1"), Container: "/dev/tenstorrent/1", Perms: "rwm"}) ||
+				!slices.Contains(s.Binds, Bind{Source: filepath.Join(root, "dev/hugepages-1G"), Target: "/dev/hugepages-1G"}) {
+				t.Fatalf("%+v", s)
+			}
+		}},
+	} {
+		t.Run(string(tc.vendor), func(t *testing.T) {
+			e, _ := newEngine(t, newStepRuntime())
+			e.cfg.GPUVendor, e.cfg.GPUHostRoot = tc.vendor, root
+			e.cfg.Env = []string{"HABANA_VISIBLE_DEVICES=all", "KEEP=1"}
+			cfg := normalize(api.TaskConfig{ID: "t", Name: "n", ImageName: "i"})
+			tc.check(t, e.containerSpec(&task{cfg: cfg, name: "n-1"}, "/r", tc.ids))
 		})
 	}
 }

@@ -82,7 +82,9 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 
 // wireGPUs gives the container its GPUs: explicit gpu_devices replace all
 // vendor logic; otherwise NVIDIA gets a device request (runtime hook or
-// CDI) and AMD the kfd and render nodes with what ROCm needs.
+// CDI), AMD the kfd and render nodes with what ROCm needs, Gaudi the
+// habana runtime and its variable, Tenstorrent its device nodes and 1 GiB
+// hugepages (gpu.Host.Wire).
 func (e *Engine) wireGPUs(spec *ContainerSpec, cfg api.TaskConfig, gpuIDs []string) {
 	if len(cfg.GPUDevices) > 0 {
 		for _, d := range cfg.GPUDevices {
@@ -90,16 +92,36 @@ func (e *Engine) wireGPUs(spec *ContainerSpec, cfg api.TaskConfig, gpuIDs []stri
 		}
 		return
 	}
-	w := gpu.Wire(e.cfg.GPUVendor, gpuIDs, e.nvidiaCDI())
+	w := gpu.Host{Root: e.cfg.GPUHostRoot, CDI: e.nvidiaCDI()}.Wire(e.cfg.GPUVendor, gpuIDs)
 	spec.GPUs = w.Request
 	for _, d := range w.Devices {
-		spec.Devices = append(spec.Devices, Device{Host: d, Container: d, Perms: "rwm"})
+		spec.Devices = append(spec.Devices, Device{Host: d.Host, Container: d.Container, Perms: "rwm"})
+	}
+	for _, b := range w.Binds {
+		spec.Binds = append(spec.Binds, Bind{Source: b.Host, Target: b.Container})
+	}
+	if len(w.Env) > 0 {
+		// The vendor's variables are the shim's to set: a passed-through
+		// value of the same name is dropped, never left to shadow them.
+		spec.Env = slices.DeleteFunc(spec.Env, func(kv string) bool {
+			return slices.ContainsFunc(w.Env, func(own string) bool { return envName(kv) == envName(own) })
+		})
+		spec.Env = append(spec.Env, w.Env...)
+	}
+	if w.Runtime != "" {
+		spec.Runtime = w.Runtime
 	}
 	if w.IpcHost {
 		spec.IpcMode = "host"
 	}
 	spec.CapAdd = append(spec.CapAdd, w.CapAdd...)
 	spec.SecurityOpt = append(spec.SecurityOpt, w.SecurityOpt...)
+}
+
+// envName is the name of a NAME=value pair.
+func envName(kv string) string {
+	name, _, _ := strings.Cut(kv, "=")
+	return name
 }
 
 // withoutDisplay drops the display capability (headless hosts have no
