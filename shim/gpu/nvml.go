@@ -5,6 +5,7 @@ package gpu
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -140,17 +141,6 @@ func normalizeVersion(v string) string {
 	return strings.TrimSpace(v)
 }
 
-// Health system, result and entity values in DCGM's numbering, which the
-// dstack server validates (results: api.HealthPass, HealthWarn, HealthFail).
-const (
-	healthPass, healthWarn, healthFail                  = api.HealthPass, api.HealthWarn, api.HealthFail
-	systemMem, systemThermal, systemPower, systemDriver = 0x10, 0x80, 0x100, 0x200
-	entityGPU                                           = 1
-	// Error codes: ours, named after DCGM's failure reasons.
-	codePendingRetirement, codeRowRemapPending, codeRowRemapFailure, codeUncorrectableECC = 1, 2, 3, 4
-	codeThermalThrottle, codePowerBrake, codeXID                                          = 5, 6, 7
-)
-
 // criticalXIDs fail a GPU: ECC double-bit (48), row remap (63, 64), NVLink
 // (74), fallen off the bus (79), contained/uncontained ECC (94, 95).
 var criticalXIDs = map[uint64]string{48: "double-bit ECC error", 63: "row remap pending", 64: "row remap failure",
@@ -173,16 +163,27 @@ func (n *NVML) Health(xids map[string][]uint64) *api.DCGMHealth {
 	}
 	for _, uuid := range sortedKeys(index) {
 		d := devices[uuid]
-		if ret := guard(func() nvml.Return {
+		// A GPU that fell off the bus answers every query with GPU_IS_LOST
+		// (and may never raise XID 79 where the watcher hears it).
+		lost := false
+		query := func(f func() nvml.Return) nvml.Return {
+			r := guard(f)
+			if r == nvml.ERROR_GPU_IS_LOST && !lost {
+				lost = true
+				add(uuid, systemDriver, healthFail, codeGPULost, "GPU has fallen off the bus (NVML: GPU is lost)")
+			}
+			return r
+		}
+		if ret := query(func() nvml.Return {
 			st, r := d.GetRetiredPagesPendingStatus()
 			if r == nvml.SUCCESS && st == nvml.FEATURE_ENABLED {
 				add(uuid, systemMem, healthWarn, codePendingRetirement, "retired pages pending a reset")
 			}
 			return r
-		}); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED {
+		}); ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_SUPPORTED && ret != nvml.ERROR_GPU_IS_LOST {
 			add(uuid, systemDriver, healthWarn, 0, "cannot read retired pages: "+nvml.ErrorString(ret))
 		}
-		_ = guard(func() nvml.Return {
+		_ = query(func() nvml.Return {
 			_, _, pending, failed, r := d.GetRemappedRows()
 			if r != nvml.SUCCESS {
 				return r
@@ -194,14 +195,14 @@ func (n *NVML) Health(xids map[string][]uint64) *api.DCGMHealth {
 			}
 			return r
 		})
-		_ = guard(func() nvml.Return {
+		_ = query(func() nvml.Return {
 			c, r := d.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_UNCORRECTED, nvml.VOLATILE_ECC)
 			if r == nvml.SUCCESS && c > 0 {
 				add(uuid, systemMem, healthFail, codeUncorrectableECC, fmt.Sprintf("%d uncorrectable ECC errors since boot", c))
 			}
 			return r
 		})
-		_ = guard(func() nvml.Return {
+		_ = query(func() nvml.Return {
 			reasons, r := d.GetCurrentClocksEventReasons()
 			if r != nvml.SUCCESS {
 				return r
@@ -222,6 +223,40 @@ func (n *NVML) Health(xids map[string][]uint64) *api.DCGMHealth {
 	}
 	return h
 }
+
+// Present enumerates the GPUs NVML sees now, by index (their UUIDs),
+// without touching the handles Discover cached: how the health monitor
+// tells that a card vanished since start. The error is Init's when NVML
+// could not start.
+func (n *NVML) Present() ([]string, error) {
+	if err := n.init(); err != nil {
+		return nil, err
+	}
+	var count int
+	if ret := guard(func() (r nvml.Return) { count, r = n.Lib.DeviceGetCount(); return }); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("NVML device count: %s", nvml.ErrorString(ret))
+	}
+	out := make([]string, 0, count)
+	for i := 0; i < count; i++ {
+		var uuid string
+		ret := guard(func() nvml.Return {
+			d, r := n.Lib.DeviceGetHandleByIndex(i)
+			if r != nvml.SUCCESS {
+				return r
+			}
+			uuid, r = d.GetUUID()
+			return r
+		})
+		if ret == nvml.SUCCESS {
+			out = append(out, uuid)
+		}
+	}
+	return out, nil
+}
+
+// maxXIDsPerGPU bounds the distinct XIDs remembered per GPU (the driver
+// defines about 150).
+const maxXIDsPerGPU = 64
 
 // WatchXIDs records critical XID events until ctx ends; the returned func
 // reports the events seen so far per GPU UUID.
@@ -262,8 +297,13 @@ func (n *NVML) WatchXIDs(ctx context.Context) func() map[string][]uint64 {
 			}
 			var uuid string
 			_ = guard(func() (r nvml.Return) { uuid, r = ev.Device.GetUUID(); return })
+			// Each XID is kept once per GPU, and at most maxXIDsPerGPU of
+			// them: a job that makes its GPU fault in a loop (XID 13, 31)
+			// raises an event each time, and must not grow this.
 			mu.Lock()
-			seen[uuid] = append(seen[uuid], ev.EventData)
+			if l := seen[uuid]; !slices.Contains(l, ev.EventData) && len(l) < maxXIDsPerGPU {
+				seen[uuid] = append(l, ev.EventData)
+			}
 			mu.Unlock()
 		}
 	}()

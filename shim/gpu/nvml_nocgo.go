@@ -24,6 +24,12 @@ func (*NVML) Discover(context.Context) ([]GPU, error) {
 	return nil, fmt.Errorf("%w: this dstack-shim was built without cgo, so NVML cannot be loaded", ErrNotPresent)
 }
 
+// Present sees no GPUs without NVML.
+func (n *NVML) Present() ([]string, error) {
+	_, err := n.Discover(context.Background())
+	return nil, err
+}
+
 // Health reports nothing without NVML.
 func (*NVML) Health(map[string][]uint64) *api.DCGMHealth { return nil }
 
