@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -31,20 +32,18 @@ const maxAttr = 64
 // enough. The job can make nodes in its own /dev, but all it changes then is
 // its own metrics, which it could also fake with an amd-smi of its own.
 func (c *Collector) amdSysfs() ([]api.GPUMetrics, error) {
-	nodes, err := filepath.Glob(filepath.Join(c.cfg.Root, "dev", "dri", "renderD*"))
+	nodes, err := renderNodes(filepath.Join(c.cfg.Root, "dev", "dri"))
 	if err != nil {
-		return nil, fmt.Errorf("list render nodes: %w", err)
+		return nil, err
 	}
-	slices.SortFunc(nodes, func(a, b string) int { return renderMinor(a) - renderMinor(b) })
 	out := []api.GPUMetrics{}
 	var errs []error
 	for _, n := range nodes {
-		if len(out) == maxGPUs {
-			break
-		}
 		g, err := c.amdNode(n)
 		if err != nil {
-			errs = append(errs, err)
+			if len(errs) < 4 { // a line of log, not one per node the job made
+				errs = append(errs, err)
+			}
 			continue
 		}
 		out = append(out, g)
@@ -58,21 +57,43 @@ func (c *Collector) amdSysfs() ([]api.GPUMetrics, error) {
 	return out, nil
 }
 
-// renderMinor orders renderD128 before renderD1000; a name that is not a
-// render node sorts last (amdNode refuses it).
-func renderMinor(p string) int {
-	n, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "renderD"))
-	if err != nil || n < 0 {
-		return 1 << 30
+// maxDevEntries bounds what is read of the container's /dev/dri, which the
+// job may fill: the shim maps a render node per GPU and a card node.
+const maxDevEntries = 1024
+
+// renderNodes lists the render nodes of dir in the order of their minors,
+// at most maxGPUs of them.
+func renderNodes(dir string) ([]string, error) {
+	f, err := os.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
 	}
+	if err != nil {
+		return nil, fmt.Errorf("list render nodes: %w", err)
+	}
+	defer f.Close()
+	ents, err := f.ReadDir(maxDevEntries)
+	if err != nil && err != io.EOF {
+		return nil, fmt.Errorf("list render nodes: %w", err)
+	}
+	var nodes []string
+	for _, e := range ents {
+		if validRenderName(e.Name()) {
+			nodes = append(nodes, filepath.Join(dir, e.Name()))
+		}
+	}
+	slices.SortFunc(nodes, func(a, b string) int { return renderMinor(a) - renderMinor(b) })
+	return nodes[:min(len(nodes), maxGPUs)], nil
+}
+
+// renderMinor orders renderD128 before renderD1000 (names are valid).
+func renderMinor(p string) int {
+	n, _ := strconv.Atoi(strings.TrimPrefix(filepath.Base(p), "renderD"))
 	return n
 }
 
 func (c *Collector) amdNode(node string) (api.GPUMetrics, error) {
 	name := filepath.Base(node)
-	if !validRenderName(name) {
-		return api.GPUMetrics{}, fmt.Errorf("%s: not a render node name", name)
-	}
 	fi, err := os.Lstat(node)
 	if err != nil {
 		return api.GPUMetrics{}, fmt.Errorf("%s: %w", name, err)

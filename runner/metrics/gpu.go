@@ -3,6 +3,7 @@ package metrics
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -52,15 +53,26 @@ func (c *Collector) vendorOf() vendor {
 	return vendorNone
 }
 
-// tool is the configured path, else name on PATH.
+// tool is the configured path, else name on PATH, if a job's user could
+// not have put it there (trusted): the runner runs it as root, and a job
+// that runs as another user must not get root in its container by writing
+// an amd-smi into a directory of PATH it owns.
 func (c *Collector) tool(configured, name string) (string, error) {
-	if configured != "" {
-		if _, err := os.Stat(configured); err != nil {
+	bin := configured
+	if bin == "" {
+		p, err := exec.LookPath(name)
+		if err != nil {
 			return "", err
 		}
-		return configured, nil
+		bin = p
 	}
-	return exec.LookPath(name)
+	if err := trusted(bin); err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			c.once.warn(c.log, "untrusted-"+filepath.Base(bin), "GPU metrics: a vendor tool is not run", "tool", bin, "err", err)
+		}
+		return "", err
+	}
+	return bin, nil
 }
 
 // gpus is the usage of the job's GPUs; never an error: a GPU source that

@@ -274,9 +274,13 @@ func TestAToolThatHangsIsBounded(t *testing.T) {
 			pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 			// Killed processes are reaped by Wait (the tool) or, for
 			// its orphaned child, by init: either way they no longer run.
-			if alive(pid) {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-				t.Fatalf("pid %d the tool started still runs", pid)
+			// SIGKILL is delivered when the process next runs: wait for
+			// that, generously (a kill never sent never comes).
+			for deadline := time.Now().Add(10 * time.Second); alive(pid); time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+					t.Fatalf("pid %d the tool started still runs", pid)
+				}
 			}
 		})
 	}
@@ -352,5 +356,79 @@ func TestParsersRefuseWhatIsNotTheirFormat(t *testing.T) {
 	got, err := parseNvidiaSMI([]byte("1024, 87\n[N/A], [N/A]\n5, 101\n-1, 5\n2, 3\n"))
 	if want := []api.GPUMetrics{gpu(1<<30, 87), gpu(2<<20, 3)}; err != nil || !reflect.DeepEqual(got, want) {
 		t.Fatalf("nvidia-smi: %+v %v, want %+v", got, err, want)
+	}
+}
+
+// TestAToolAJobUserCouldPlantIsNotRun: the runner runs vendor tools as root;
+// one owned by another account, or in a directory another account may
+// write, could be a job user's way to root in its container.
+func TestAToolAJobUserCouldPlantIsNotRun(t *testing.T) {
+	for name, plant := range map[string]func(h *host, smi string){
+		"owned by a job user": func(h *host, smi string) {
+			if err := os.Lchown(smi, 1000, 1000); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"writable by its group": func(h *host, smi string) {
+			if err := os.Chmod(smi, 0o775); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"in a directory all may write": func(h *host, smi string) {
+			if err := os.Chmod(filepath.Dir(smi), 0o777); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"a link to a job user's file": func(h *host, smi string) {
+			other := filepath.Join(h.root, "home", "amd-smi")
+			h.file("home/amd-smi", "#!/bin/sh\ntouch \"$0.ran\"\n")
+			if err := os.Chmod(other, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chown(filepath.Dir(other), 1000, 1000); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(smi); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(other, smi); err != nil {
+				t.Fatal(err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHost(t)
+			h.file("dev/kfd", "")
+			h.renderNode(128)
+			h.amdSysfs(128, sysfsUsed, 192<<30, "42")
+			smi := h.script("amd-smi", "touch \"$0.ran\"\ncat <<'EOF'\n"+amdSMITwo+"EOF\n")
+			plant(h, smi)
+			got, log := h.collect(Config{AMDSMI: smi}, 2)
+			if want := []api.GPUMetrics{gpu(sysfsUsed, 42)}; !reflect.DeepEqual(got, want) {
+				t.Fatalf("got %+v, want sysfs's %+v (log %s)", got, want, log)
+			}
+			ran, _ := filepath.Glob(filepath.Join(h.root, "*", "amd-smi.ran"))
+			if len(ran) != 0 {
+				t.Fatalf("the planted tool ran: %v", ran)
+			}
+			if n := strings.Count(log, "\n"); n != 1 || !strings.Contains(log, "not run") {
+				t.Fatalf("two collections logged %d lines, want one saying the tool is not run:\n%s", n, log)
+			}
+		})
+	}
+}
+
+// TestADevDriFilledByTheJobIsReadBounded: the job may make any number of
+// nodes in its own /dev/dri; the runner reads a bounded part and logs one
+// short line.
+func TestADevDriFilledByTheJobIsReadBounded(t *testing.T) {
+	h := newHost(t)
+	h.file("dev/kfd", "")
+	for i := range 5000 {
+		h.file("dev/dri/renderD"+strconv.Itoa(1000+i), "")
+	}
+	got, log := h.collect(Config{}, 2)
+	if len(got) != 0 || strings.Count(log, "\n") != 1 || len(log) > 2048 {
+		t.Fatalf("got %+v; log (%d bytes) %s", got, len(log), log)
 	}
 }

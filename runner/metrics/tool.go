@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -148,5 +150,64 @@ func (o *logOnce) warn(log *slog.Logger, key, msg string, args ...any) {
 	o.mu.Unlock()
 	if first {
 		log.Warn(msg, args...)
+	}
+}
+
+// errUntrusted is a tool another account than the runner's could have
+// written or replaced.
+var errUntrusted = errors.New("writable by another account than the runner's")
+
+// trusted checks that the tool, after its links, and every directory
+// above it are the runner's account's or root's and writable by no one
+// else (a directory writable by all is fine with the sticky bit: a
+// root-owned entry in it cannot be replaced). What the tool loads in turn
+// (a Python's modules) is the image's, as the job's whole environment is.
+func trusted(bin string) error {
+	real, err := filepath.EvalSymlinks(bin)
+	if err != nil {
+		return err
+	}
+	real, err = filepath.Abs(real)
+	if err != nil {
+		return err
+	}
+	me := uint32(os.Getuid())
+	owned := func(p string, fi os.FileInfo) error {
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if !ok {
+			return fmt.Errorf("%s: no owner", p)
+		}
+		if st.Uid != 0 && st.Uid != me {
+			return fmt.Errorf("%s is owned by uid %d: %w", p, st.Uid, errUntrusted)
+		}
+		return nil
+	}
+	fi, err := os.Stat(real)
+	if err != nil {
+		return err
+	}
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s: not a regular file", real)
+	}
+	if err := owned(real, fi); err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s (mode %v): %w", real, fi.Mode().Perm(), errUntrusted)
+	}
+	for d := filepath.Dir(real); ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if err := owned(d, fi); err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0 {
+			return fmt.Errorf("%s (mode %v): %w", d, fi.Mode().Perm(), errUntrusted)
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
 	}
 }
