@@ -24,11 +24,10 @@ import (
 // startAPI serves the shim API. Its stop cancels component installs, then
 // shuts the server down (at once when the API asked for force).
 func (a *agent) startAPI(ctx context.Context) error {
-	inst := hostInstance{gpus: a.gpus, health: instanceHealth{docker: a.rt.Ping}}
+	mon := a.startGPUHealth(ctx)
+	inst := hostInstance{gpus: a.gpus, health: instanceHealth{docker: a.rt.Ping, gpus: func(context.Context) *api.DCGMHealth { return mon.Health() }}}
 	var gpuMetrics server.GPUMetrics
 	if a.vendor == api.GPUVendorNVIDIA {
-		xids := a.nvml.WatchXIDs(ctx)
-		inst.health.gpus = func(context.Context) *api.DCGMHealth { return a.nvml.Health(xids()) }
 		every := a.cfg.GPUMetricsInterval
 		m := nvidiaMetrics{nvml: &gpu.Metrics{NVML: a.nvml, Interval: every}}
 		if a.cfg.DCGMExporterPort > 0 {
