@@ -48,7 +48,7 @@ func nvidiaDev(t *testing.T, n int) string {
 }
 
 // healthyDGX is the DGX mock with every health query answering well.
-func healthyDGX(t *testing.T) (*NVML, *dgxa100.Server, []GPU) {
+func healthyDGX(t testing.TB) (*NVML, *dgxa100.Server, []GPU) {
 	src, srv := dgx(t)
 	for _, d := range srv.Devices {
 		d := d.(*dgxa100.Device)
@@ -329,5 +329,20 @@ func TestHealthAMDNodesButNoGPUs(t *testing.T) {
 				t.Fatalf("%+v", h)
 			}
 		})
+	}
+}
+
+// BenchmarkHealthCheckHost8 is one periodic check of an 8-GPU host: the
+// /dev listing, NVML's enumeration and each GPU's health queries.
+func BenchmarkHealthCheckHost8(b *testing.B) {
+	src, _, gpus := healthyDGX(b)
+	dev := b.TempDir()
+	for i := 0; i < 8; i++ {
+		_ = os.WriteFile(filepath.Join(dev, fmt.Sprintf("nvidia%d", i)), nil, 0o644)
+	}
+	m := &Monitor{DevRoot: dev, SysRoot: b.TempDir(), GPUs: gpus, NVML: src, Locks: NewLocksFor(gpus)}
+	b.ReportAllocs()
+	for b.Loop() {
+		m.CheckHost()
 	}
 }
