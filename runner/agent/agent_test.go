@@ -25,8 +25,10 @@ func TestRunWithoutJob(t *testing.T) {
 	t.Setenv("HOME", os.Getenv("HOME")) // Run may correct it
 	dir := t.TempDir()
 	var out bytes.Buffer
-	err := Run(context.Background(), Config{TempDir: dir, DstackDir: filepath.Join(dir, "dstack"), HTTPAddress: "127.0.0.1",
-		SSHAddress: "127.0.0.1", LogLevel: slog.LevelInfo, SSHLogLevel: slog.LevelError,
+	// Ports of its own: the defaults (10999, 10022) are a host-network
+	// runner's, which the e2e suite beside it may be running.
+	err := Run(context.Background(), Config{TempDir: dir, DstackDir: filepath.Join(dir, "dstack"), HTTPAddress: "127.0.0.1", HTTPPort: testenv.FreePort(t),
+		SSHAddress: "127.0.0.1", SSHPort: testenv.FreePort(t), LogLevel: slog.LevelInfo, SSHLogLevel: slog.LevelError,
 		StartTimeout: 300 * time.Millisecond, Stdout: &out})
 	if !errors.Is(err, ErrNoJob) {
 		t.Fatalf("Run: %v", err)
