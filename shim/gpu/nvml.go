@@ -29,8 +29,14 @@ type NVML struct {
 	index   map[string]int
 }
 
-// NewNVML returns the NVML source backed by libnvidia-ml (loaded at Init).
-func NewNVML() *NVML { return &NVML{Lib: nvml.New(), SysRoot: "/sys"} }
+// NewNVML returns the NVML source backed by libnvidia-ml (loaded at Init):
+// the loader's, or WSL's own on a WSL2 guest (nvmlLibrary).
+func NewNVML() *NVML {
+	if lib := nvmlLibrary("/"); lib != "" {
+		return &NVML{Lib: nvml.New(nvml.WithLibraryPath(lib)), SysRoot: "/sys"}
+	}
+	return &NVML{Lib: nvml.New(), SysRoot: "/sys"}
+}
 
 // Vendor implements Source.
 func (n *NVML) Vendor() api.GPUVendor { return api.GPUVendorNVIDIA }
