@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/toolrun"
 )
 
 // vendor is whose accelerators the job's container was given.
@@ -140,7 +141,7 @@ func (c *Collector) fromTool(ctx context.Context, v vendor, bin string, parse fu
 		}
 	}
 	key := string(v) + "-tool"
-	if errors.Is(err, errToolTimeout) || errors.Is(err, errToolOutput) {
+	if errors.Is(err, toolrun.ErrTimeout) || errors.Is(err, toolrun.ErrOutput) {
 		key = string(v) + "-tool-bound"
 	}
 	c.once.warn(c.log, key, "GPU metrics: the vendor tool gave no usable answer", "vendor", v, "tool", bin, "err", err)

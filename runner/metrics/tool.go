@@ -1,19 +1,18 @@
 package metrics
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/toolrun"
 )
 
 const (
@@ -30,64 +29,13 @@ const (
 	maxGPUs = 256
 )
 
-var (
-	errToolTimeout = errors.New("ran past its time bound")
-	errToolOutput  = errors.New("printed past its output bound")
-)
-
 // runTool runs a vendor tool of the job's image, bounded: it is killed with
 // its process group past timeout or past limit bytes of stdout, and stdin
 // and stderr are /dev/null. The image is the job's, so the tool is the
 // job's: it may hang, print without end or fork children that hold the pipe.
 func runTool(ctx context.Context, timeout time.Duration, limit int, bin string, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = toolWaitDelay
-	out := &capped{limit: limit, over: cancel}
-	cmd.Stdout = out
-	err := cmd.Start()
-	if err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	err = cmd.Wait()
-	if errors.Is(err, exec.ErrWaitDelay) {
-		// It exited 0 and its answer is read; a child of its kept the
-		// pipe open past toolWaitDelay and is killed below.
-		err = nil
-	}
-	// Children it left behind go with it. Its group id stays its own
-	// while any member lives, so this reaches no other process.
-	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	switch {
-	case out.exceeded:
-		return nil, fmt.Errorf("%s %w (%d bytes)", bin, errToolOutput, limit)
-	case errors.Is(ctx.Err(), context.DeadlineExceeded):
-		return nil, fmt.Errorf("%s %w (%s)", bin, errToolTimeout, timeout)
-	case err != nil:
-		return nil, fmt.Errorf("run %s: %w", bin, err)
-	}
-	return out.buf.Bytes(), nil
-}
-
-// capped keeps at most limit bytes; the first write past it calls over
-// (which kills the tool) and fails.
-type capped struct {
-	buf      bytes.Buffer
-	limit    int
-	over     func()
-	exceeded bool
-}
-
-func (w *capped) Write(p []byte) (int, error) {
-	if w.exceeded || w.buf.Len()+len(p) > w.limit {
-		w.exceeded = true
-		w.over()
-		return 0, errToolOutput
-	}
-	return w.buf.Write(p)
+	out, _, err := toolrun.Run(ctx, toolrun.Bounds{Timeout: timeout, Stdout: limit, WaitDelay: toolWaitDelay}, bin, args...)
+	return out, err
 }
 
 // flight runs one GPU read at a time: a request that comes while one is

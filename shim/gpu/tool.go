@@ -8,47 +8,22 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
+
+	"github.com/tandem-run/tandem/common/toolrun"
 )
 
-// errToolOutput says a vendor tool wrote more than its answer can be.
-var errToolOutput = errors.New("answer too long")
-
-// capped is a writer that keeps at most max bytes and then fails the
-// write, which ends the tool (its pipe breaks): a tool that floods is not
-// read to its end.
-type capped struct {
-	buf bytes.Buffer
-	max int
-}
-
-func (c *capped) Write(p []byte) (int, error) {
-	if c.buf.Len()+len(p) > c.max {
-		return 0, fmt.Errorf("%w: over %d bytes", errToolOutput, c.max)
-	}
-	return c.buf.Write(p)
-}
-
 // runTool runs a vendor tool with a timeout and bounded output (stdout up
-// to max, stderr 4 KiB for the error) and returns its stdout.
+// to max, stderr 4 KiB for the error; toolrun kills it and its children
+// when the run ends) and returns its stdout.
 func runTool(ctx context.Context, timeout time.Duration, max int, name string, args ...string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	out, errOut := &capped{max: max}, &capped{max: 4 << 10}
-	cmd.Stdout, cmd.Stderr = out, errOut
-	cmd.WaitDelay = time.Second // a child holding the pipe does not hold us
-	err := cmd.Run()
+	out, errOut, err := toolrun.Run(ctx, toolrun.Bounds{Timeout: timeout, Stdout: max, Stderr: 4 << 10, WaitDelay: time.Second}, name, args...)
 	switch {
 	case errors.Is(err, exec.ErrNotFound):
 		return nil, fmt.Errorf("%s: not installed", name)
-	case ctx.Err() != nil:
-		return nil, fmt.Errorf("%s: no answer in %s", name, timeout)
-	case out.buf.Len() >= max || errors.Is(err, errToolOutput):
-		return nil, fmt.Errorf("%s: %w", name, errToolOutput)
 	case err != nil:
-		return nil, fmt.Errorf("%s: %w: %s", name, err, boundedLine(errOut.buf.String()))
+		return nil, fmt.Errorf("%w: %s", err, boundedLine(string(errOut)))
 	}
-	return out.buf.Bytes(), nil
+	return out, nil
 }
 
 // boundedLine is the first line of s, at most 200 bytes (a tool's stderr

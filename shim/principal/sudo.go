@@ -1,15 +1,15 @@
 package principal
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/tandem-run/tandem/common/toolrun"
 )
 
 // The question put to sudo: may this account run a shell as root? A user
@@ -67,28 +67,21 @@ func (p *Policy) sudoGrantsShell(ctx context.Context, name string) (bool, error)
 	if timeout <= 0 {
 		timeout = DefaultSudoTimeout
 	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, sudo, "-n", "-l", "-U", name, "-u", "root", "--", sudoProbe)
 	// Nothing of the shim's environment reaches sudo (SUDO_* or a locale
 	// changing its words); stdin is /dev/null, so nothing is ever asked.
-	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &limited{b: &stdout, n: 4096}, &limited{b: &stderr, n: 4096}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = time.Second
-	err = cmd.Run()
+	stdout, stderr, err := toolrun.Run(ctx, toolrun.Bounds{Timeout: timeout, Stdout: 4096, Stderr: 4096, WaitDelay: time.Second,
+		Env: []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}},
+		sudo, "-n", "-l", "-U", name, "-u", "root", "--", sudoProbe)
 	var exit *exec.ExitError
 	switch {
-	case ctx.Err() != nil:
+	case errors.Is(err, toolrun.ErrTimeout):
 		return false, fmt.Errorf("sudo -l -U %s: no answer in %s", name, timeout)
 	case errors.As(err, &exit) && exit.ExitCode() == 1:
 		return false, nil
 	case err != nil:
-		return false, fmt.Errorf("sudo -l -U %s: %w: %s", name, err, firstLine(stderr.String()))
+		return false, fmt.Errorf("sudo -l -U %s: %w: %s", name, err, firstLine(string(stderr)))
 	}
-	if got := firstLine(stdout.String()); got != sudoProbe {
+	if got := firstLine(string(stdout)); got != sudoProbe {
 		return false, fmt.Errorf("sudo -l -U %s answered %q, not %s", name, got, sudoProbe)
 	}
 	return true, nil
@@ -97,18 +90,4 @@ func (p *Policy) sudoGrantsShell(ctx context.Context, name string) (bool, error)
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
 	return strings.TrimSpace(s)
-}
-
-// limited keeps the first n bytes written and drops the rest (a sudo
-// plugin printing without end must not fill the shim's memory).
-type limited struct {
-	b *bytes.Buffer
-	n int
-}
-
-func (l *limited) Write(p []byte) (int, error) {
-	if room := l.n - l.b.Len(); room > 0 {
-		l.b.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
 }
