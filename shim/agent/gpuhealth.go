@@ -43,14 +43,13 @@ func (a *agent) startGPUHealth(ctx context.Context) *gpu.Monitor {
 }
 
 // gpuAccess is how Docker hands NVIDIA GPUs to containers, as the task
-// engine decides it (dockerrt.GPUMode, task.Engine's nvidiaCDI): the
+// engine decides it (dockerrt's GPUMode, task.Engine's nvidiaCDI): the
 // nvidia runtime when registered, CDI when configured so or when Docker
 // reads CDI specs without that runtime.
 func (a *agent) gpuAccess(ctx context.Context) (gpu.Access, error) {
-	info, err := a.rt.Client().Info(ctx)
+	mode, dirs, err := a.rt.GPUAccess(ctx)
 	if err != nil {
 		return gpu.Access{}, err
 	}
-	_, hook := info.Runtimes["nvidia"]
-	return gpu.Access{Runtime: hook, CDI: a.tcfg.NvidiaCDI || (!hook && len(info.CDISpecDirs) > 0), CDIDirs: info.CDISpecDirs}, nil
+	return gpu.Access{Runtime: mode == "hook", CDI: a.tcfg.NvidiaCDI || mode == "cdi", CDIDirs: dirs}, nil
 }

@@ -196,17 +196,24 @@ func Build(s task.ContainerSpec) (*container.Config, *container.HostConfig) {
 // NVIDIA runtime is registered, "cdi" when CDI spec dirs are configured,
 // "" when neither.
 func (r *Runtime) GPUMode(ctx context.Context) (string, error) {
+	mode, _, err := r.GPUAccess(ctx)
+	return mode, err
+}
+
+// GPUAccess is GPUMode with the CDI spec dirs Docker reads (the GPU health
+// check looks for a spec naming the GPUs there).
+func (r *Runtime) GPUAccess(ctx context.Context) (mode string, cdiDirs []string, err error) {
 	info, err := r.c.Info(ctx)
 	if err != nil {
-		return "", fmt.Errorf("docker info: %w", err)
+		return "", nil, fmt.Errorf("docker info: %w", err)
 	}
 	if _, ok := info.Runtimes["nvidia"]; ok {
-		return "hook", nil
+		return "hook", info.CDISpecDirs, nil
 	}
 	if len(info.CDISpecDirs) > 0 {
-		return "cdi", nil
+		return "cdi", info.CDISpecDirs, nil
 	}
-	return "", nil
+	return "", nil, nil
 }
 
 // Start starts a container.
