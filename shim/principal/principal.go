@@ -175,7 +175,11 @@ func (s *snapshot) account(uid uint32) account {
 // Decide answers for uid: from the host's files and sudo as they are at
 // its first question, then from the cache for TTL. Questions about one uid
 // that arrive together (a client's burst of connections) share one answer.
-func (p *Policy) Decide(uid uint32) Decision {
+func (p *Policy) Decide(uid uint32) Decision { return p.decideCached(uid, p.load) }
+
+// decideCached is Decide with the host's files read by snap, and only
+// when the cache has no answer for uid.
+func (p *Policy) decideCached(uid uint32, snap func() *snapshot) Decision {
 	ttl := p.TTL
 	if ttl <= 0 {
 		ttl = 5 * time.Second
@@ -199,7 +203,7 @@ func (p *Policy) Decide(uid uint32) Decision {
 		p.inflight[uid] = done
 		p.mu.Unlock()
 
-		d := p.decide(p.load(), uid)
+		d := p.decide(snap(), uid)
 		p.mu.Lock()
 		if p.cache == nil || len(p.cache) > 4096 {
 			p.cache = map[uint32]cached{}
@@ -387,7 +391,8 @@ func (p *Policy) AllowedUIDs() []uint32 {
 	slices.Sort(uids)
 	// Each account not admitted otherwise is a question to sudo (a few
 	// milliseconds each): four at a time, through the cache, so a burst of
-	// task starts asks once per TTL.
+	// task starts asks once per TTL; the host's files are the one read
+	// above, not one read per account.
 	allowed := make([]bool, len(uids))
 	sem := make(chan struct{}, 4)
 	var wg sync.WaitGroup
@@ -397,7 +402,7 @@ func (p *Policy) AllowedUIDs() []uint32 {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			allowed[i] = p.Decide(uid).Allowed
+			allowed[i] = p.decideCached(uid, func() *snapshot { return s }).Allowed
 		}()
 	}
 	wg.Wait()
