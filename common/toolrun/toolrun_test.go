@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-run/tandem/common/procs"
 )
 
 // TestRunBounds: each bound ends the run with its error, an exit status
@@ -72,11 +74,7 @@ func TestRunBounds(t *testing.T) {
 // waiting up to 2 s for the kill to land.
 func alive(pid int) bool {
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-		if err != nil {
-			return false
-		}
-		if _, rest, ok := strings.Cut(string(b), ") "); ok && strings.HasPrefix(rest, "Z") {
+		if f, err := procs.StatFields(filepath.Join("/proc", strconv.Itoa(pid))); err != nil || f[0] == "Z" {
 			return false
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/common/procs"
 )
 
 // Recorded answers, written from the tools' formats: amd-smi monitor -vu
@@ -288,13 +289,8 @@ func TestAToolThatHangsIsBounded(t *testing.T) {
 
 // alive reports whether pid runs (a zombie does not count).
 func alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	f, err := procs.StatFields("/proc/" + strconv.Itoa(pid))
+	return err == nil && f[0] != "Z"
 }
 
 // TestOneToolRunAtATime: a request that comes while a GPU read is under

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tandem-run/tandem/common/procs"
 )
 
 // The accounts of TestSudoDecides. Each name says the shape of its grant.
@@ -251,11 +253,7 @@ func TestSudoThatDoesNotAnswer(t *testing.T) {
 // whoever reaps orphans here).
 func gone(pid int, d time.Duration) bool {
 	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-		if err != nil {
-			return true
-		}
-		if _, rest, ok := strings.Cut(string(b), ") "); ok && strings.HasPrefix(rest, "Z") {
+		if f, err := procs.StatFields(filepath.Join("/proc", strconv.Itoa(pid))); err != nil || f[0] == "Z" {
 			return true
 		}
 	}
