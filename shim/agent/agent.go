@@ -77,6 +77,9 @@ type Config struct {
 	PolicyRoot string
 	// ReconcileInterval is the reconcile loop's period (5 s).
 	ReconcileInterval time.Duration
+	// SubmitWait bounds how long a submit's answer waits for its task to
+	// run (--submit-wait; 0: at once, as dstack's shim answers).
+	SubmitWait time.Duration
 	LogLevel          slog.Level
 	LogFormat         logging.Format
 	RunnerDownloadURL string
@@ -108,8 +111,14 @@ func Defaults() Config {
 		HostRoot:           "/",
 		RunnerDirSize:      runnerdir.DefaultSize,
 		Nice:               DefaultNice,
+		SubmitWait:         DefaultSubmitWait,
 	}
 }
+
+// DefaultSubmitWait is well under the 9 s that dstack's server gives a
+// shim request (REQUEST_TIMEOUT), SSH tunnel included, and above a warm
+// start on a loaded host (~0.3 s) many times over.
+const DefaultSubmitWait = 3 * time.Second
 
 // DefaultNice puts the shim's few CPU-seconds ahead of the Docker engine's
 // and the jobs' (see procs.Prioritize for what it measured).

@@ -49,6 +49,7 @@ func (a *agent) startAPI(ctx context.Context) error {
 		GPUMetrics:        gpuMetrics,
 		Stopper:           a.sd,
 		Readiness:         recovered{done: a.ready},
+		SubmitWait:        a.cfg.SubmitWait,
 		Log:               a.log,
 		Metrics:           metricsH,
 		MetricsMiddleware: a.mx.Middleware(),

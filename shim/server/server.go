@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -93,7 +94,11 @@ type Deps struct {
 	// Readiness holds task endpoints (bounded) until the tasks are
 	// restored after a start (nil: always ready).
 	Readiness Readiness
-	Log       *slog.Logger
+	// SubmitWait is how long a submit's answer may wait for its task to
+	// run (when Tasks can say: settler); a task that needs a registry pull
+	// is answered when the pull begins. 0: answered at once.
+	SubmitWait time.Duration
+	Log        *slog.Logger
 }
 
 // New returns the echo instance serving the shim API.
@@ -288,7 +293,19 @@ func (s *srv) submit(c echo.Context) error {
 	if err != nil {
 		return toHTTP(err)
 	}
+	if st, ok := s.d.Tasks.(settler); ok && s.d.SubmitWait > 0 {
+		if now, err := st.AwaitSettled(c.Request().Context(), cfg.ID, s.d.SubmitWait); err == nil {
+			info = now
+		}
+	}
 	return httpapi.JSON(c, info.SubmitResponse())
+}
+
+// settler is a task engine that can hold a submit's answer until the task
+// runs (task.Engine.AwaitSettled): dstack's server then starts the job on
+// its first look after the submit instead of one 5-10 s later.
+type settler interface {
+	AwaitSettled(ctx context.Context, id string, max time.Duration) (api.TaskInfoResponse, error)
 }
 
 // taskID is the path's task id, checked by the same rule as a submit: an

@@ -277,12 +277,29 @@ type task struct {
 	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu, then mu)
 
 	doneOnce sync.Once // markDone closes done once, whichever path ends the task
+
+	// settled is closed once a submit's answer has nothing to wait for
+	// (AwaitSettled): the task runs, ended, or waits on a registry.
+	settled     chan struct{}
+	settledOnce sync.Once
+}
+
+// markSettled closes settled once. Safe to call twice, and on a task
+// built without the channel (restored ones: nobody awaits them).
+func (t *task) markSettled() {
+	if t.settled == nil {
+		return
+	}
+	t.settledOnce.Do(func() { close(t.settled) })
 }
 
 // markDone says nothing more runs for the task (its pipeline or watcher
 // returned, or recovery settled it): terminate and remove wait on done.
 // Safe to call twice.
-func (t *task) markDone() { t.doneOnce.Do(func() { close(t.done) }) }
+func (t *task) markDone() {
+	t.doneOnce.Do(func() { close(t.done) })
+	t.markSettled()
+}
 
 // RunnerDirs makes, re-attaches (after a reboot) and removes the runner
 // directories.
@@ -358,6 +375,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		tracker:   pull.NewTracker(e.now),
 		cancelPre: cancel,
 		done:      make(chan struct{}),
+		settled:   make(chan struct{}),
 
 		noContainer: true,
 	}

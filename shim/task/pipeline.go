@@ -498,6 +498,9 @@ func (e *Engine) pullImage(ctx context.Context, t *task, ref, dir string, dirRea
 		return fmt.Errorf("pull log: %w", err)
 	}
 	// A pull really starts here (an image used as is is none): count it.
+	// A submit's answer waits no longer: a registry's time is not ours to
+	// hold a request for (AwaitSettled).
+	t.markSettled()
 	began := e.now()
 	defer func() {
 		var n int64

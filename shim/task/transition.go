@@ -64,6 +64,9 @@ func (e *Engine) transition(t *task, c change) error {
 	if c.persist == persistSoon {
 		e.saveSoon(t)
 	}
+	if c.to == api.TaskRunning || c.to == api.TaskTerminated {
+		t.markSettled()
+	}
 	if c.last {
 		t.markDone()
 	}
