@@ -79,7 +79,7 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// SubmitWait bounds how long a submit's answer waits for its task to
 	// run (--submit-wait; 0: at once, as dstack's shim answers).
-	SubmitWait time.Duration
+	SubmitWait        time.Duration
 	LogLevel          slog.Level
 	LogFormat         logging.Format
 	RunnerDownloadURL string
