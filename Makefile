@@ -79,7 +79,7 @@ e2e: build
 ## bench: latency, throughput and memory on a warm local image: task start
 ## against bare Docker, shim and runner RSS, logs and SSH. Each figure is
 ## printed against its target (ok or MISSED); the output goes to BENCH_LOG
-## and the README's figures table is regenerated from it (bench-table).
+## and the figures table of docs/figures.md is regenerated from it (bench-table).
 ## TANDEM_DSTACK_BIN: dstack's shim and runner, built from source, for the
 ## side-by-side start; TANDEM_BENCH_MACHINE names the machine in the table.
 BENCH_LOG ?= bench.log
@@ -90,10 +90,10 @@ bench: deps build
 	  TANDEM_BIN=$(BIN) go test -timeout 60m -run '^$$' -bench . -benchtime 20x -count 1 ./e2e/; } 2>&1 | tee $(BENCH_LOG)
 	$(MAKE) --no-print-directory bench-table
 
-## bench-table: the README's figures table from BENCH_LOG, dated, with the
+## bench-table: docs/figures.md's table from BENCH_LOG, dated, with the
 ## machine named (internal/benchtable)
 bench-table:
-	go run ./internal/benchtable -log $(BENCH_LOG) -readme README.md
+	go run ./internal/benchtable -log $(BENCH_LOG) -doc docs/figures.md
 
 ## gpu-smoke: on a machine with an NVIDIA driver: real NVML tests, then a real
 ## shim runs a CUDA job through `tandem run --gpus 1`, via the container

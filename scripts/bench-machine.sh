@@ -1,5 +1,5 @@
 #!/bin/bash
-# Names the machine a `make bench` ran on, for the README's figures table
+# Names the machine a `make bench` ran on, for the figures table of docs/figures.md
 # (internal/benchtable reads the "machine:" line). TANDEM_BENCH_MACHINE
 # names it in words (default: its hostname).
 set -u

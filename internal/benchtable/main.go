@@ -1,9 +1,9 @@
-// Command benchtable turns `make bench` output into the README's figures
-// table: every figure that has a target, its verdict, and every metric of
-// every benchmark, dated and with the machine named. It rewrites what lies
-// between the README's markers and nothing else.
+// Command benchtable turns `make bench` output into the figures table of
+// docs/figures.md: every figure that has a target, its verdict, and every
+// metric of every benchmark, dated and with the machine named. It rewrites
+// what lies between the doc's markers and nothing else.
 //
-//	go run ./internal/benchtable -log bench.log -readme README.md
+//	go run ./internal/benchtable -log bench.log -doc docs/figures.md
 package main
 
 import (
@@ -14,9 +14,9 @@ import (
 
 func main() {
 	logPath := flag.String("log", "bench.log", "make bench's output")
-	readme := flag.String("readme", "README.md", "the file whose marked section is rewritten")
+	doc := flag.String("doc", "docs/figures.md", "the file whose marked section is rewritten")
 	flag.Parse()
-	if err := run(*logPath, *readme); err != nil {
+	if err := run(*logPath, *doc); err != nil {
 		fmt.Fprintln(os.Stderr, "benchtable:", err)
 		os.Exit(1)
 	}
@@ -24,7 +24,7 @@ func main() {
 
 // run dates the table by when the log was last written: when the bench
 // finished, not when the table was made again from it.
-func run(logPath, readme string) error {
+func run(logPath, doc string) error {
 	f, err := os.Open(logPath)
 	if err != nil {
 		return err
@@ -39,18 +39,18 @@ func run(logPath, readme string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", logPath, err)
 	}
-	old, err := os.ReadFile(readme)
+	old, err := os.ReadFile(doc)
 	if err != nil {
 		return err
 	}
 	out, err := Replace(string(old), Render(rep, now))
 	if err != nil {
-		return fmt.Errorf("%s: %w", readme, err)
+		return fmt.Errorf("%s: %w", doc, err)
 	}
-	if err := writeKeepingMode(readme, []byte(out)); err != nil {
+	if err := writeKeepingMode(doc, []byte(out)); err != nil {
 		return err
 	}
-	fmt.Printf("benchtable: %s: %d figures with targets (%d missed), %d benchmarks\n", readme, len(rep.Targets), rep.Missed(), len(rep.Benchmarks))
+	fmt.Printf("benchtable: %s: %d figures with targets (%d missed), %d benchmarks\n", doc, len(rep.Targets), rep.Missed(), len(rep.Benchmarks))
 	return nil
 }
 

@@ -23,7 +23,7 @@ APT::Periodic::Download-Upgradeable-Packages "0";
 APT::Periodic::Unattended-Upgrade "0";
 CONF
 
-# Each value against dstack's kernel-tuning.sh: README "GPU images".
+# Each value against dstack's kernel-tuning.sh: docs/operator-guide.md "Kernel tuning".
 cat > /etc/sysctl.d/90-tandem.conf <<'CONF'
 # Tandem: many containers, big models, busy networks.
 fs.inotify.max_user_watches = 1048576
