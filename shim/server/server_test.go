@@ -132,6 +132,9 @@ func (e errTasks) Terminate(context.Context, string, api.TaskTerminateRequest) (
 func (e errTasks) Remove(context.Context, string) error { return e.err }
 func (e errTasks) JobLog(string) (io.ReadCloser, error) { return nil, e.err }
 func (e errTasks) GPUIDs(string) ([]string, error)      { return nil, e.err }
+func (e errTasks) ImageConfig(context.Context, string) (api.TaskImageConfig, error) {
+	return api.TaskImageConfig{}, e.err
+}
 
 // What a client reads is chosen by the shim, never an internal error's
 // text: no host path, no Go or Docker wording; the log has the cause.
