@@ -47,8 +47,14 @@ type RunOptions struct {
 	Network     string // host or bridge
 	MaxDuration time.Duration
 	// SSHKeys are public keys authorized in the job container (tandem ssh).
-	SSHKeys  []string
+	SSHKeys []string
+	// Commands is the job's argv; none: the image's ENTRYPOINT and CMD
+	// (imagecmd.go).
 	Commands []string
+	// Entrypoint, when not nil, replaces the image's ENTRYPOINT with
+	// Commands its arguments, as docker run --entrypoint (the image's CMD
+	// unused); empty with no Commands is refused.
+	Entrypoint []string
 	// Detach returns once the job runs, leaving the task (tandem attach,
 	// logs, rm).
 	Detach bool
@@ -169,8 +175,8 @@ func (p *runnerProbe) result(ctx context.Context) (*runnerclient.Client, error) 
 
 // NewRun checks o and returns its run, not started yet.
 func NewRun(o RunOptions) (*Run, error) {
-	if len(o.Commands) == 0 {
-		return nil, errors.New("no command given")
+	if err := checkCommand(o); err != nil {
+		return nil, err
 	}
 	if o.Network == "" {
 		o.Network = "host"
@@ -448,6 +454,9 @@ func (r *Run) StartJob(ctx context.Context) error {
 		}
 	}
 	body := jobBody(r.o, r.id, r.name)
+	if err := imageJob(ctx, r.shim, r.id, r.o, &body); err != nil {
+		return err
+	}
 	if r.o.CodeDir == "" {
 		// No code to upload: submit and start in one call (a Tandem
 		// runner), the stream dialed beside it.
