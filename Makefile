@@ -7,9 +7,15 @@ DSTACK_VERSION ?= 0.21.3
 VERSION        ?= $(DSTACK_VERSION)
 PKG            := github.com/tandem-run/tandem
 LDFLAGS        := -s -w -buildid= -X $(PKG)/common/version.dstack=$(DSTACK_VERSION) -X $(PKG)/common/version.tandem=$(TANDEM_VERSION)
-# Go from scripts/go.sh (/usr/local/go) first: a distribution's older Go may
-# be on the PATH too. Before it exists, GOPATH is Go's default.
-export PATH    := /usr/local/go/bin:$(PATH)
+# Go: the first that builds the module (go.mod's go line) of the go on the
+# PATH, /usr/local/go's and the one scripts/go.sh fetched into its own dir
+# (~/.cache/tandem/go<version>), first on the PATH: a distribution's older
+# Go may be there too. None is replaced; GOTOOLCHAIN=local builds with it
+# rather than fetching go.mod's toolchain version. Before any Go is here,
+# GOPATH is Go's default.
+GODIR          := $(shell ./scripts/go.sh --find 2>/dev/null)
+export PATH    := $(if $(GODIR),$(GODIR):)$(PATH)
+export GOTOOLCHAIN ?= local
 GOBIN          := $(or $(shell go env GOPATH 2>/dev/null),$(HOME)/go)/bin
 export PATH    := $(PATH):$(GOBIN)
 BIN            := $(CURDIR)/bin
@@ -36,7 +42,8 @@ release:
 	TANDEM_VERSION=$(TANDEM_VERSION) ./scripts/release.sh $(VERSION) $(CURDIR)/dist
 
 ## demo: the main job: one run through both agents on this machine (installs
-## only what it needs: Docker, gcc, busybox, Go)
+## only what it needs: Docker, gcc, busybox, and Go into ~/.cache/tandem when
+## no Go here builds the module)
 demo:
 	./scripts/deps.sh demo
 	$(MAKE) build

@@ -159,6 +159,7 @@ func TestInternalErrorsAreNotSent(t *testing.T) {
 			{"POST", "/api/tasks/x/terminate", `{}`},
 			{"POST", "/api/tasks/x/remove", ""},
 			{"GET", "/api/tasks/x/job-log", ""},
+			{"GET", "/api/tasks/x/image-config", ""},
 		} {
 			code, body := do(h, r[0], r[1], r[2])
 			if code != c.code || body != c.want {
