@@ -238,7 +238,10 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	if len(o.SSHKeys) == 0 {
 		if k, _ := ctl.DefaultPublicKey(identity); k != "" {
 			o.SSHKeys = []string{k}
-		} else {
+		} else if o.Detach {
+			// Said where tandem ssh is how one gets back in: a run that
+			// is watched to its end (make demo's) is not told about a key
+			// it does not use.
 			fmt.Fprintln(c.App.ErrWriter, "tandem: warning: no SSH public key found (~/.ssh/id_ed25519.pub or id_rsa.pub), so tandem ssh into this task will not work;"+
 				" create one with `ssh-keygen -t ed25519` or pass --authorized-key")
 		}
