@@ -129,3 +129,19 @@ func quoteArgv(argv []string) string {
 	}
 	return strings.Join(q, " ")
 }
+
+// checkRunner refuses, before anything is made, a run on a shim that has
+// no runner binary (its component not installed): every task's container
+// would fail to be made. A shim that does not say is left to decide.
+func checkRunner(ctx context.Context, shim *shimclient.Client, addr string) error {
+	comps, err := shim.Components(ctx)
+	if err != nil {
+		return nil
+	}
+	for _, c := range comps {
+		if c.Name == api.ComponentRunner && c.Status == api.ComponentNotInstalled {
+			return fmt.Errorf("the shim at %s has no dstack-runner, so no task can start there: start dstack-shim with --runner-binary-path PATH (a build's bin/dstack-runner; make shim does)", addr)
+		}
+	}
+	return nil
+}

@@ -361,9 +361,10 @@ func (r *Run) Name() string { return r.name }
 // round trip. The shim's hello speaks first: an address that is no shim
 // is said as that, whatever the others met.
 func (r *Run) Submit(ctx context.Context) error {
-	var gpuErr, roomErr error
+	var gpuErr, roomErr, runnerErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { gpuErr = checkGPUs(ctx, r.shim, r.o.GPUs) })
+	wg.Go(func() { runnerErr = checkRunner(ctx, r.shim, r.o.Shim) })
 	wg.Go(func() { roomErr = checkShimRoom(ctx, r.o.Clock, r.shim, r.o.Name, r.o.Network) })
 	hc, err := helloShim(ctx, r.shim, r.o.Shim)
 	wg.Wait()
@@ -372,7 +373,7 @@ func (r *Run) Submit(ctx context.Context) error {
 	}
 	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
 	r.tandemShim = hc.TandemVersion != ""
-	if err := cmp.Or(gpuErr, roomErr); err != nil {
+	if err := cmp.Or(runnerErr, gpuErr, roomErr); err != nil {
 		return err
 	}
 	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))
