@@ -25,7 +25,7 @@ GOTAGS         := urfave_cli_no_docs
 # go-nvml's header marks many calls deprecated; we do not use those.
 export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 
-.PHONY: all build release test vm-test unit e2e lint deps demo fuzz bench bench-table gpu-smoke gpu-kit fresh-check clean
+.PHONY: all build release test vm-test unit e2e lint deps demo shim fuzz bench bench-table gpu-smoke gpu-kit fresh-check clean
 
 all: build
 
@@ -48,6 +48,17 @@ demo:
 	./scripts/deps.sh demo
 	$(MAKE) build
 	./scripts/demo.sh
+
+## shim: a shim of your own on this machine, in the foreground, with this
+## build's runner (Ctrl-C stops it; its tasks' containers keep running and it
+## takes them back at its next start). It binds the API on 127.0.0.1:10998,
+## where tandem looks by default, and each host-network job's runner binds
+## 10999 (HTTP, localhost) and 10022 (its SSH server, all interfaces, key
+## login only) while the job runs. Home: ~/.dstack. As root (sudo when not):
+## the API starts containers. SHIM_FLAGS adds flags (dstack-shim --help).
+SHIM_FLAGS ?=
+shim: build
+	$(if $(filter 0,$(shell id -u)),,sudo )$(BIN)/dstack-shim --runner-binary-path $(BIN)/dstack-runner $(SHIM_FLAGS)
 
 ## deps: install missing Debian packages and tools, start dockerd if needed
 deps:

@@ -2,11 +2,15 @@ package e2e
 
 import (
 	"context"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
 // TestShimWithoutRunnerSaysSo: a shim started without a runner binary
@@ -43,5 +47,51 @@ func TestShimWithoutRunnerSaysSo(t *testing.T) {
 	log, err := os.ReadFile(filepath.Join(h.home, "shim.log"))
 	if err != nil || !strings.Contains(string(log), `msg="no runner binary: every task fails until there is one; start the shim with --runner-binary-path PATH`) {
 		t.Fatalf("the shim's log does not warn at its start: %v\n%s", err, log)
+	}
+}
+
+// TestShimTakesARelativeRunnerPath: `dstack-shim --runner-binary-path
+// bin/dstack-runner`, as one types it in a checkout (make shim), runs
+// jobs: the path is its directory's, where Docker's bind takes only an
+// absolute one (every task had failed on it).
+func TestShimTakesARelativeRunnerPath(t *testing.T) {
+	bins := testenv.Binaries(t)
+	dir := t.TempDir()
+	b, err := os.ReadFile(bins.Runner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "dstack-runner"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	home := t.TempDir()
+	testenv.UnmountUnder(t, home)
+	_, port, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	_, rport, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
+	cmd := exec.Command(bins.Shim, "--shim-home", home, "--shim-http-port", port, "--runner-http-port", rport, "--runner-ssh-port", sshPort,
+		"--runner-binary-path", "bin/dstack-runner")
+	cmd.Dir = dir
+	testenv.StartDaemon(t, cmd)
+	shim := "127.0.0.1:" + port
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, _, _ := tandem(t, "info", "--shim", shim)
+		if info.Run() == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(home, "shim.log"))
+			t.Fatalf("the shim did not serve:\n%s", log)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	run, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--no-ssh-config", testenv.Busybox(t), "echo", "ran")
+	if err := run.Run(); err != nil || out.String() != "ran\n" {
+		log, _ := os.ReadFile(filepath.Join(home, "shim.log"))
+		t.Fatalf("a job on a shim given a relative runner path: %v %q\n%s\nshim log:\n%s", err, out, errb, tailStr(string(log), 2000))
 	}
 }
