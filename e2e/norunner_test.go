@@ -33,7 +33,7 @@ func TestShimWithoutRunnerSaysSo(t *testing.T) {
 		t.Fatalf("tandem info does not say the runner is missing:\n%s\nwant the line %q", out, want)
 	}
 
-	cmd, out, errb = tandem(t, "run", "--shim", shim, "--no-ssh-config", h.image, "true")
+	cmd, _, errb = tandem(t, "run", "--shim", shim, "--no-ssh-config", h.image, "true")
 	err := cmd.Run()
 	if want := "tandem: the shim at " + shim + " has no dstack-runner, so no task can start there: start dstack-shim with --runner-binary-path PATH (a build's bin/dstack-runner; make shim does)\n"; exitCodeOf(err) != 125 || !strings.HasSuffix(errb.String(), want) {
 		t.Fatalf("tandem run: exit %d, %q\nwant a stderr ending %q", exitCodeOf(err), errb, want)
