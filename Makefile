@@ -7,9 +7,15 @@ DSTACK_VERSION ?= 0.21.3
 VERSION        ?= $(DSTACK_VERSION)
 PKG            := github.com/tandem-run/tandem
 LDFLAGS        := -s -w -buildid= -X $(PKG)/common/version.dstack=$(DSTACK_VERSION) -X $(PKG)/common/version.tandem=$(TANDEM_VERSION)
-# Go from scripts/go.sh (/usr/local/go) first: a distribution's older Go may
-# be on the PATH too. Before it exists, GOPATH is Go's default.
-export PATH    := /usr/local/go/bin:$(PATH)
+# Go: the first that builds the module (go.mod's go line) of the go on the
+# PATH, /usr/local/go's and the one scripts/go.sh fetched into its own dir
+# (~/.cache/tandem/go<version>), first on the PATH: a distribution's older
+# Go may be there too. None is replaced; GOTOOLCHAIN=local builds with it
+# rather than fetching go.mod's toolchain version. Before any Go is here,
+# GOPATH is Go's default.
+GODIR          := $(shell ./scripts/go.sh --find 2>/dev/null)
+export PATH    := $(if $(GODIR),$(GODIR):)$(PATH)
+export GOTOOLCHAIN ?= local
 GOBIN          := $(or $(shell go env GOPATH 2>/dev/null),$(HOME)/go)/bin
 export PATH    := $(PATH):$(GOBIN)
 BIN            := $(CURDIR)/bin
@@ -19,7 +25,7 @@ GOTAGS         := urfave_cli_no_docs
 # go-nvml's header marks many calls deprecated; we do not use those.
 export CGO_CFLAGS ?= -O2 -Wno-deprecated-declarations
 
-.PHONY: all build release test vm-test unit e2e lint deps demo fuzz bench bench-table gpu-smoke gpu-kit fresh-check clean
+.PHONY: all build release test vm-test unit e2e lint deps demo shim fuzz bench bench-table gpu-smoke gpu-kit fresh-check clean
 
 all: build
 
@@ -36,11 +42,23 @@ release:
 	TANDEM_VERSION=$(TANDEM_VERSION) ./scripts/release.sh $(VERSION) $(CURDIR)/dist
 
 ## demo: the main job: one run through both agents on this machine (installs
-## only what it needs: Docker, gcc, busybox, Go)
+## only what it needs: Docker, gcc, busybox, and Go into ~/.cache/tandem when
+## no Go here builds the module)
 demo:
 	./scripts/deps.sh demo
 	$(MAKE) build
 	./scripts/demo.sh
+
+## shim: a shim of your own on this machine, in the foreground, with this
+## build's runner (Ctrl-C stops it; its tasks' containers keep running and it
+## takes them back at its next start). It binds the API on 127.0.0.1:10998,
+## where tandem looks by default, and each host-network job's runner binds
+## 10999 (HTTP, localhost) and 10022 (its SSH server, all interfaces, key
+## login only) while the job runs. Home: ~/.dstack. As root (sudo when not):
+## the API starts containers. SHIM_FLAGS adds flags (dstack-shim --help).
+SHIM_FLAGS ?=
+shim: build
+	$(if $(filter 0,$(shell id -u)),,sudo )$(BIN)/dstack-shim --runner-binary-path $(BIN)/dstack-runner $(SHIM_FLAGS)
 
 ## deps: install missing Debian packages and tools, start dockerd if needed
 deps:

@@ -214,6 +214,24 @@ type TaskDetails struct {
 	Memory int64   `json:"memory,omitempty"`
 }
 
+// TaskImageConfig answers GET /api/tasks/{id}/image-config (Tandem's own
+// route; the dstack server never calls it, it reads an image's config from
+// its registry): the config of the image the task's container was made
+// from, as Docker's image inspect has it. A client that runs the image's
+// own command (tandem run IMAGE, no command) takes Entrypoint then Cmd as
+// the job's argv, as docker run and the dstack server do. Entrypoint, Cmd
+// and Env are [] when the image sets none.
+type TaskImageConfig struct {
+	// Image is the image's id (sha256:...): the one the container runs,
+	// whatever its tag names now.
+	Image      string   `json:"image"`
+	Entrypoint []string `json:"entrypoint"`
+	Cmd        []string `json:"cmd"`
+	WorkingDir string   `json:"working_dir"`
+	Env        []string `json:"env"`
+	User       string   `json:"user"`
+}
+
 // TaskSubmitResponse is the body of a successful POST /api/tasks. dstack's shim
 // serializes its internal struct there, so the keys are Go field names; the
 // server ignores the body, but we keep the shape.

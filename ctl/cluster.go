@@ -103,8 +103,8 @@ func NewCluster(o RunOptions, nodes []Node) (*Cluster, error) {
 	switch {
 	case len(nodes) < 2:
 		return nil, errors.New("a multi-node run needs at least two nodes")
-	case len(o.Commands) == 0:
-		return nil, errors.New("no command given")
+	case checkCommand(o) != nil:
+		return nil, checkCommand(o)
 	case o.Detach:
 		return nil, errors.New("a detached run has one node; a multi-node run is followed to its end")
 	case o.Network != "" && o.Network != "host":
@@ -225,7 +225,11 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 // the workers and last the master.
 func (c *Cluster) startJobs(ctx context.Context) error {
 	if err := onEach(c.cs, func(n *clusterNode) error {
-		return prepareJob(ctx, n.runner, c.o, clusterBody(c.o, c.runID, c.name, n, c.ips, c.gpus, c.key))
+		b := clusterBody(c.o, c.runID, c.name, n, c.ips, c.gpus, c.key)
+		if err := imageJob(ctx, n.shim, n.id, c.o, &b); err != nil {
+			return err
+		}
+		return prepareJob(ctx, n.runner, c.o, b)
 	}); err != nil {
 		return err
 	}

@@ -47,8 +47,14 @@ type RunOptions struct {
 	Network     string // host or bridge
 	MaxDuration time.Duration
 	// SSHKeys are public keys authorized in the job container (tandem ssh).
-	SSHKeys  []string
+	SSHKeys []string
+	// Commands is the job's argv; none: the image's ENTRYPOINT and CMD
+	// (imagecmd.go).
 	Commands []string
+	// Entrypoint, when not nil, replaces the image's ENTRYPOINT with
+	// Commands its arguments, as docker run --entrypoint (the image's CMD
+	// unused); empty with no Commands is refused.
+	Entrypoint []string
 	// Detach returns once the job runs, leaving the task (tandem attach,
 	// logs, rm).
 	Detach bool
@@ -169,8 +175,8 @@ func (p *runnerProbe) result(ctx context.Context) (*runnerclient.Client, error) 
 
 // NewRun checks o and returns its run, not started yet.
 func NewRun(o RunOptions) (*Run, error) {
-	if len(o.Commands) == 0 {
-		return nil, errors.New("no command given")
+	if err := checkCommand(o); err != nil {
+		return nil, err
 	}
 	if o.Network == "" {
 		o.Network = "host"
@@ -355,9 +361,10 @@ func (r *Run) Name() string { return r.name }
 // round trip. The shim's hello speaks first: an address that is no shim
 // is said as that, whatever the others met.
 func (r *Run) Submit(ctx context.Context) error {
-	var gpuErr, roomErr error
+	var gpuErr, roomErr, runnerErr error
 	var wg sync.WaitGroup
 	wg.Go(func() { gpuErr = checkGPUs(ctx, r.shim, r.o.GPUs) })
+	wg.Go(func() { runnerErr = checkRunner(ctx, r.shim, r.o.Shim) })
 	wg.Go(func() { roomErr = checkShimRoom(ctx, r.o.Clock, r.shim, r.o.Name, r.o.Network) })
 	hc, err := helloShim(ctx, r.shim, r.o.Shim)
 	wg.Wait()
@@ -366,7 +373,7 @@ func (r *Run) Submit(ctx context.Context) error {
 	}
 	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
 	r.tandemShim = hc.TandemVersion != ""
-	if err := cmp.Or(gpuErr, roomErr); err != nil {
+	if err := cmp.Or(runnerErr, gpuErr, roomErr); err != nil {
 		return err
 	}
 	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))
@@ -448,6 +455,9 @@ func (r *Run) StartJob(ctx context.Context) error {
 		}
 	}
 	body := jobBody(r.o, r.id, r.name)
+	if err := imageJob(ctx, r.shim, r.id, r.o, &body); err != nil {
+		return err
+	}
 	if r.o.CodeDir == "" {
 		// No code to upload: submit and start in one call (a Tandem
 		// runner), the stream dialed beside it.

@@ -48,9 +48,15 @@ func TestStopperWhileTheJobRunsGoesToTheFollower(t *testing.T) {
 	}
 }
 
-func TestNewRunNeedsACommand(t *testing.T) {
-	if _, err := NewRun(RunOptions{Shim: "127.0.0.1:1"}); err == nil {
-		t.Fatal("a run without a command was accepted")
+// TestNewRunCommandRules: a run with no command is the image's own (its
+// ENTRYPOINT and CMD, found once the task runs); an empty entrypoint with
+// no command has nothing to run and is refused before anything is made.
+func TestNewRunCommandRules(t *testing.T) {
+	if _, err := NewRun(RunOptions{Shim: "127.0.0.1:1"}); err != nil {
+		t.Fatalf("a run of the image's own command was refused: %v", err)
+	}
+	if _, err := NewRun(RunOptions{Shim: "127.0.0.1:1", Entrypoint: []string{}}); !errors.Is(err, ErrNoImageCommand) {
+		t.Fatalf("an empty entrypoint and no command: %v", err)
 	}
 	r, err := NewRun(RunOptions{Shim: "127.0.0.1:1", Commands: []string{"true"}})
 	if err != nil {
@@ -69,7 +75,7 @@ func TestNewClusterChecks(t *testing.T) {
 		nodes []Node
 	}{
 		"one node":       {RunOptions{Commands: cmd}, two[:1]},
-		"no command":     {RunOptions{}, two},
+		"nothing to run": {RunOptions{Entrypoint: []string{}}, two},
 		"detached":       {RunOptions{Commands: cmd, Detach: true}, two},
 		"bridge network": {RunOptions{Commands: cmd, Network: "bridge"}, two},
 	} {

@@ -246,10 +246,18 @@ func TestTandemExitCodes(t *testing.T) {
 		strings.Contains(out.String(), "job-output-line") || !strings.Contains(errb.String(), "job-output-line") {
 		t.Fatalf("-o json: exit %d, json.tool %v %s\nstdout %q\nstderr %q", exitCodeOf(err), jerr, js, out, errb)
 	}
-	// No key: the run works and says how to fix ssh.
+	// No key: a run followed to its end works and says nothing of a key
+	// it does not use; a detached one says how to fix tandem ssh into it.
 	cmd, _, errb = tandemIn(t, dir, nil, "run", "--shim", shim, "--image", h.image, "--", "true")
+	if err := cmd.Run(); err != nil || strings.Contains(errb.String(), "no SSH public key found") {
+		t.Fatalf("a foreground run without a key: %v %s", err, errb)
+	}
+	cmd, _, errb = tandemIn(t, dir, nil, "run", "-d", "--name", "no-key", "--shim", shim, "--image", h.image, "--", "true")
 	if err := cmd.Run(); err != nil || !strings.Contains(errb.String(), "no SSH public key found") || !strings.Contains(errb.String(), "ssh-keygen") {
 		t.Fatalf("missing key warning: %v %s", err, errb)
+	}
+	if cmd, _, errb := tandemIn(t, dir, nil, "rm", "-f", "--shim", shim, "no-key"); cmd.Run() != nil {
+		t.Fatalf("rm -f no-key: %s", errb)
 	}
 	if left := taskContainers(t); left != "" {
 		t.Fatalf("containers left: %s", left)

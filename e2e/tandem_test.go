@@ -135,7 +135,8 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	if err := cmd.Run(); err != nil || json.Unmarshal(out.Bytes(), &info) != nil || info["service"] != "dstack-shim" {
 		t.Fatalf("info json: %v %q", err, out)
 	}
-	// Bad input: unknown image, unreachable shim, no command.
+	// Bad input: unknown image, unreachable shim, no image (no command
+	// is the image's own: TestTandemRunImagesOwnCommand).
 	cmd, _, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", "no-such-image:v1", "--", "true")
 	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "pullImage error") {
 		t.Fatalf("unknown image: %v %s", err, errb)
@@ -145,8 +146,8 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 		t.Fatalf("unreachable shim: %v %s", err, errb)
 	}
 	cmd, _, errb = tandem(t, "run", "--shim", shim)
-	if err := cmd.Run(); exitCodeOf(err) != 125 {
-		t.Fatalf("no command: %v %s", err, errb)
+	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "no image: tandem run [flags] IMAGE [COMMAND [ARGS...]]") {
+		t.Fatalf("no image: %v %s", err, errb)
 	}
 	if left := taskContainers(t); left != "" {
 		t.Fatalf("containers left behind: %s", left)

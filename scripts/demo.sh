@@ -2,7 +2,11 @@
 # The main job: one run through both agents on this machine. Builds a tiny
 # local image, starts dstack-shim with a temporary home, runs a job with
 # `tandem run` that reports the machine's CPUs, memory and GPUs, streams it,
-# and cleans everything up.
+# and cleans everything up. The ports it binds, said as it starts: the
+# shim's API (DEMO_SHIM_PORT, on 127.0.0.1), and while the job runs its
+# runner's, on the host network: its HTTP API (DEMO_RUNNER_PORT, on
+# 127.0.0.1) and its SSH server (DEMO_RUNNER_SSH_PORT, every interface, key
+# login only: tandem ssh's way in).
 set -eu
 cd "$(dirname "$0")/.."
 SHIM_PORT="${DEMO_SHIM_PORT:-20998}"
@@ -55,6 +59,7 @@ until bin/tandem info --shim "127.0.0.1:$SHIM_PORT" >/dev/null 2>&1; do
 	fi
 	sleep 0.1
 done
+echo "demo: ports: dstack-shim's API on 127.0.0.1:$SHIM_PORT; while the job runs, its runner's HTTP API on 127.0.0.1:$RUNNER_PORT and its SSH server (tandem ssh; key login only) on port $RUNNER_SSH_PORT of every interface; all closed when the demo ends"
 bin/tandem info --shim "127.0.0.1:$SHIM_PORT"
 echo
 # shellcheck disable=SC2016 # expanded inside the job, not here

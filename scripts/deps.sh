@@ -2,7 +2,8 @@
 # Installs what Tandem's build and tests need on Debian/Ubuntu (as root), only
 # what is missing, and makes sure a Docker daemon answers. `deps.sh demo`
 # installs only what `make demo` needs (Docker, a C compiler for the shim's
-# NVML binding, busybox for the demo image, Go).
+# NVML binding, busybox for the demo image, Go when none here builds the
+# module: into a directory of its own, see scripts/go.sh).
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -35,8 +36,11 @@ if [ -n "$missing" ]; then
 	apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
-./scripts/go.sh
-PATH="/usr/local/go/bin:$PATH"
+# A Go already here that builds the module, else one fetched into a
+# directory of its own (scripts/go.sh): no installed Go is replaced.
+godir=$(./scripts/go.sh)
+PATH="$godir:$PATH"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 gobin="$(go env GOPATH)/bin"
 if [ "$mode" != demo ] && ! command -v staticcheck >/dev/null 2>&1 && [ ! -x "$gobin/staticcheck" ]; then
 	log "installing staticcheck $STATICCHECK_VERSION"

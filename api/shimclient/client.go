@@ -183,6 +183,15 @@ func (c *Client) JobLog(ctx context.Context, id string, w io.Writer) error {
 	return nil
 }
 
+// TaskImageConfig returns the config of the image the task's container
+// was made from (Tandem's shim only: dstack's answers 404). A task whose
+// container is not made yet is api.ErrConflict.
+func (c *Client) TaskImageConfig(ctx context.Context, id string) (api.TaskImageConfig, error) {
+	var out api.TaskImageConfig
+	err := c.t.JSON(ctx, transport.Request{Method: http.MethodGet, Path: taskPath(id, "/image-config")}, &out)
+	return out, err
+}
+
 func taskPath(id, suffix string) string {
 	return "/api/tasks/" + url.PathEscape(id) + suffix
 }

@@ -139,6 +139,36 @@ func TestRunEnvFlags(t *testing.T) {
 	}
 }
 
+// With no SSH key of the user's, a detached run warns that tandem ssh
+// will not get into its task; a run followed to its end (make demo's)
+// says nothing about a key it does not use.
+func TestNoKeyWarningOnlyForDetachedRuns(t *testing.T) {
+	t.Setenv("HOME", t.TempDir())
+	for _, detach := range []bool{false, true} {
+		app := App()
+		for _, cmd := range app.Commands {
+			if cmd.Name == "run" {
+				cmd.Action = func(c *cli.Context) error {
+					_, err := runOptions(c, c.Args().Slice(), "127.0.0.1:1", false)
+					return err
+				}
+			}
+		}
+		var errb strings.Builder
+		app.Writer, app.ErrWriter = io.Discard, &errb
+		argv := []string{"tandem", "run", "--no-ssh-config"}
+		if detach {
+			argv = append(argv, "-d")
+		}
+		if err := app.Run(append(argv, "--", "true")); err != nil {
+			t.Fatal(err)
+		}
+		if warned := strings.Contains(errb.String(), "no SSH public key found"); warned != detach {
+			t.Errorf("detached %v: warned %v: %q", detach, warned, errb.String())
+		}
+	}
+}
+
 // A negative --max-duration (read as none before) or --cpu is refused
 // before anything is made.
 func TestNegativeLimitsRefused(t *testing.T) {

@@ -79,8 +79,8 @@ the workers' with a [node N] prefix on stderr.
 
 func runAction(c *cli.Context) error {
 	image, cmd := runImage(c)
-	if len(cmd) == 0 {
-		return exitError{ctl.ExitFailure, "no command: tandem run [flags] IMAGE COMMAND [ARGS...] (or --image IMAGE COMMAND, or -- COMMAND)"}
+	if len(cmd) == 0 && !c.IsSet("image") && c.NArg() == 0 {
+		return exitError{ctl.ExitFailure, "no image: tandem run [flags] IMAGE [COMMAND [ARGS...]] (with no command, the image's own ENTRYPOINT and CMD)"}
 	}
 	jsonOut := c.String("output") == "json"
 	nodes, err := runNodes(c)
@@ -90,6 +90,9 @@ func runAction(c *cli.Context) error {
 	o, err := runOptions(c, cmd, nodes[0].shim, jsonOut)
 	if err != nil {
 		return err
+	}
+	if len(cmd) == 0 && !c.IsSet("workdir") {
+		o.WorkDir = "" // the image's WORKDIR, as its command's
 	}
 	if o.Stdin != nil && len(nodes) > 1 {
 		return exitError{ctl.ExitFailure, "--interactive takes one node: of a multi-node run's jobs, none would be the one to read it"}
@@ -235,7 +238,10 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	if len(o.SSHKeys) == 0 {
 		if k, _ := ctl.DefaultPublicKey(identity); k != "" {
 			o.SSHKeys = []string{k}
-		} else {
+		} else if o.Detach {
+			// Said where tandem ssh is how one gets back in: a run that
+			// is watched to its end (make demo's) is not told about a key
+			// it does not use.
 			fmt.Fprintln(c.App.ErrWriter, "tandem: warning: no SSH public key found (~/.ssh/id_ed25519.pub or id_rsa.pub), so tandem ssh into this task will not work;"+
 				" create one with `ssh-keygen -t ed25519` or pass --authorized-key")
 		}

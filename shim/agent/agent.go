@@ -225,7 +225,10 @@ func (a *agent) startComponents(ctx context.Context) error {
 	if info := a.runnerComp.Info(ctx); info.Status == api.ComponentError {
 		return fmt.Errorf("runner binary %s does not answer `--version` as dstack-runner", a.tcfg.RunnerBinary)
 	} else if info.Status == api.ComponentNotInstalled {
-		a.log.Warn("runner binary is missing; tasks will fail until it is installed", "path", a.tcfg.RunnerBinary)
+		// The API still serves (the dstack server installs a runner through
+		// it), but every task fails until there is one: said at the start,
+		// with the fix, not first by a task's Docker error.
+		a.log.Warn("no runner binary: every task fails until there is one; start the shim with --runner-binary-path PATH (a build's bin/dstack-runner), or install one (POST /api/components/install)", "path", a.tcfg.RunnerBinary)
 	}
 	// The shim binary is normally this process's own file: no need to run
 	// it to learn the version this process is.

@@ -72,7 +72,7 @@ func TestRunWithoutDocker(t *testing.T) {
 		t.Fatal("Run did not return after its context ended")
 	}
 	b, err := os.ReadFile(filepath.Join(home, "shim.log"))
-	if err != nil || !bytes.Contains(b, []byte("dstack-shim stopped")) || !bytes.Contains(b, []byte("runner binary is missing")) {
+	if err != nil || !bytes.Contains(b, []byte("dstack-shim stopped")) || !bytes.Contains(b, []byte("no runner binary: every task fails until there is one")) {
 		t.Fatalf("shim.log: %v\n%s", err, b)
 	}
 }

@@ -26,6 +26,7 @@ func TestInstanceHealth(t *testing.T) {
 		name      string
 		docker    error
 		gpus      *api.DCGMHealth
+		runner    api.ComponentStatus
 		overall   int
 		first     string // the message the dstack server shows
 		incidents int
@@ -35,9 +36,16 @@ func TestInstanceHealth(t *testing.T) {
 		{name: "no daemon", docker: noDaemon, overall: api.HealthFail, first: "Docker is not running on this host", incidents: 1},
 		{name: "no daemon, GPU incident follows", docker: noDaemon, gpus: gpuFail, overall: api.HealthFail, first: "apt-get install -y docker.io", incidents: 2},
 		{name: "daemon errs", docker: errors.New("docker ping: 500 boom"), overall: api.HealthFail, first: "Docker does not answer", incidents: 1},
+		{name: "no runner", runner: api.ComponentNotInstalled, overall: api.HealthFail, first: "no dstack-runner at /opt/r, so no task can start: start dstack-shim with --runner-binary-path", incidents: 1},
+		{name: "no runner, GPU incident follows", runner: api.ComponentNotInstalled, gpus: gpuFail, overall: api.HealthFail, first: "no dstack-runner", incidents: 2},
+		{name: "no daemon and no runner", docker: noDaemon, runner: api.ComponentNotInstalled, overall: api.HealthFail, first: "Docker is not running", incidents: 2},
+		{name: "runner being installed", runner: api.ComponentInstalling, overall: -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := instanceHealth{docker: func(context.Context) error { return tc.docker }}
+			if tc.runner != "" {
+				h.runner = func(context.Context) string { return runnerProblem(tc.runner, "/opt/r") }
+			}
 			if tc.gpus != nil {
 				h.gpus = func(context.Context) *api.DCGMHealth { return tc.gpus }
 			}

@@ -25,7 +25,10 @@ import (
 // shuts the server down (at once when the API asked for force).
 func (a *agent) startAPI(ctx context.Context) error {
 	mon := a.startGPUHealth(ctx)
-	inst := hostInstance{gpus: a.gpus, health: instanceHealth{docker: a.rt.Ping, gpus: func(context.Context) *api.DCGMHealth { return mon.Health() }}}
+	inst := hostInstance{gpus: a.gpus, health: instanceHealth{docker: a.rt.Ping, gpus: func(context.Context) *api.DCGMHealth { return mon.Health() },
+		runner: func(ctx context.Context) string {
+			return runnerProblem(a.runnerComp.Info(ctx).Status, a.tcfg.RunnerBinary)
+		}}}
 	var gpuMetrics server.GPUMetrics
 	if a.vendor == api.GPUVendorNVIDIA {
 		every := a.cfg.GPUMetricsInterval

@@ -76,6 +76,13 @@ func config(c *cli.Context) (agent.Config, error) {
 		}
 		home = filepath.Join(h, ".dstack")
 	}
+	// The runner is bind-mounted into every task's container, which takes
+	// only an absolute source: a relative path (bin/dstack-runner of a
+	// build) is this directory's.
+	runner, err := filepath.Abs(c.String("runner-binary-path"))
+	if err != nil {
+		return agent.Config{}, fmt.Errorf("--runner-binary-path: %w", err)
+	}
 	bin := c.String("shim-binary-path")
 	if bin == "" {
 		if exe, err := os.Executable(); err == nil {
@@ -100,7 +107,7 @@ func config(c *cli.Context) (agent.Config, error) {
 		RunnerDownloadURL: c.String("runner-download-url"),
 		ServiceMode:       c.Bool("service"),
 		Task: task.Config{
-			RunnerBinary:      c.String("runner-binary-path"),
+			RunnerBinary:      runner,
 			RunnerHTTPPort:    c.Int("runner-http-port"),
 			RunnerSSHPort:     c.Int("runner-ssh-port"),
 			RunnerLogLevel:    c.String("runner-log-level"),

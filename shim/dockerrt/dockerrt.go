@@ -380,6 +380,30 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (task.ContainerState, 
 	return st, nil
 }
 
+// ImageConfig returns the config of the image container id was made
+// from, by the image's id (its tag may name another image by now).
+func (r *Runtime) ImageConfig(ctx context.Context, id string) (api.TaskImageConfig, error) {
+	ins, err := r.c.ContainerInspect(ctx, id)
+	if cerrdefs.IsNotFound(err) {
+		return api.TaskImageConfig{}, task.ErrContainerGone
+	}
+	if err != nil {
+		return api.TaskImageConfig{}, fmt.Errorf("inspect container %s: %w", short(id), err)
+	}
+	img, err := r.c.ImageInspect(ctx, ins.Image)
+	if err != nil {
+		return api.TaskImageConfig{}, fmt.Errorf("inspect image %s: %w", short(ins.Image), err)
+	}
+	out := api.TaskImageConfig{Image: img.ID, Entrypoint: []string{}, Cmd: []string{}, Env: []string{}}
+	if c := img.Config; c != nil {
+		out.WorkingDir, out.User = c.WorkingDir, c.User
+		out.Entrypoint = append(out.Entrypoint, c.Entrypoint...)
+		out.Cmd = append(out.Cmd, c.Cmd...)
+		out.Env = append(out.Env, c.Env...)
+	}
+	return out, nil
+}
+
 // Wait waits until the container is not running.
 func (r *Runtime) Wait(ctx context.Context, id string) (int, error) {
 	okCh, errCh := r.c.ContainerWait(ctx, id, container.WaitConditionNotRunning)

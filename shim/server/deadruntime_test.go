@@ -30,6 +30,9 @@ func (deadRuntime) LogTail(context.Context, string, int) (string, error)       {
 
 func (deadRuntime) Containers(context.Context) ([]task.ContainerState, error) { return nil, errDown }
 func (deadRuntime) GPUMode(context.Context) (string, error)                   { return "", errDown }
+func (deadRuntime) ImageConfig(context.Context, string) (api.TaskImageConfig, error) {
+	return api.TaskImageConfig{}, errDown
+}
 func (deadRuntime) Inspect(context.Context, string) (task.ContainerState, error) {
 	return task.ContainerState{}, errDown
 }

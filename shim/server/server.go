@@ -38,6 +38,9 @@ type Tasks interface {
 	JobLog(id string) (io.ReadCloser, error)
 	// GPUIDs are the GPUs a task holds (task.ErrNotFound for none).
 	GPUIDs(id string) ([]string, error)
+	// ImageConfig is the config of the image the task's container was
+	// made from (Tandem's own route: tandem run IMAGE with no command).
+	ImageConfig(ctx context.Context, id string) (api.TaskImageConfig, error)
 }
 
 // Instance answers for the host.
@@ -125,6 +128,7 @@ func New(d Deps) *echo.Echo {
 	e.POST("/api/tasks/:id/terminate", s.terminate, ready)
 	e.POST("/api/tasks/:id/remove", s.remove, ready)
 	e.GET("/api/tasks/:id/job-log", s.jobLog, ready)
+	e.GET("/api/tasks/:id/image-config", s.imageConfig, ready)
 	e.GET("/metrics/tasks/:id", s.metrics, ready)
 	return e
 }
@@ -198,6 +202,20 @@ func (s *srv) jobLog(c echo.Context) error {
 	c.Response().WriteHeader(http.StatusOK)
 	_, err = io.Copy(c.Response(), rc)
 	return err
+}
+
+// imageConfig answers the config of the image a task's container was
+// made from: 404 for no such task, 409 while it has no container.
+func (s *srv) imageConfig(c echo.Context) error {
+	id, err := taskID(c)
+	if err != nil {
+		return err
+	}
+	cfg, err := s.d.Tasks.ImageConfig(c.Request().Context(), id)
+	if err != nil {
+		return toHTTP(err)
+	}
+	return httpapi.JSON(c, cfg)
 }
 
 func (s *srv) healthcheck(c echo.Context) error {

@@ -132,6 +132,9 @@ func (e errTasks) Terminate(context.Context, string, api.TaskTerminateRequest) (
 func (e errTasks) Remove(context.Context, string) error { return e.err }
 func (e errTasks) JobLog(string) (io.ReadCloser, error) { return nil, e.err }
 func (e errTasks) GPUIDs(string) ([]string, error)      { return nil, e.err }
+func (e errTasks) ImageConfig(context.Context, string) (api.TaskImageConfig, error) {
+	return api.TaskImageConfig{}, e.err
+}
 
 // What a client reads is chosen by the shim, never an internal error's
 // text: no host path, no Go or Docker wording; the log has the cause.
@@ -156,6 +159,7 @@ func TestInternalErrorsAreNotSent(t *testing.T) {
 			{"POST", "/api/tasks/x/terminate", `{}`},
 			{"POST", "/api/tasks/x/remove", ""},
 			{"GET", "/api/tasks/x/job-log", ""},
+			{"GET", "/api/tasks/x/image-config", ""},
 		} {
 			code, body := do(h, r[0], r[1], r[2])
 			if code != c.code || body != c.want {

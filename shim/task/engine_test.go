@@ -147,6 +147,15 @@ func (r *stepRuntime) Remove(ctx context.Context, idOrName string) error {
 	}
 	return nil
 }
+func (r *stepRuntime) ImageConfig(ctx context.Context, id string) (api.TaskImageConfig, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.created[id] {
+		return api.TaskImageConfig{}, ErrContainerGone
+	}
+	img := r.specs[id].Image
+	return api.TaskImageConfig{Image: "sha256:" + img, Entrypoint: []string{}, Cmd: []string{"echo", img}, Env: []string{}}, nil
+}
 func (r *stepRuntime) LogTail(ctx context.Context, id string, n int) (string, error) { return "", nil }
 func (r *stepRuntime) GPUMode(context.Context) (string, error)                       { return "hook", nil }
 

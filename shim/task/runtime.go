@@ -39,6 +39,10 @@ type Runtime interface {
 	Containers(ctx context.Context) ([]ContainerState, error)
 	// Inspect returns one container's state; ErrContainerGone if it is gone.
 	Inspect(ctx context.Context, id string) (ContainerState, error)
+	// ImageConfig returns the config of the image a container was made
+	// from (Entrypoint, Cmd and Env [] when unset); ErrContainerGone if
+	// the container is gone.
+	ImageConfig(ctx context.Context, containerID string) (api.TaskImageConfig, error)
 	// GPUMode says how the engine reaches NVIDIA GPUs: "hook" (the NVIDIA
 	// runtime), "cdi" (CDI device requests) or "" (neither).
 	GPUMode(ctx context.Context) (string, error)
