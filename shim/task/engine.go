@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/shim/gpu"
 	"github.com/tandem-run/tandem/shim/pull"
+	"github.com/tandem-run/tandem/shim/runnerdir"
 )
 
 // MaxPidsLimit is the largest pids limit a task may ask for.
@@ -298,19 +298,12 @@ type startHolder interface {
 	Hold() (release func())
 }
 
-// plainDirs are runner directories without a bound.
-type plainDirs struct{}
-
-func (plainDirs) Make(_ context.Context, dir string) error { return os.MkdirAll(dir, 0o755) }
-func (plainDirs) Attach(string) error                      { return nil }
-func (plainDirs) Remove(dir string) error                  { return os.RemoveAll(dir) }
-
 // New returns an engine. gpus may hold no GPUs; keys may be nil when no
 // task asks for host keys.
 func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logger) *Engine {
 	cfg = cfg.WithDefaults()
 	if cfg.RunnerDirs == nil {
-		cfg.RunnerDirs = plainDirs{}
+		cfg.RunnerDirs = &runnerdir.Dirs{} // plain directories
 	}
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
 	e.life, e.shutdown = context.WithCancel(context.Background())
