@@ -110,8 +110,9 @@ func (d *Dirs) mounted(dir string) bool {
 }
 
 // mountData mounts each runner dir with online discard: what the job frees
-// in its filesystem is punched out of the sparse image at the next journal
-// commit, so the host's disk gets it back at once. Without it the image
+// in its filesystem is punched out of the sparse image as it is freed (the
+// filesystem has no journal, so no commit holds the discard back), and the
+// host's disk gets it back at once. Without it the image
 // keeps every block it ever held: a job log that rotated under its cap
 // held 20-25 MB more of a 128 MiB shim home from one run to the next.
 //

@@ -199,8 +199,9 @@ type Engine struct {
 	shutdown context.CancelFunc
 
 	// mu guards the table only: tasks and tombstones. Each task's state is
-	// guarded by its own lock (task.mu). When both are held, Engine.mu is
-	// taken first; neither is held across a Docker call or a disk write.
+	// guarded by its own lock (task.mu). Lock order: task.op, task.saveMu,
+	// Engine.mu, task.mu; neither mu is held across a Docker call or a
+	// disk write.
 	mu         sync.RWMutex
 	tasks      map[string]*task
 	tombstones map[string]time.Time // removed ids (tombstone.go)
@@ -274,7 +275,7 @@ type task struct {
 	// Docker's default (networkResource); not persisted.
 	network string
 
-	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu, then mu)
+	saveMu sync.Mutex // serializes this task's record writes (lock order: op, saveMu, Engine.mu, mu)
 
 	doneOnce sync.Once // markDone closes done once, whichever path ends the task
 }

@@ -301,36 +301,21 @@ func (e *Engine) follow(t *task, log *slog.Logger) {
 	}()
 }
 
-// adopt takes over a labelled container that has no record. The task is
-// made in its status (running, or terminated with the container's exit)
-// before it enters the table; nothing moves it until it does.
+// adopt takes over a labelled container that has no record, as decideStray
+// says: running, or terminated with the container's exit. The task is made
+// in that status before it enters the table; nothing moves it until it does.
 func (e *Engine) adopt(c ContainerState) {
-	t := &task{cfg: api.TaskConfig{ID: c.TaskID, Name: c.Name, ContainerUser: "root", NetworkMode: "host"},
-		tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{}),
-		name: c.Name, contID: c.ID, ports: c.Ports, gpuIDs: c.GPUIDs}
-	if t.gpuIDs == nil {
-		t.gpuIDs = []string{}
-	}
-	if c.Running {
-		t.status, t.watched = api.TaskRunning, true
-	} else {
-		t.status, t.reason, t.released = api.TaskTerminated, api.ReasonDoneByRunner, true
-		if c.ExitCode != 0 {
-			t.reason = api.ReasonContainerExitedWithError
-			t.message = fmt.Sprintf("container exited with code %d (adopted after a shim restart)", c.ExitCode)
-		}
-		t.markDone()
-	}
 	log := e.log.With("task_id", c.TaskID, "container", c.Name)
 	e.mu.Lock()
 	a := e.strayOf(c.TaskID, c.ShimHome, c.RunnerDir, c.Running)
-	if a == actSkip || a == actLeaveForeign {
+	if a != actAdoptRunning && a != actAdoptStopped {
 		e.mu.Unlock()
 		return
 	}
+	t := e.adopted(c, a == actAdoptRunning)
 	e.tasks[c.TaskID] = t
 	e.mu.Unlock()
-	if !c.Running {
+	if a == actAdoptStopped {
 		e.mustSave(t)
 		log.Info("adopted a stopped task container", "exit_code", c.ExitCode)
 		return
@@ -339,6 +324,28 @@ func (e *Engine) adopt(c ContainerState) {
 	e.mustSave(t)
 	log.Info("adopted a running task container", "gpus", c.GPUIDs)
 	e.follow(t, log)
+}
+
+// adopted is the task of an adopted container c: running (watched from
+// here on), or terminated with its exit and holding nothing.
+func (e *Engine) adopted(c ContainerState, running bool) *task {
+	t := &task{cfg: api.TaskConfig{ID: c.TaskID, Name: c.Name, ContainerUser: "root", NetworkMode: "host"},
+		tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{}),
+		name: c.Name, contID: c.ID, ports: c.Ports, gpuIDs: c.GPUIDs}
+	if t.gpuIDs == nil {
+		t.gpuIDs = []string{}
+	}
+	if running {
+		t.status, t.watched = api.TaskRunning, true
+		return t
+	}
+	t.status, t.reason, t.released = api.TaskTerminated, api.ReasonDoneByRunner, true
+	if c.ExitCode != 0 {
+		t.reason = api.ReasonContainerExitedWithError
+		t.message = fmt.Sprintf("container exited with code %d (adopted after a shim restart)", c.ExitCode)
+	}
+	t.markDone()
+	return t
 }
 
 // strayOf decides a task container of task id, labelled with labelHome and

@@ -4,8 +4,11 @@ package task
 // acquires them in order before the image is pulled, release gives them back
 // in reverse when the task ends, and after a shim restart recovery and
 // adoption reclaim what a running task's record says it holds. Adding a
-// kind (a per-task network, say) is one type here and one line in
-// newResources; start, release and reclaim (Restore, adopt) walk the list.
+// kind is one type here and one line in newResources; start, release and
+// reclaim (Restore, adopt) walk the list. Not in it: the runner dir (made
+// and removed by the pipeline and Remove), the container, and the
+// forwards' opening, which needs the container's address (the pipeline,
+// recovery's re-attach); only their closing is here.
 
 import (
 	"context"
