@@ -89,7 +89,9 @@ func (e *Engine) end(t *task, log *slog.Logger, f failure) {
 // it holds, in acquire order, without touching the host. Harmless twice.
 func (e *Engine) reclaim(t *task, log *slog.Logger) {
 	for _, r := range e.resources {
-		r.reclaim(t, log)
+		if r, ok := r.(reclaimer); ok {
+			r.reclaim(t, log)
+		}
 	}
 }
 
@@ -220,8 +222,10 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 
 	// Host resources, in order (resource.go); release undoes them.
 	for _, r := range e.resources {
-		if f := r.acquire(ctx, t); f != nil {
-			return f
+		if r, ok := r.(acquirer); ok {
+			if f := r.acquire(ctx, t); f != nil {
+				return f
+			}
 		}
 	}
 	if ctx.Err() != nil {

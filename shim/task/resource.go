@@ -20,21 +20,33 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-// resource is one kind of host resource.
+// resource is one kind of what a task holds. Each has only the phases it
+// has, as the optional interfaces below; the engine walks the list for
+// each phase, skipping the kinds without it.
 type resource interface {
-	// acquire takes what t's config asks for. What it holds is written
-	// into t (under t.mu), and persisted before any host side effect
-	// that outlives the shim, so a crash leaves a release that finds
-	// nothing rather than a change nobody undoes.
-	acquire(ctx context.Context, t *task) *failure
-	// release gives back what t holds. It is a no-op for a resource never
-	// acquired, and harmless twice: a failed one is retried (Engine.release).
-	release(t *task, log *slog.Logger) error
-	// reclaim re-takes, after a restart, what t's record says it holds,
-	// without touching the host.
-	reclaim(t *task, log *slog.Logger)
 	// kind names it in logs and in the record's holds.
 	kind() string
+}
+
+// acquirer takes what t's config asks for. What it holds is written into
+// t (under t.mu), and persisted before any host side effect that outlives
+// the shim, so a crash leaves a release that finds nothing rather than a
+// change nobody undoes.
+type acquirer interface {
+	acquire(ctx context.Context, t *task) *failure
+}
+
+// releaser gives back what t holds when it ends. It is a no-op for a
+// resource never acquired, and harmless twice: a failed one is retried
+// (Engine.release) and kept in the record's holds.
+type releaser interface {
+	release(t *task, log *slog.Logger) error
+}
+
+// reclaimer re-takes, after a restart, what a running task's record (or
+// container) says it holds, without touching the host.
+type reclaimer interface {
+	reclaim(t *task, log *slog.Logger)
 }
 
 // newResources is the acquire order; release walks it backwards.
@@ -121,8 +133,8 @@ func (r hostKeysResource) release(t *task, _ *slog.Logger) error {
 	return nil
 }
 
-// reclaim has nothing to do: the lines stay in the file across restarts.
-func (hostKeysResource) reclaim(*task, *slog.Logger) {}
+// hostKeysResource has no reclaim: the lines stay in the file across
+// restarts.
 
 // volumesResource is the task's network volumes, mounted on the host.
 type volumesResource struct{ e *Engine }
@@ -198,9 +210,7 @@ func (r instanceMountsResource) acquire(_ context.Context, t *task) *failure {
 	return nil
 }
 
-func (instanceMountsResource) kind() string                      { return "instance_mounts" }
-func (instanceMountsResource) release(*task, *slog.Logger) error { return nil }
-func (instanceMountsResource) reclaim(*task, *slog.Logger)       {}
+func (instanceMountsResource) kind() string { return "instance_mounts" }
 
 // networkResource is the isolated bridge network a bridge-mode task joins
 // (shim/netiso). It is shared by every task and kept when one ends; a
@@ -221,17 +231,13 @@ func (r networkResource) acquire(ctx context.Context, t *task) *failure {
 	return nil
 }
 
-func (networkResource) kind() string                      { return "network" }
-func (networkResource) release(*task, *slog.Logger) error { return nil }
-func (networkResource) reclaim(*task, *slog.Logger)       {}
+func (networkResource) kind() string { return "network" }
 
 // forwardResource is a bridge task's runner ports, forwarded by the shim
 // (shim/portfwd). They are opened once the container has an address (the
 // pipeline's start, recovery's re-attach) and closed here when the task
 // ends.
 type forwardResource struct{ e *Engine }
-
-func (forwardResource) acquire(context.Context, *task) *failure { return nil }
 
 func (forwardResource) kind() string { return "forwards" }
 
@@ -241,5 +247,3 @@ func (r forwardResource) release(t *task, _ *slog.Logger) error {
 	}
 	return nil
 }
-
-func (forwardResource) reclaim(*task, *slog.Logger) {}

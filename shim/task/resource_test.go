@@ -126,8 +126,10 @@ func TestResources(t *testing.T) {
 	e.tasks[tk.cfg.ID] = tk // records are written only for tasks in the table
 
 	for _, r := range e.resources {
-		if f := r.acquire(context.Background(), tk); f != nil {
-			t.Fatalf("%T: %+v", r, f)
+		if r, ok := r.(acquirer); ok {
+			if f := r.acquire(context.Background(), tk); f != nil {
+				t.Fatalf("%T: %+v", r, f)
+			}
 		}
 	}
 	if locks.Free() != 1 || len(tk.gpuIDs) != 1 {
@@ -162,9 +164,7 @@ func TestResources(t *testing.T) {
 	locks2 := gpu.NewLocks([]string{"g0", "g1"})
 	e2 := resourceEngine(t, locks2, keys, vols, net, home)
 	restored := e2.restored(loaded[0])
-	for _, r := range e2.resources {
-		r.reclaim(restored, e2.log)
-	}
+	e2.reclaim(restored, e2.log)
 	if locks2.Free() != 1 || !slices.Equal(restored.gpuIDs, tk.gpuIDs) {
 		t.Errorf("reclaimed gpus: free %d, %v", locks2.Free(), restored.gpuIDs)
 	}
@@ -199,8 +199,12 @@ func TestResourcesNeverAcquired(t *testing.T) {
 	tk := newTask(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1, HostSSHUser: "u", HostSSHKeys: []string{"k"},
 		Volumes: []api.VolumeInfo{{Name: "v1"}}})
 	for i := len(e.resources) - 1; i >= 0; i-- {
-		e.resources[i].release(tk, e.log)
-		e.resources[i].reclaim(tk, e.log)
+		if r, ok := e.resources[i].(releaser); ok {
+			_ = r.release(tk, e.log)
+		}
+		if r, ok := e.resources[i].(reclaimer); ok {
+			r.reclaim(tk, e.log)
+		}
 	}
 	if locks.Free() != 0 || len(keys.lines["other"]) != 1 || vols.mounted["v1"] != "other" || len(vols.claims) != 0 {
 		t.Errorf("a never-acquired release touched others: free %d, keys %v, volumes %v, claims %v", locks.Free(), keys.lines, vols.mounted, vols.claims)
@@ -215,7 +219,7 @@ func TestResourceAcquireFailures(t *testing.T) {
 	e := resourceEngine(t, locks, keys, &fakeVolumes{mounted: map[string]string{}}, &fakeNetwork{}, t.TempDir())
 	cases := []struct {
 		name   string
-		r      resource
+		r      acquirer
 		cfg    api.TaskConfig
 		reason api.TerminationReason
 		msg    string
@@ -233,7 +237,9 @@ func TestResourceAcquireFailures(t *testing.T) {
 			if f == nil || f.reason != c.reason || (c.msg != "" && f.msg != c.msg) {
 				t.Fatalf("got %+v", f)
 			}
-			c.r.release(tk, e.log)
+			if r, ok := c.r.(releaser); ok {
+				_ = r.release(tk, e.log)
+			}
 		})
 	}
 	if locks.Free() != 1 {
@@ -268,8 +274,10 @@ func TestFailedReleaseIsRetriedAndPersisted(t *testing.T) {
 				HostSSHUser: "ubuntu", HostSSHKeys: []string{"ssh-ed25519 AAAA a"}, Volumes: []api.VolumeInfo{{Name: "v1"}}})
 			e.tasks[tk.cfg.ID] = tk
 			for _, r := range e.resources {
-				if f := r.acquire(context.Background(), tk); f != nil {
-					t.Fatalf("%T: %+v", r, f)
+				if r, ok := r.(acquirer); ok {
+					if f := r.acquire(context.Background(), tk); f != nil {
+						t.Fatalf("%T: %+v", r, f)
+					}
 				}
 			}
 			tk.status = api.TaskTerminated
