@@ -67,11 +67,9 @@ func (e *Engine) Restore(ctx context.Context) error {
 		e.tasks[t.cfg.ID] = t
 		e.mu.Unlock()
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
-		if dir, err := e.runnerDir(t); err == nil {
-			// After a reboot its filesystem is no longer mounted: the
-			// job's final state and log are in it.
-			if err := e.cfg.RunnerDirs.Attach(dir); err != nil {
-				log.Warn("runner dir not re-attached", "dir", dir, "err", err)
+		for _, r := range e.resources {
+			if r, ok := r.(restorer); ok {
+				r.restore(t, log)
 			}
 		}
 		t.mu.Lock()

@@ -49,9 +49,74 @@ type reclaimer interface {
 	reclaim(t *task, log *slog.Logger)
 }
 
-// newResources is the acquire order; release walks it backwards.
+// remover removes what outlives a task's end, when Remove forgets it; in
+// reverse order, after what it held is released. Harmless twice: a
+// failed one fails the Remove, which may be asked again.
+type remover interface {
+	remove(ctx context.Context, t *task) error
+}
+
+// restorer makes what a task holds usable again after a restart, for
+// every task read back from a record, ended or not.
+type restorer interface {
+	restore(t *task, log *slog.Logger)
+}
+
+// newResources is the acquire order; release and remove walk it backwards.
 func newResources(e *Engine) []resource {
-	return []resource{gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e}, networkResource{e}, forwardResource{e}}
+	return []resource{runnerDirResource{e}, gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e},
+		networkResource{e}, containerResource{e}, forwardResource{e}}
+}
+
+// runnerDirResource is the task's runner dir, <home>/runners/<container
+// name>: made by the start (pipeline.go), kept after the task ends (the
+// job's final state and log are read from it), re-attached after a
+// restart, removed with the task.
+type runnerDirResource struct{ e *Engine }
+
+func (runnerDirResource) kind() string { return "runner_dir" }
+
+func (r runnerDirResource) restore(t *task, log *slog.Logger) {
+	dir, err := r.e.runnerDir(t)
+	if err != nil {
+		return
+	}
+	// After a reboot its filesystem is no longer mounted: the job's final
+	// state and log are in it.
+	if err := r.e.cfg.RunnerDirs.Attach(dir); err != nil {
+		log.Warn("runner dir not re-attached", "dir", dir, "err", err)
+	}
+}
+
+func (r runnerDirResource) remove(_ context.Context, t *task) error {
+	dir, err := r.e.runnerDir(t)
+	if err != nil {
+		return nil // a damaged record's task has no dir
+	}
+	if err := r.e.cfg.RunnerDirs.Remove(dir); err != nil {
+		return fmt.Errorf("remove runner dir: %w", err)
+	}
+	return nil
+}
+
+// containerResource is the task's container: created and started by the
+// pipeline, re-attached by Reconcile, kept after it stops (its logs),
+// removed with the task.
+type containerResource struct{ e *Engine }
+
+func (containerResource) kind() string { return "container" }
+
+// remove removes it by id and by name (removeOwn), unless the pipeline
+// never reached create: then Docker holds nothing of the task, and
+// removing it needs no Docker (which may be the very thing missing).
+func (r containerResource) remove(ctx context.Context, t *task) error {
+	t.mu.Lock()
+	none := t.noContainer
+	t.mu.Unlock()
+	if none {
+		return nil
+	}
+	return r.e.removeOwn(ctx, t)
 }
 
 // gpuResource is the task's GPUs, locked in the engine's gpu.Locks.
