@@ -133,14 +133,11 @@ func (e *Engine) restored(l loaded) *task {
 	r := l.rec
 	t.cfg, t.status, t.reason, t.message = r.Config, r.Status, r.Reason, r.Message
 	t.pwHash, t.created, t.job = r.PasswordHash, r.SubmittedAt, r.Job
-	t.name, t.contID, t.ports, t.gpuIDs = r.ContainerName, r.ContainerID, r.Ports, r.GPUIDs
-	t.keysAdded, t.released, t.stopReq, t.volumes, t.holding = r.KeysAdded, r.Released, r.StopRequest, r.Volumes, r.Holds
+	t.setHeld(r.Held, r.Status)
+	t.released, t.stopReq, t.holding = r.Released, r.StopRequest, r.Holds
 	if t.name == "" {
 		t.name = ContainerName(r.Config.Name, r.Config.ID)
 	}
-	// A record written before the task ended may predate its create: only
-	// a terminated one is sure that Docker never got a container.
-	t.noContainer = r.NoContainer && r.Status == api.TaskTerminated
 	if t.status == api.TaskTerminated {
 		t.markDone()
 	}

@@ -62,6 +62,45 @@ type restorer interface {
 	restore(t *task, log *slog.Logger)
 }
 
+// held is what a task holds as its record keeps it: one part per kind of
+// its list that has state to keep (the others derive theirs: the runner
+// dir from the container's name, the network from the config, forwards
+// from the container's ports).
+type held struct {
+	Container heldContainer `json:"container"`
+	GPUs      []string      `json:"gpus"`                // locked for it (gpuResource)
+	HostKeys  bool          `json:"host_keys,omitempty"` // its lines are in authorized_keys (hostKeysResource)
+	Volumes   []string      `json:"volumes,omitempty"`   // may be mounted for it (volumesResource)
+}
+
+// heldContainer is the container's part of the record.
+type heldContainer struct {
+	Name  string            `json:"name"`
+	ID    string            `json:"id"`
+	Ports []api.PortMapping `json:"ports"` // as the server was told
+	// None: the task ended before create; trusted only together with a
+	// terminated status (restored).
+	None bool `json:"none,omitempty"`
+}
+
+// heldOf is what t holds, for its record; t.mu held.
+func heldOf(t *task) held {
+	return held{
+		Container: heldContainer{Name: t.name, ID: t.contID, Ports: slices.Clone(t.ports), None: t.noContainer},
+		GPUs:      slices.Clone(t.gpuIDs), HostKeys: t.keysAdded, Volumes: slices.Clone(t.volumes),
+	}
+}
+
+// setHeld gives a task read back from its record (status set) what the
+// record says it holds.
+func (t *task) setHeld(h held, status api.TaskStatus) {
+	t.name, t.contID, t.ports = h.Container.Name, h.Container.ID, h.Container.Ports
+	t.gpuIDs, t.keysAdded, t.volumes = h.GPUs, h.HostKeys, h.Volumes
+	// A record written before the task ended may predate its create: only
+	// a terminated one is sure that Docker never got a container.
+	t.noContainer = h.Container.None && status == api.TaskTerminated
+}
+
 // newResources is the acquire order; release and remove walk it backwards.
 func newResources(e *Engine) []resource {
 	return []resource{runnerDirResource{e}, gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e},
