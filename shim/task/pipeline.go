@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -171,194 +170,121 @@ func (e *Engine) waitExit(ctx context.Context, id string, log *slog.Logger) (int
 	}
 }
 
-// start runs the stages up to a running container. A nil result means the
-// container runs; what the task holds is given back by release when it
-// ends.
+// start takes, in order, everything a running task holds (resource.go: the
+// runner dir, the host's resources, the image, the container, its ports),
+// then commits running. A nil result means the container runs; what the
+// task holds is given back by release when it ends.
 func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure {
-	fail := func(reason api.TerminationReason, format string, args ...any) *failure {
-		return &failure{reason, fmt.Sprintf(format, args...)}
-	}
-	aborted := func() *failure {
-		return fail(api.ReasonTerminatedByServer, "terminated before start")
-	}
-	cfg := t.cfg
-	began := e.now()
-	// The timing line: the record write, then each stage since the last
-	// (prepare, pull: the image check when it is local, create, start,
-	// commit: ports and the running status, its record queued for the
-	// background writer), then submit to running.
-	phases := []any{"record", t.recordTook.Round(100 * time.Microsecond)}
-	mark := func(name string) {
-		now := e.now()
-		phases = append(phases, name, now.Sub(began).Round(100*time.Microsecond))
-		began = now
-	}
+	s := &starting{ctx: ctx, t: t, log: log, now: e.now, began: e.now(),
+		// The timing line: the record write, then each stage since the
+		// last (prepare, pull: the image check when it is local, create,
+		// start, commit: ports and the running status, its record queued
+		// for the background writer), then submit to running.
+		phases: []any{"record", t.recordTook.Round(100 * time.Microsecond)}}
+	defer s.finish()
 	if err := e.commit(t, api.TaskPreparing, nil); err != nil {
 		return aborted()
 	}
-	dir, err := e.runnerDir(t)
-	if err == nil {
-		// The bind's source exists from here on: Docker checks it at
-		// create, and binds what is mounted there at start.
-		err = os.MkdirAll(dir, 0o755)
-	}
-	if err == nil {
-		err = os.MkdirAll(e.hostFSProbe(), 0o555)
-	}
-	if err != nil {
-		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)
-	}
-	// The dir's own filesystem is made and mounted while the image is
-	// checked and the container created (2-3 ms off every start). Nothing
-	// is written into the dir before it is ready (a pull's log waits), the
-	// container starts only then, and start does not return before it is
-	// done, so release never races a mount.
-	if h, ok := e.cfg.RunnerDirs.(startHolder); ok {
-		// The next ready copy waits until this start is over.
-		defer h.Hold()()
-	}
-	dirReady := e.makeRunnerDir(ctx, dir)
-	defer func() { _ = dirReady() }()
-
-	// Host resources, in order (resource.go); release undoes them.
 	for _, r := range e.resources {
 		if r, ok := r.(acquirer); ok {
-			if f := r.acquire(ctx, t); f != nil {
+			if f := r.acquire(s); f != nil {
 				return f
 			}
 		}
 	}
-	if ctx.Err() != nil {
-		return aborted()
-	}
-
-	mark("prepare")
-	ref, reuse, err := imageRef(cfg.ImageName)
-	if err != nil {
-		return fail(api.ReasonCreatingContainerError, "pullImage error: %v", err)
-	}
-	if err := e.commit(t, api.TaskPulling, nil); err != nil {
-		return aborted()
-	}
-	pull := func() *failure {
-		err := e.pullImage(ctx, t, ref, dir, dirReady, log)
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return aborted()
-		}
-		if derr := dirReady(); derr != nil {
-			return fail(api.ReasonExecutorError, "prepare runner dir error: %v", derr)
-		}
-		return fail(api.ReasonCreatingContainerError, "pullImage error: %v", err)
-	}
-	if !reuse { // latest, or no tag: always pulled, as dstack's shim does
-		if f := pull(); f != nil {
-			return f
-		}
-		mark("pull")
-	}
-	t.mu.Lock()
-	gpuIDs := slices.Clone(t.gpuIDs)
-	t.mu.Unlock()
-	spec := e.containerSpec(t, dir, gpuIDs)
-	// Create must not be cut off halfway by a terminate: we want the id, so
-	// that remove can find what Docker made. A local image is used as is:
-	// create goes first and says when the image is not there (an inspect
-	// before it only repeated Docker's own check, 1 ms of every start),
-	// then it is pulled and create runs again.
-	if ctx.Err() != nil {
-		return aborted()
-	}
-	// From each create call on a container may exist, and remove looks for
-	// it by name, unless the create surely made nothing.
-	create := func() (string, error) {
-		t.mu.Lock()
-		t.noContainer = false
-		t.mu.Unlock()
-		id, err := e.rt.Create(context.WithoutCancel(ctx), spec)
-		if errors.Is(err, ErrNothingCreated) {
-			t.mu.Lock()
-			t.noContainer = true
-			t.mu.Unlock()
-		}
-		return id, err
-	}
-	id, err := create()
-	if reuse && errors.Is(err, ErrNoImage) {
-		if ctx.Err() != nil {
-			return aborted()
-		}
-		if f := pull(); f != nil {
-			return f
-		}
-		mark("pull")
-		id, err = create()
-	} else if reuse && err == nil {
-		log.Debug("image present, not pulling", "image", ref)
-	}
-	if err != nil {
-		return fail(api.ReasonCreatingContainerError, "createContainer error: %v", err)
-	}
-	if err := dirReady(); err != nil {
-		return fail(api.ReasonExecutorError, "prepare runner dir error: %v", err)
-	}
-	if err := e.commit(t, api.TaskCreating, nil); err != nil {
-		// Terminated meanwhile: remove finds the created container by name.
-		return aborted()
-	}
-	mark("create")
-	t.mu.Lock()
-	t.contID = id
-	t.mu.Unlock()
-	// The id is written with running, right after the start. Writing it
-	// here put an fsync beside Docker's own start and cost 6-16 ms of it
-	// (issue 30); a shim that dies during the start, or before running's
-	// background write lands, leaves a record without the id: recovery
-	// finds the container by its name and re-attaches it if it started
-	// (case 2 in recover.go).
-	if ctx.Err() != nil {
-		return aborted()
-	}
-	id, err = e.startContainer(context.WithoutCancel(ctx), t, id, spec, log)
-	if err != nil {
-		return fail(api.ReasonCreatingContainerError, "startContainer error: %v", err)
-	}
-	mark("start")
-	ports := []api.PortMapping{}
-	switch {
-	case cfg.NetworkMode == "host":
-	case e.cfg.Forwarder != nil:
-		if ports, err = e.forward(context.WithoutCancel(ctx), t, id, nil); err != nil {
-			if f := e.endedEarly(t, id, log); f != nil {
-				return f
-			}
-			_ = e.rt.Stop(context.WithoutCancel(ctx), id, 0)
-			return fail(api.ReasonCreatingContainerError, "forward the runner's ports: %v", err)
-		}
-		mark("forward")
-	default:
-		ports, err = e.rt.Ports(context.WithoutCancel(ctx), id)
-		if err != nil {
-			log.Error("discover ports", "err", err)
-			ports = []api.PortMapping{}
-		}
-	}
-	if err := e.commit(t, api.TaskRunning, func() { t.ports, t.watched = ports, true }); err != nil {
+	if err := e.commit(t, api.TaskRunning, func() { t.ports, t.watched = s.ports, true }); err != nil {
 		// Terminated while we were starting it: do not leave it running.
-		_ = e.rt.Stop(context.WithoutCancel(ctx), id, 0)
+		_ = e.rt.Stop(context.WithoutCancel(ctx), s.id, 0)
 		return aborted()
 	}
-	mark("commit")
+	s.mark("commit")
 	if !t.submitted.IsZero() {
-		phases = append(phases, "total", e.now().Sub(t.submitted).Round(100*time.Microsecond))
+		s.phases = append(s.phases, "total", e.now().Sub(t.submitted).Round(100*time.Microsecond))
 	}
-	log.Info("task running", append([]any{"container_id", id, "ports", ports, "gpus", gpuIDs}, phases...)...)
+	log.Info("task running", append([]any{"container_id", s.id, "ports", s.ports, "gpus", s.gpus}, s.phases...)...)
 	if !t.submitted.IsZero() {
 		e.obs().TaskRunning(e.now().Sub(t.submitted))
 	}
 	return nil
+}
+
+// starting is one start of a task: what its kinds' acquire share.
+type starting struct {
+	ctx context.Context
+	t   *task
+	log *slog.Logger
+
+	dir      string       // the runner dir (runnerDirResource)
+	dirReady func() error // waits for its filesystem, the same error each call
+	ref      string       // the image (imageResource), as imageRef normalized it
+	reuse    bool         // a pinned image present locally is used as is
+	gpus     []string     // the GPUs the container gets
+	id       string       // the container (containerResource)
+	ports    []api.PortMapping
+
+	now    func() time.Time
+	began  time.Time // the current stage's start
+	phases []any     // the timing line: stage, duration, ...
+	undo   []func()  // run, in reverse, when the start returns
+}
+
+// mark ends a stage of the timing line.
+func (s *starting) mark(name string) {
+	now := s.now()
+	s.phases = append(s.phases, name, now.Sub(s.began).Round(100*time.Microsecond))
+	s.began = now
+}
+
+// onReturn runs f when the start returns, whatever its outcome.
+func (s *starting) onReturn(f func()) { s.undo = append(s.undo, f) }
+
+func (s *starting) finish() {
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		s.undo[i]()
+	}
+}
+
+// failf is a start failure.
+func failf(reason api.TerminationReason, format string, args ...any) *failure {
+	return &failure{reason, fmt.Sprintf(format, args...)}
+}
+
+// aborted is a start cut short by a terminate.
+func aborted() *failure {
+	return failf(api.ReasonTerminatedByServer, "terminated before start")
+}
+
+// pull pulls s's image; dirReady's failure wins over the pull's (the
+// pull's log is in the runner dir).
+func (e *Engine) pull(s *starting) *failure {
+	err := e.pullImage(s.ctx, s.t, s.ref, s.dir, s.dirReady, s.log)
+	if err == nil {
+		return nil
+	}
+	if s.ctx.Err() != nil {
+		return aborted()
+	}
+	if derr := s.dirReady(); derr != nil {
+		return failf(api.ReasonExecutorError, "prepare runner dir error: %v", derr)
+	}
+	return failf(api.ReasonCreatingContainerError, "pullImage error: %v", err)
+}
+
+// create creates s's container. From each create call on a container may
+// exist, and remove looks for it by name, unless the create surely made
+// nothing.
+func (e *Engine) create(s *starting, spec ContainerSpec) (string, error) {
+	t := s.t
+	t.mu.Lock()
+	t.noContainer = false
+	t.mu.Unlock()
+	id, err := e.rt.Create(context.WithoutCancel(s.ctx), spec)
+	if errors.Is(err, ErrNothingCreated) {
+		t.mu.Lock()
+		t.noContainer = true
+		t.mu.Unlock()
+	}
+	return id, err
 }
 
 // endedEarly is how a task ends whose container stopped before the shim

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 
 	"github.com/tandem-run/tandem/api"
@@ -33,7 +34,7 @@ type resource interface {
 // the shim, so a crash leaves a release that finds nothing rather than a
 // change nobody undoes.
 type acquirer interface {
-	acquire(ctx context.Context, t *task) *failure
+	acquire(s *starting) *failure
 }
 
 // releaser gives back what t holds when it ends. It is a no-op for a
@@ -104,7 +105,7 @@ func (t *task) setHeld(h held, status api.TaskStatus) {
 // newResources is the acquire order; release and remove walk it backwards.
 func newResources(e *Engine) []resource {
 	return []resource{runnerDirResource{e}, gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e},
-		networkResource{e}, containerResource{e}, forwardResource{e}}
+		networkResource{e}, imageResource{e}, containerResource{e}, forwardResource{e}}
 }
 
 // runnerDirResource is the task's runner dir, <home>/runners/<container
@@ -114,6 +115,33 @@ func newResources(e *Engine) []resource {
 type runnerDirResource struct{ e *Engine }
 
 func (runnerDirResource) kind() string { return "runner_dir" }
+
+// acquire makes the dir; its own filesystem is made and mounted in the
+// background while the image is checked and the container created (2-3
+// ms off every start). Nothing is written into the dir before it is ready
+// (a pull's log waits), the container starts only then, and the start does
+// not return before it is done, so release never races a mount.
+func (r runnerDirResource) acquire(s *starting) *failure {
+	dir, err := r.e.runnerDir(s.t)
+	if err == nil {
+		// The bind's source exists from here on: Docker checks it at
+		// create, and binds what is mounted there at start.
+		err = os.MkdirAll(dir, 0o755)
+	}
+	if err == nil {
+		err = os.MkdirAll(r.e.hostFSProbe(), 0o555)
+	}
+	if err != nil {
+		return failf(api.ReasonExecutorError, "prepare runner dir error: %v", err)
+	}
+	if h, ok := r.e.cfg.RunnerDirs.(startHolder); ok {
+		// The next ready copy waits until this start is over.
+		s.onReturn(h.Hold())
+	}
+	s.dir, s.dirReady = dir, r.e.makeRunnerDir(s.ctx, dir)
+	s.onReturn(func() { _ = s.dirReady() })
+	return nil
+}
 
 func (r runnerDirResource) restore(t *task, log *slog.Logger) {
 	dir, err := r.e.runnerDir(t)
@@ -138,12 +166,102 @@ func (r runnerDirResource) remove(_ context.Context, t *task) error {
 	return nil
 }
 
+// imageResource is the task's image, pulled into Docker's store, where it
+// stays for the next task.
+type imageResource struct{ e *Engine }
+
+func (imageResource) kind() string { return "image" }
+
+// acquire pulls the image, unless its tag pins it (a digest, or a tag but
+// latest): that one is used as is when it is there, and the container's
+// create says when it is not (an inspect before it only repeated Docker's
+// own check, 1 ms of every start). latest, or no tag, is always pulled, as
+// dstack's shim does.
+func (r imageResource) acquire(s *starting) *failure {
+	if s.ctx.Err() != nil {
+		return aborted()
+	}
+	s.mark("prepare")
+	ref, reuse, err := imageRef(s.t.cfg.ImageName)
+	if err != nil {
+		return failf(api.ReasonCreatingContainerError, "pullImage error: %v", err)
+	}
+	s.ref, s.reuse = ref, reuse
+	if err := r.e.commit(s.t, api.TaskPulling, nil); err != nil {
+		return aborted()
+	}
+	if reuse {
+		return nil
+	}
+	if f := r.e.pull(s); f != nil {
+		return f
+	}
+	s.mark("pull")
+	return nil
+}
+
 // containerResource is the task's container: created and started by the
-// pipeline, re-attached by Reconcile, kept after it stops (its logs),
-// removed with the task.
+// start, re-attached by Reconcile, kept after it stops (its logs), removed
+// with the task.
 type containerResource struct{ e *Engine }
 
 func (containerResource) kind() string { return "container" }
+
+// acquire creates and starts the container. Create must not be cut off
+// halfway by a terminate: we want the id, so that remove can find what
+// Docker made.
+func (r containerResource) acquire(s *starting) *failure {
+	e, t := r.e, s.t
+	t.mu.Lock()
+	s.gpus = slices.Clone(t.gpuIDs)
+	t.mu.Unlock()
+	spec := e.containerSpec(t, s.dir, s.gpus)
+	if s.ctx.Err() != nil {
+		return aborted()
+	}
+	id, err := e.create(s, spec)
+	if s.reuse && errors.Is(err, ErrNoImage) {
+		if s.ctx.Err() != nil {
+			return aborted()
+		}
+		if f := e.pull(s); f != nil {
+			return f
+		}
+		s.mark("pull")
+		id, err = e.create(s, spec)
+	} else if s.reuse && err == nil {
+		s.log.Debug("image present, not pulling", "image", s.ref)
+	}
+	if err != nil {
+		return failf(api.ReasonCreatingContainerError, "createContainer error: %v", err)
+	}
+	if err := s.dirReady(); err != nil {
+		return failf(api.ReasonExecutorError, "prepare runner dir error: %v", err)
+	}
+	if err := e.commit(t, api.TaskCreating, nil); err != nil {
+		// Terminated meanwhile: remove finds the created container by name.
+		return aborted()
+	}
+	s.mark("create")
+	t.mu.Lock()
+	t.contID = id
+	t.mu.Unlock()
+	// The id is written with running, right after the start. Writing it
+	// here put an fsync beside Docker's own start and cost 6-16 ms of it
+	// (issue 30); a shim that dies during the start, or before running's
+	// background write lands, leaves a record without the id: recovery
+	// finds the container by its name and re-attaches it if it started
+	// (case 2 in recover.go).
+	if s.ctx.Err() != nil {
+		return aborted()
+	}
+	s.id, err = e.startContainer(context.WithoutCancel(s.ctx), t, id, spec, s.log)
+	if err != nil {
+		return failf(api.ReasonCreatingContainerError, "startContainer error: %v", err)
+	}
+	s.mark("start")
+	return nil
+}
 
 // remove removes it by id and by name (removeOwn), unless the pipeline
 // never reached create: then Docker holds nothing of the task, and
@@ -161,7 +279,8 @@ func (r containerResource) remove(ctx context.Context, t *task) error {
 // gpuResource is the task's GPUs, locked in the engine's gpu.Locks.
 type gpuResource struct{ e *Engine }
 
-func (r gpuResource) acquire(_ context.Context, t *task) *failure {
+func (r gpuResource) acquire(s *starting) *failure {
+	t := s.t
 	ids := []string{}
 	if t.cfg.GPU != 0 {
 		got, err := r.e.gpus.Acquire(t.cfg.ID, t.cfg.GPU)
@@ -202,7 +321,8 @@ func (r gpuResource) reclaim(t *task, log *slog.Logger) {
 // hostKeysResource is the task's lines in a host user's authorized_keys.
 type hostKeysResource struct{ e *Engine }
 
-func (r hostKeysResource) acquire(_ context.Context, t *task) *failure {
+func (r hostKeysResource) acquire(s *starting) *failure {
+	t := s.t
 	if len(t.cfg.HostSSHKeys) == 0 || t.cfg.HostSSHUser == "" {
 		return nil
 	}
@@ -243,7 +363,8 @@ func (r hostKeysResource) release(t *task, _ *slog.Logger) error {
 // volumesResource is the task's network volumes, mounted on the host.
 type volumesResource struct{ e *Engine }
 
-func (r volumesResource) acquire(ctx context.Context, t *task) *failure {
+func (r volumesResource) acquire(s *starting) *failure {
+	ctx, t := s.ctx, s.t
 	if len(t.cfg.Volumes) == 0 {
 		return nil
 	}
@@ -307,7 +428,8 @@ func (r volumesResource) reclaim(t *task, log *slog.Logger) {
 // are made when missing and never removed: host data outlives every task.
 type instanceMountsResource struct{ e *Engine }
 
-func (r instanceMountsResource) acquire(_ context.Context, t *task) *failure {
+func (r instanceMountsResource) acquire(s *starting) *failure {
+	t := s.t
 	if err := r.e.prepareInstanceMounts(t.cfg.InstanceMounts); err != nil {
 		return &failure{api.ReasonExecutorError, fmt.Sprintf("prepareInstanceMountPoints error: %v", err)}
 	}
@@ -321,7 +443,8 @@ func (instanceMountsResource) kind() string { return "instance_mounts" }
 // per-task network would delete its own here.
 type networkResource struct{ e *Engine }
 
-func (r networkResource) acquire(ctx context.Context, t *task) *failure {
+func (r networkResource) acquire(s *starting) *failure {
+	ctx, t := s.ctx, s.t
 	if t.cfg.NetworkMode != "bridge" || r.e.cfg.Network == nil {
 		return nil
 	}
@@ -338,12 +461,40 @@ func (r networkResource) acquire(ctx context.Context, t *task) *failure {
 func (networkResource) kind() string { return "network" }
 
 // forwardResource is a bridge task's runner ports, forwarded by the shim
-// (shim/portfwd). They are opened once the container has an address (the
-// pipeline's start, recovery's re-attach) and closed here when the task
-// ends.
+// (shim/portfwd). They are opened once the container has an address (here,
+// and recovery's re-attach) and closed when the task ends. Without a
+// Forwarder its ports are Docker's (none in host mode).
 type forwardResource struct{ e *Engine }
 
 func (forwardResource) kind() string { return "forwards" }
+
+// acquire learns the ports the server is told: forwarded here, or Docker's.
+func (r forwardResource) acquire(s *starting) *failure {
+	e, ctx := r.e, context.WithoutCancel(s.ctx)
+	s.ports = []api.PortMapping{}
+	switch {
+	case s.t.cfg.NetworkMode == "host":
+	case e.cfg.Forwarder != nil:
+		ports, err := e.forward(ctx, s.t, s.id, nil)
+		if err != nil {
+			if f := e.endedEarly(s.t, s.id, s.log); f != nil {
+				return f
+			}
+			_ = e.rt.Stop(ctx, s.id, 0)
+			return failf(api.ReasonCreatingContainerError, "forward the runner's ports: %v", err)
+		}
+		s.ports = ports
+		s.mark("forward")
+	default:
+		ports, err := e.rt.Ports(ctx, s.id)
+		if err != nil {
+			s.log.Error("discover ports", "err", err)
+			ports = []api.PortMapping{}
+		}
+		s.ports = ports
+	}
+	return nil
+}
 
 func (r forwardResource) release(t *task, _ *slog.Logger) error {
 	if r.e.cfg.Forwarder != nil {

@@ -111,6 +111,22 @@ func newTask(cfg api.TaskConfig) *task {
 	return &task{cfg: cfg, name: ContainerName(cfg.Name, cfg.ID), done: make(chan struct{})}
 }
 
+// hostKinds are the kinds that take the host's resources, acquired
+// without a runner dir, an image or a container.
+var hostKinds = []string{"gpus", "host_keys", "volumes", "instance_mounts", "network"}
+
+// acquireHost acquires tk's host resources, in order, as a start does.
+func acquireHost(t *testing.T, e *Engine, tk *task) {
+	t.Helper()
+	for _, r := range e.resources {
+		if a, ok := r.(acquirer); ok && slices.Contains(hostKinds, r.kind()) {
+			if f := a.acquire(&starting{ctx: context.Background(), t: tk}); f != nil {
+				t.Fatalf("%T: %+v", r, f)
+			}
+		}
+	}
+}
+
 func TestResources(t *testing.T) {
 	home := t.TempDir()
 	locks := gpu.NewLocks([]string{"g0", "g1"})
@@ -125,13 +141,7 @@ func TestResources(t *testing.T) {
 		InstanceMounts: []api.InstanceMountPoint{{InstancePath: mountDir, Path: "/data"}}})
 	e.tasks[tk.cfg.ID] = tk // records are written only for tasks in the table
 
-	for _, r := range e.resources {
-		if r, ok := r.(acquirer); ok {
-			if f := r.acquire(context.Background(), tk); f != nil {
-				t.Fatalf("%T: %+v", r, f)
-			}
-		}
-	}
+	acquireHost(t, e, tk)
 	if locks.Free() != 1 || len(tk.gpuIDs) != 1 {
 		t.Errorf("gpus: free %d, task %v", locks.Free(), tk.gpuIDs)
 	}
@@ -233,7 +243,7 @@ func TestResourceAcquireFailures(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			c.cfg.ID, c.cfg.Name, c.cfg.ImageName = "t-"+c.name, "n", "img"
 			tk := newTask(c.cfg)
-			f := c.r.acquire(context.Background(), tk)
+			f := c.r.acquire(&starting{ctx: context.Background(), t: tk})
 			if f == nil || f.reason != c.reason || (c.msg != "" && f.msg != c.msg) {
 				t.Fatalf("got %+v", f)
 			}
@@ -273,13 +283,7 @@ func TestFailedReleaseIsRetriedAndPersisted(t *testing.T) {
 			tk := newTask(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1,
 				HostSSHUser: "ubuntu", HostSSHKeys: []string{"ssh-ed25519 AAAA a"}, Volumes: []api.VolumeInfo{{Name: "v1"}}})
 			e.tasks[tk.cfg.ID] = tk
-			for _, r := range e.resources {
-				if r, ok := r.(acquirer); ok {
-					if f := r.acquire(context.Background(), tk); f != nil {
-						t.Fatalf("%T: %+v", r, f)
-					}
-				}
-			}
+			acquireHost(t, e, tk)
 			tk.status = api.TaskTerminated
 			tk.markDone()
 
