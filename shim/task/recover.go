@@ -204,29 +204,14 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 			if probed && !e.settleProbed(t, c, log) {
 				continue
 			}
-			// A bridge task whose container Docker publishes nothing for
-			// has the shim's forwards, which died with the shim; else the
-			// ports are Docker's (none in host mode).
-			forwarded := t.cfg.NetworkMode != "host" && e.cfg.Forwarder != nil && len(c.Ports) == 0
-			t.mu.Lock()
-			t.contID = c.ID
-			recorded := t.ports
-			if c.Ports != nil && !forwarded {
-				t.ports = c.Ports
-			}
-			gpus := t.gpuIDs
-			t.mu.Unlock()
-			if forwarded && c.Running {
-				// Open them again on the ports the server was told.
-				ports, err := e.forward(ctx, t, c.ID, recorded)
-				if err != nil {
-					log.Error("re-open the task's forwarded ports", "err", err, "ports", recorded)
-				} else {
-					t.mu.Lock()
-					t.ports = ports
-					t.mu.Unlock()
+			for _, r := range e.resources {
+				if r, ok := r.(reattacher); ok {
+					r.reattach(ctx, t, c, log)
 				}
 			}
+			t.mu.Lock()
+			gpus := t.gpuIDs
+			t.mu.Unlock()
 			e.mustSave(t)
 			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", gpus)
 			e.follow(t, log)

@@ -1,14 +1,15 @@
 package task
 
-// Host resources a task holds. Each kind is one type: the start pipeline
-// acquires them in order before the image is pulled, release gives them back
-// in reverse when the task ends, and after a shim restart recovery and
-// adoption reclaim what a running task's record says it holds. Adding a
-// kind is one type here and one line in newResources; start, release and
-// reclaim (Restore, adopt) walk the list. Not in it: the runner dir (made
-// and removed by the pipeline and Remove), the container, and the
-// forwards' opening, which needs the container's address (the pipeline,
-// recovery's re-attach); only their closing is here.
+// A task is the ordered list of what it holds (newResources): its runner
+// dir, GPUs, host keys, volumes, instance mounts, network, image,
+// container and forwards. Each kind is one type with only the phases it
+// has, each an optional interface: acquire (a start walks the list in
+// order), release (when the task ends, in reverse; what fails is kept in
+// the record's holds and retried), remove (when Remove forgets it, in
+// reverse), and after a restart restore (every record read back), reclaim
+// (a running task, before Docker answers) and reattach (once it has). What
+// a kind keeps across a restart is its part of the record (held). Adding a
+// kind is one type here and one line in newResources.
 
 import (
 	"context"
@@ -48,6 +49,12 @@ type releaser interface {
 // container) says it holds, without touching the host.
 type reclaimer interface {
 	reclaim(t *task, log *slog.Logger)
+}
+
+// reattacher takes up, once Docker answered after a restart, what a
+// running task's container has: its id, its ports, their forwards.
+type reattacher interface {
+	reattach(ctx context.Context, t *task, c ContainerState, log *slog.Logger)
 }
 
 // remover removes what outlives a task's end, when Remove forgets it; in
@@ -263,6 +270,18 @@ func (r containerResource) acquire(s *starting) *failure {
 	return nil
 }
 
+// reattach takes the container found for t: its id, and its ports as
+// Docker publishes them (none in host mode) unless the shim forwards them.
+func (r containerResource) reattach(_ context.Context, t *task, c ContainerState, _ *slog.Logger) {
+	forwarded := r.e.forwarded(t, c)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.contID = c.ID
+	if c.Ports != nil && !forwarded {
+		t.ports = c.Ports
+	}
+}
+
 // remove removes it by id and by name (removeOwn), unless the pipeline
 // never reached create: then Docker holds nothing of the task, and
 // removing it needs no Docker (which may be the very thing missing).
@@ -467,6 +486,31 @@ func (networkResource) kind() string { return "network" }
 type forwardResource struct{ e *Engine }
 
 func (forwardResource) kind() string { return "forwards" }
+
+// forwarded says whether t's container c has the shim's forwards: a
+// bridge task whose container Docker publishes nothing for.
+func (e *Engine) forwarded(t *task, c ContainerState) bool {
+	return t.cfg.NetworkMode != "host" && e.cfg.Forwarder != nil && len(c.Ports) == 0
+}
+
+// reattach opens the forwards again, which died with the shim, on the
+// ports the server was told.
+func (r forwardResource) reattach(ctx context.Context, t *task, c ContainerState, log *slog.Logger) {
+	if !r.e.forwarded(t, c) || !c.Running {
+		return
+	}
+	t.mu.Lock()
+	recorded := t.ports
+	t.mu.Unlock()
+	ports, err := r.e.forward(ctx, t, c.ID, recorded)
+	if err != nil {
+		log.Error("re-open the task's forwarded ports", "err", err, "ports", recorded)
+		return
+	}
+	t.mu.Lock()
+	t.ports = ports
+	t.mu.Unlock()
+}
 
 // acquire learns the ports the server is told: forwarded here, or Docker's.
 func (r forwardResource) acquire(s *starting) *failure {
