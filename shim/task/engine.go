@@ -293,12 +293,6 @@ type RunnerDirs interface {
 	Remove(dir string) error
 }
 
-// startHolder is what RunnerDirs may also be: their background work waits
-// from Hold until release, while a task's start is under way.
-type startHolder interface {
-	Hold() (release func())
-}
-
 // New returns an engine. gpus may hold no GPUs; keys may be nil when no
 // task asks for host keys.
 func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logger) *Engine {

@@ -17,7 +17,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/tandem-run/tandem/api"
 )
@@ -113,186 +115,6 @@ func (t *task) setHeld(h held, status api.TaskStatus) {
 func newResources(e *Engine) []resource {
 	return []resource{runnerDirResource{e}, gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e},
 		networkResource{e}, imageResource{e}, containerResource{e}, forwardResource{e}}
-}
-
-// runnerDirResource is the task's runner dir, <home>/runners/<container
-// name>: made by the start (pipeline.go), kept after the task ends (the
-// job's final state and log are read from it), re-attached after a
-// restart, removed with the task.
-type runnerDirResource struct{ e *Engine }
-
-func (runnerDirResource) kind() string { return "runner_dir" }
-
-// acquire makes the dir; its own filesystem is made and mounted in the
-// background while the image is checked and the container created (2-3
-// ms off every start). Nothing is written into the dir before it is ready
-// (a pull's log waits), the container starts only then, and the start does
-// not return before it is done, so release never races a mount.
-func (r runnerDirResource) acquire(s *starting) *failure {
-	dir, err := r.e.runnerDir(s.t)
-	if err == nil {
-		// The bind's source exists from here on: Docker checks it at
-		// create, and binds what is mounted there at start.
-		err = os.MkdirAll(dir, 0o755)
-	}
-	if err == nil {
-		err = os.MkdirAll(r.e.hostFSProbe(), 0o555)
-	}
-	if err != nil {
-		return failf(api.ReasonExecutorError, "prepare runner dir error: %v", err)
-	}
-	if h, ok := r.e.cfg.RunnerDirs.(startHolder); ok {
-		// The next ready copy waits until this start is over.
-		s.onReturn(h.Hold())
-	}
-	s.dir, s.dirReady = dir, r.e.makeRunnerDir(s.ctx, dir)
-	s.onReturn(func() { _ = s.dirReady() })
-	return nil
-}
-
-func (r runnerDirResource) restore(t *task, log *slog.Logger) {
-	dir, err := r.e.runnerDir(t)
-	if err != nil {
-		return
-	}
-	// After a reboot its filesystem is no longer mounted: the job's final
-	// state and log are in it.
-	if err := r.e.cfg.RunnerDirs.Attach(dir); err != nil {
-		log.Warn("runner dir not re-attached", "dir", dir, "err", err)
-	}
-}
-
-func (r runnerDirResource) remove(_ context.Context, t *task) error {
-	dir, err := r.e.runnerDir(t)
-	if err != nil {
-		return nil // a damaged record's task has no dir
-	}
-	if err := r.e.cfg.RunnerDirs.Remove(dir); err != nil {
-		return fmt.Errorf("remove runner dir: %w", err)
-	}
-	return nil
-}
-
-// imageResource is the task's image, pulled into Docker's store, where it
-// stays for the next task.
-type imageResource struct{ e *Engine }
-
-func (imageResource) kind() string { return "image" }
-
-// acquire pulls the image, unless its tag pins it (a digest, or a tag but
-// latest): that one is used as is when it is there, and the container's
-// create says when it is not (an inspect before it only repeated Docker's
-// own check, 1 ms of every start). latest, or no tag, is always pulled, as
-// dstack's shim does.
-func (r imageResource) acquire(s *starting) *failure {
-	if s.ctx.Err() != nil {
-		return aborted()
-	}
-	s.mark("prepare")
-	ref, reuse, err := imageRef(s.t.cfg.ImageName)
-	if err != nil {
-		return failf(api.ReasonCreatingContainerError, "pullImage error: %v", err)
-	}
-	s.ref, s.reuse = ref, reuse
-	if err := r.e.commit(s.t, api.TaskPulling, nil); err != nil {
-		return aborted()
-	}
-	if reuse {
-		return nil
-	}
-	if f := r.e.pull(s); f != nil {
-		return f
-	}
-	s.mark("pull")
-	return nil
-}
-
-// containerResource is the task's container: created and started by the
-// start, re-attached by Reconcile, kept after it stops (its logs), removed
-// with the task.
-type containerResource struct{ e *Engine }
-
-func (containerResource) kind() string { return "container" }
-
-// acquire creates and starts the container. Create must not be cut off
-// halfway by a terminate: we want the id, so that remove can find what
-// Docker made.
-func (r containerResource) acquire(s *starting) *failure {
-	e, t := r.e, s.t
-	t.mu.Lock()
-	s.gpus = slices.Clone(t.gpuIDs)
-	t.mu.Unlock()
-	spec := e.containerSpec(t, s.dir, s.gpus)
-	if s.ctx.Err() != nil {
-		return aborted()
-	}
-	id, err := e.create(s, spec)
-	if s.reuse && errors.Is(err, ErrNoImage) {
-		if s.ctx.Err() != nil {
-			return aborted()
-		}
-		if f := e.pull(s); f != nil {
-			return f
-		}
-		s.mark("pull")
-		id, err = e.create(s, spec)
-	} else if s.reuse && err == nil {
-		s.log.Debug("image present, not pulling", "image", s.ref)
-	}
-	if err != nil {
-		return failf(api.ReasonCreatingContainerError, "createContainer error: %v", err)
-	}
-	if err := s.dirReady(); err != nil {
-		return failf(api.ReasonExecutorError, "prepare runner dir error: %v", err)
-	}
-	if err := e.commit(t, api.TaskCreating, nil); err != nil {
-		// Terminated meanwhile: remove finds the created container by name.
-		return aborted()
-	}
-	s.mark("create")
-	t.mu.Lock()
-	t.contID = id
-	t.mu.Unlock()
-	// The id is written with running, right after the start. Writing it
-	// here put an fsync beside Docker's own start and cost 6-16 ms of it
-	// (issue 30); a shim that dies during the start, or before running's
-	// background write lands, leaves a record without the id: recovery
-	// finds the container by its name and re-attaches it if it started
-	// (case 2 in recover.go).
-	if s.ctx.Err() != nil {
-		return aborted()
-	}
-	s.id, err = e.startContainer(context.WithoutCancel(s.ctx), t, id, spec, s.log)
-	if err != nil {
-		return failf(api.ReasonCreatingContainerError, "startContainer error: %v", err)
-	}
-	s.mark("start")
-	return nil
-}
-
-// reattach takes the container found for t: its id, and its ports as
-// Docker publishes them (none in host mode) unless the shim forwards them.
-func (r containerResource) reattach(_ context.Context, t *task, c ContainerState, _ *slog.Logger) {
-	forwarded := r.e.forwarded(t, c)
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.contID = c.ID
-	if c.Ports != nil && !forwarded {
-		t.ports = c.Ports
-	}
-}
-
-// remove removes it by id and by name (removeOwn), unless the pipeline
-// never reached create: then Docker holds nothing of the task, and
-// removing it needs no Docker (which may be the very thing missing).
-func (r containerResource) remove(ctx context.Context, t *task) error {
-	t.mu.Lock()
-	none := t.noContainer
-	t.mu.Unlock()
-	if none {
-		return nil
-	}
-	return r.e.removeOwn(ctx, t)
 }
 
 // gpuResource is the task's GPUs, locked in the engine's gpu.Locks.
@@ -479,70 +301,26 @@ func (r networkResource) acquire(s *starting) *failure {
 
 func (networkResource) kind() string { return "network" }
 
-// forwardResource is a bridge task's runner ports, forwarded by the shim
-// (shim/portfwd). They are opened once the container has an address (here,
-// and recovery's re-attach) and closed when the task ends. Without a
-// Forwarder its ports are Docker's (none in host mode).
-type forwardResource struct{ e *Engine }
-
-func (forwardResource) kind() string { return "forwards" }
-
-// forwarded says whether t's container c has the shim's forwards: a
-// bridge task whose container Docker publishes nothing for.
-func (e *Engine) forwarded(t *task, c ContainerState) bool {
-	return t.cfg.NetworkMode != "host" && e.cfg.Forwarder != nil && len(c.Ports) == 0
-}
-
-// reattach opens the forwards again, which died with the shim, on the
-// ports the server was told.
-func (r forwardResource) reattach(ctx context.Context, t *task, c ContainerState, log *slog.Logger) {
-	if !r.e.forwarded(t, c) || !c.Running {
-		return
-	}
-	t.mu.Lock()
-	recorded := t.ports
-	t.mu.Unlock()
-	ports, err := r.e.forward(ctx, t, c.ID, recorded)
-	if err != nil {
-		log.Error("re-open the task's forwarded ports", "err", err, "ports", recorded)
-		return
-	}
-	t.mu.Lock()
-	t.ports = ports
-	t.mu.Unlock()
-}
-
-// acquire learns the ports the server is told: forwarded here, or Docker's.
-func (r forwardResource) acquire(s *starting) *failure {
-	e, ctx := r.e, context.WithoutCancel(s.ctx)
-	s.ports = []api.PortMapping{}
-	switch {
-	case s.t.cfg.NetworkMode == "host":
-	case e.cfg.Forwarder != nil:
-		ports, err := e.forward(ctx, s.t, s.id, nil)
-		if err != nil {
-			if f := e.endedEarly(s.t, s.id, s.log); f != nil {
-				return f
+func (e *Engine) prepareInstanceMounts(mounts []api.InstanceMountPoint) error {
+	for _, m := range mounts {
+		if !filepath.IsAbs(m.InstancePath) || !filepath.IsAbs(m.Path) {
+			return fmt.Errorf("instance mount %q -> %q: paths must be absolute", m.InstancePath, m.Path)
+		}
+		clean := filepath.Clean(m.InstancePath)
+		home := filepath.Clean(e.cfg.Home)
+		if clean == home || strings.HasPrefix(clean, home+string(filepath.Separator)) {
+			return fmt.Errorf("instance mount %q: paths under the shim home are not allowed", m.InstancePath)
+		}
+		if _, err := os.Stat(clean); os.IsNotExist(err) {
+			if err := os.MkdirAll(clean, 0o755); err != nil {
+				return fmt.Errorf("create %s: %w", clean, err)
 			}
-			_ = e.rt.Stop(ctx, s.id, 0)
-			return failf(api.ReasonCreatingContainerError, "forward the runner's ports: %v", err)
+			if err := os.Chmod(clean, 0o777); err != nil {
+				return fmt.Errorf("chmod %s: %w", clean, err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("stat %s: %w", clean, err)
 		}
-		s.ports = ports
-		s.mark("forward")
-	default:
-		ports, err := e.rt.Ports(ctx, s.id)
-		if err != nil {
-			s.log.Error("discover ports", "err", err)
-			ports = []api.PortMapping{}
-		}
-		s.ports = ports
-	}
-	return nil
-}
-
-func (r forwardResource) release(t *task, _ *slog.Logger) error {
-	if r.e.cfg.Forwarder != nil {
-		r.e.cfg.Forwarder.Close(t.cfg.ID)
 	}
 	return nil
 }
