@@ -67,7 +67,7 @@ func (containerResource) kind() string { return "container" }
 func (r containerResource) acquire(s *starting) *failure {
 	e, t := r.e, s.t
 	t.mu.Lock()
-	s.gpus = slices.Clone(t.gpuIDs)
+	s.gpus = slices.Clone(t.held.GPUs)
 	t.mu.Unlock()
 	spec := e.containerSpec(t, s.dir, s.gpus)
 	if s.ctx.Err() != nil {
@@ -98,7 +98,7 @@ func (r containerResource) acquire(s *starting) *failure {
 	}
 	s.mark("create")
 	t.mu.Lock()
-	t.contID = id
+	t.held.Container.ID = id
 	t.mu.Unlock()
 	// The id is written with running, right after the start. Writing it
 	// here put an fsync beside Docker's own start and cost 6-16 ms of it
@@ -123,9 +123,9 @@ func (r containerResource) reattach(_ context.Context, t *task, c ContainerState
 	forwarded := r.e.forwarded(t, c)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.contID = c.ID
+	t.held.Container.ID = c.ID
 	if c.Ports != nil && !forwarded {
-		t.ports = c.Ports
+		t.held.Container.Ports = c.Ports
 	}
 }
 
@@ -134,7 +134,7 @@ func (r containerResource) reattach(_ context.Context, t *task, c ContainerState
 // removing it needs no Docker (which may be the very thing missing).
 func (r containerResource) remove(ctx context.Context, t *task) error {
 	t.mu.Lock()
-	none := t.noContainer
+	none := t.held.Container.None
 	t.mu.Unlock()
 	if none {
 		return nil
@@ -163,7 +163,7 @@ func (r forwardResource) reattach(ctx context.Context, t *task, c ContainerState
 		return
 	}
 	t.mu.Lock()
-	recorded := t.ports
+	recorded := t.held.Container.Ports
 	t.mu.Unlock()
 	ports, err := r.e.forward(ctx, t, c.ID, recorded)
 	if err != nil {
@@ -171,7 +171,7 @@ func (r forwardResource) reattach(ctx context.Context, t *task, c ContainerState
 		return
 	}
 	t.mu.Lock()
-	t.ports = ports
+	t.held.Container.Ports = ports
 	t.mu.Unlock()
 }
 
@@ -232,12 +232,12 @@ func (e *Engine) pull(s *starting) *failure {
 func (e *Engine) create(s *starting, spec ContainerSpec) (string, error) {
 	t := s.t
 	t.mu.Lock()
-	t.noContainer = false
+	t.held.Container.None = false
 	t.mu.Unlock()
 	id, err := e.rt.Create(context.WithoutCancel(s.ctx), spec)
 	if errors.Is(err, ErrNothingCreated) {
 		t.mu.Lock()
-		t.noContainer = true
+		t.held.Container.None = true
 		t.mu.Unlock()
 	}
 	return id, err
@@ -280,7 +280,7 @@ func (e *Engine) startContainer(ctx context.Context, t *task, id string, spec Co
 		return "", err
 	}
 	t.mu.Lock()
-	t.contID = id
+	t.held.Container.ID = id
 	t.mu.Unlock()
 	e.mustSave(t)
 	return id, e.rt.Start(ctx, id)

@@ -240,21 +240,19 @@ type task struct {
 	// included), for the start's timing line; set before the pipeline runs.
 	recordTook time.Duration
 
-	mu         sync.Mutex
-	status     api.TaskStatus
-	reason     api.TerminationReason
-	message    string
-	contID     string
-	ports      []api.PortMapping
-	hostKeys   []string  // the runner's SSH host keys, once read
-	keysLooked time.Time // when a GET last looked for them (query.go)
-	keysLooks  int       // plain GETs' looks so far (keysSpacing)
-	gpuIDs     []string
+	mu      sync.Mutex
+	status  api.TaskStatus
+	reason  api.TerminationReason
+	message string
+	// held is what it holds, each kind of its list its own part
+	// (resource.go), as its record keeps it; Container.Name is task.name.
+	held       held
+	hostKeys   []string                  // the runner's SSH host keys, once read
+	keysLooked time.Time                 // when a GET last looked for them (query.go)
+	keysLooks  int                       // plain GETs' looks so far (keysSpacing)
 	stopReq    *api.TaskTerminateRequest // set by terminate
 	job        *api.JobStateEvent        // the job's final state, once its runner left it
 	jobLooked  time.Time                 // when a GET last looked for it (jobLookEvery)
-	keysAdded  bool                      // host keys are in authorized_keys
-	volumes    []string                  // volumes that may be mounted for it
 	released   bool                      // every resource it held given back (resource.go)
 	// releasing: a release (or its retries) runs; holding: the kinds
 	// whose release failed, persisted, retried until given back.
@@ -264,13 +262,9 @@ type task struct {
 	// probing: restored from a record before running; Docker has not yet
 	// said whether its container started (recovery case 2).
 	probing bool
-	// noContainer: the pipeline never reached create, so Docker holds
-	// nothing of this task and removing it needs no Docker (which may be
-	// the very thing that is missing).
-	noContainer bool
-	dirty       bool // a newer state awaits writing
-	writing     bool // a background writer runs
-	removed     bool // Remove forgot it: no record is written again
+	dirty   bool // a newer state awaits writing
+	writing bool // a background writer runs
+	removed bool // Remove forgot it: no record is written again
 	// network is the bridge network the container joins when it is not
 	// Docker's default (networkResource); not persisted.
 	network string
@@ -347,7 +341,8 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		cancelPre: cancel,
 		done:      make(chan struct{}),
 
-		noContainer: true,
+		// The pipeline has not reached create: Docker holds nothing of it.
+		held: held{Container: heldContainer{None: true}},
 	}
 	e.tasks[cfg.ID] = t
 	e.wg.Add(1)

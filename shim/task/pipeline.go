@@ -63,7 +63,7 @@ func (e *Engine) reclaim(t *task, log *slog.Logger) {
 // ends the task with the matching reason.
 func (e *Engine) watch(t *task, log *slog.Logger) {
 	t.mu.Lock()
-	id := t.contID
+	id := t.held.Container.ID
 	t.mu.Unlock()
 	code, err := e.waitExit(e.life, id, log)
 	if e.life.Err() == nil {
@@ -157,7 +157,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 			}
 		}
 	}
-	if err := e.commit(t, api.TaskRunning, func() { t.ports, t.watched = s.ports, true }); err != nil {
+	if err := e.commit(t, api.TaskRunning, func() { t.held.Container.Ports, t.watched = s.ports, true }); err != nil {
 		// Terminated while we were starting it: do not leave it running.
 		_ = e.rt.Stop(context.WithoutCancel(ctx), s.id, 0)
 		return aborted()

@@ -73,7 +73,7 @@ func (e *Engine) Restore(ctx context.Context) error {
 			}
 		}
 		t.mu.Lock()
-		view := recordView{readable: l.err == nil, status: t.status, hasContainer: t.contID != "", released: t.released}
+		view := recordView{readable: l.err == nil, status: t.status, hasContainer: t.held.Container.ID != "", released: t.released}
 		t.mu.Unlock()
 		a := decideRecord(view)
 		log.Debug("recovery", "record_status", view.status, "action", a)
@@ -126,7 +126,7 @@ func (e *Engine) restored(l loaded) *task {
 		t.cfg = api.TaskConfig{ID: l.id}
 		t.status, t.reason = api.TaskTerminated, api.ReasonExecutorError
 		t.message = fmt.Sprintf("the shim could not read this task's record after a restart: %v", l.err)
-		t.released, t.ports, t.gpuIDs = true, []api.PortMapping{}, []string{}
+		t.released, t.held.Container.Ports, t.held.GPUs = true, []api.PortMapping{}, []string{}
 		t.markDone()
 		return t
 	}
@@ -183,7 +183,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	for _, t := range pending {
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
 		t.mu.Lock()
-		contID, probed := t.contID, t.probing
+		contID, probed := t.held.Container.ID, t.probing
 		t.mu.Unlock()
 		c, ok := byID[contID]
 		if !ok {
@@ -210,7 +210,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 				}
 			}
 			t.mu.Lock()
-			gpus := t.gpuIDs
+			gpus := t.held.GPUs
 			t.mu.Unlock()
 			e.mustSave(t)
 			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", gpus)
@@ -256,9 +256,9 @@ func (e *Engine) resumeStop(t *task, log *slog.Logger) {
 // when the task cannot be settled (it is ended instead).
 func (e *Engine) settleProbed(t *task, c ContainerState, log *slog.Logger) bool {
 	err := e.transition(t, change{to: api.TaskRunning, recovered: true, update: func() {
-		t.probing, t.contID = false, c.ID
-		if len(t.gpuIDs) == 0 && len(c.GPUIDs) > 0 {
-			t.gpuIDs = slices.Clone(c.GPUIDs)
+		t.probing, t.held.Container.ID = false, c.ID
+		if len(t.held.GPUs) == 0 && len(c.GPUIDs) > 0 {
+			t.held.GPUs = slices.Clone(c.GPUIDs)
 		}
 	}})
 	if err != nil {
@@ -311,9 +311,9 @@ func (e *Engine) adopt(c ContainerState) {
 func (e *Engine) adopted(c ContainerState, running bool) *task {
 	t := &task{cfg: api.TaskConfig{ID: c.TaskID, Name: c.Name, ContainerUser: "root", NetworkMode: "host"},
 		tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{}),
-		name: c.Name, contID: c.ID, ports: c.Ports, gpuIDs: c.GPUIDs}
-	if t.gpuIDs == nil {
-		t.gpuIDs = []string{}
+		name: c.Name, held: held{Container: heldContainer{ID: c.ID, Ports: c.Ports}, GPUs: c.GPUIDs}}
+	if t.held.GPUs == nil {
+		t.held.GPUs = []string{}
 	}
 	if running {
 		t.status, t.watched = api.TaskRunning, true
@@ -398,8 +398,8 @@ func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, []Contain
 	for _, t := range e.tasks {
 		t.mu.Lock()
 		if t.awaitsReconcile() {
-			if t.contID != "" {
-				ids[t.contID] = true
+			if t.held.Container.ID != "" {
+				ids[t.held.Container.ID] = true
 			}
 			names[t.name] = true
 		}
@@ -552,7 +552,7 @@ func (e *Engine) holdForeign(conts []ContainerState, foreign []ContainerRef) {
 // both) is left alone.
 func (e *Engine) removeOwn(ctx context.Context, t *task) error {
 	t.mu.Lock()
-	id, name := t.contID, t.name
+	id, name := t.held.Container.ID, t.name
 	t.mu.Unlock()
 	if id != "" {
 		if err := e.rt.Remove(ctx, id); err != nil {

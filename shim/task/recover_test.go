@@ -388,7 +388,7 @@ func TestTaskWithoutContainerIsRemovedWithoutDocker(t *testing.T) {
 	waitStatus(t, e3, "c", api.TaskTerminated)
 	e3.Sync()
 	l := loaded{rec: record{Config: api.TaskConfig{ID: "c", Name: "c"}, Status: api.TaskCreating, Held: held{Container: heldContainer{None: true}}}}
-	if e3.restored(l).noContainer {
+	if e3.restored(l).held.Container.None {
 		t.Fatal("a creating record must not be trusted to have no container")
 	}
 }

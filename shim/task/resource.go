@@ -95,20 +95,20 @@ type heldContainer struct {
 
 // heldOf is what t holds, for its record; t.mu held.
 func heldOf(t *task) held {
-	return held{
-		Container: heldContainer{Name: t.name, ID: t.contID, Ports: slices.Clone(t.ports), None: t.noContainer},
-		GPUs:      slices.Clone(t.gpuIDs), HostKeys: t.keysAdded, Volumes: slices.Clone(t.volumes),
-	}
+	h := t.held
+	h.Container.Name, h.Container.Ports = t.name, slices.Clone(h.Container.Ports)
+	h.GPUs, h.Volumes = slices.Clone(h.GPUs), slices.Clone(h.Volumes)
+	return h
 }
 
 // setHeld gives a task read back from its record (status set) what the
 // record says it holds.
 func (t *task) setHeld(h held, status api.TaskStatus) {
-	t.name, t.contID, t.ports = h.Container.Name, h.Container.ID, h.Container.Ports
-	t.gpuIDs, t.keysAdded, t.volumes = h.GPUs, h.HostKeys, h.Volumes
+	t.name, t.held = h.Container.Name, h
+	t.held.Container.Name = ""
 	// A record written before the task ended may predate its create: only
 	// a terminated one is sure that Docker never got a container.
-	t.noContainer = h.Container.None && status == api.TaskTerminated
+	t.held.Container.None = h.Container.None && status == api.TaskTerminated
 }
 
 // newResources is the acquire order; release and remove walk it backwards.
@@ -131,7 +131,7 @@ func (r gpuResource) acquire(s *starting) *failure {
 		ids = got
 	}
 	t.mu.Lock()
-	t.gpuIDs = ids // persisted with the container id: locks start empty after a restart
+	t.held.GPUs = ids // persisted with the container id: locks start empty after a restart
 	t.mu.Unlock()
 	return nil
 }
@@ -140,7 +140,7 @@ func (gpuResource) kind() string { return "gpus" }
 
 func (r gpuResource) release(t *task, _ *slog.Logger) error {
 	t.mu.Lock()
-	ids := slices.Clone(t.gpuIDs)
+	ids := slices.Clone(t.held.GPUs)
 	t.mu.Unlock()
 	if len(ids) > 0 {
 		r.e.gpus.Release(t.cfg.ID, ids)
@@ -150,7 +150,7 @@ func (r gpuResource) release(t *task, _ *slog.Logger) error {
 
 func (r gpuResource) reclaim(t *task, log *slog.Logger) {
 	t.mu.Lock()
-	ids := slices.Clone(t.gpuIDs)
+	ids := slices.Clone(t.held.GPUs)
 	t.mu.Unlock()
 	if len(ids) > 0 {
 		if err := r.e.gpus.Lock(t.cfg.ID, ids); err != nil {
@@ -173,7 +173,7 @@ func (r hostKeysResource) acquire(s *starting) *failure {
 	// Recorded before the edit: a crash in between leaves a removal that
 	// finds nothing, never a line nobody removes.
 	t.mu.Lock()
-	t.keysAdded = true
+	t.held.HostKeys = true
 	t.mu.Unlock()
 	if err := r.e.save(t); err != nil {
 		return &failure{api.ReasonExecutorError, fmt.Sprintf("host keys error: the task's record cannot be saved, so no key is added: %v", err)}
@@ -188,7 +188,7 @@ func (hostKeysResource) kind() string { return "host_keys" }
 
 func (r hostKeysResource) release(t *task, _ *slog.Logger) error {
 	t.mu.Lock()
-	added, user := t.keysAdded, t.cfg.HostSSHUser
+	added, user := t.held.HostKeys, t.cfg.HostSSHUser
 	t.mu.Unlock()
 	if added && r.e.keys != nil {
 		if err := r.e.keys.Remove(user, t.cfg.ID); err != nil {
@@ -219,7 +219,7 @@ func (r volumesResource) acquire(s *starting) *failure {
 		names = append(names, v.Name)
 	}
 	t.mu.Lock()
-	t.volumes = names
+	t.held.Volumes = names
 	t.mu.Unlock()
 	if err := r.e.save(t); err != nil {
 		return &failure{api.ReasonExecutorError, fmt.Sprintf("prepareVolumes error: the task's record cannot be saved, so nothing is mounted: %v", err)}
@@ -236,7 +236,7 @@ func (volumesResource) kind() string { return "volumes" }
 
 func (r volumesResource) release(t *task, log *slog.Logger) error {
 	t.mu.Lock()
-	vols := slices.Clone(t.volumes)
+	vols := slices.Clone(t.held.Volumes)
 	t.mu.Unlock()
 	var errs []error
 	for _, v := range vols {
@@ -253,7 +253,7 @@ func (r volumesResource) release(t *task, log *slog.Logger) error {
 
 func (r volumesResource) reclaim(t *task, log *slog.Logger) {
 	t.mu.Lock()
-	vols := slices.Clone(t.volumes)
+	vols := slices.Clone(t.held.Volumes)
 	t.mu.Unlock()
 	if r.e.cfg.Volumes == nil {
 		return

@@ -142,11 +142,11 @@ func TestResources(t *testing.T) {
 	e.tasks[tk.cfg.ID] = tk // records are written only for tasks in the table
 
 	acquireHost(t, e, tk)
-	if locks.Free() != 1 || len(tk.gpuIDs) != 1 {
-		t.Errorf("gpus: free %d, task %v", locks.Free(), tk.gpuIDs)
+	if locks.Free() != 1 || len(tk.held.GPUs) != 1 {
+		t.Errorf("gpus: free %d, task %v", locks.Free(), tk.held.GPUs)
 	}
-	if len(keys.lines["a"]) != 1 || !tk.keysAdded {
-		t.Errorf("keys: %v %v", keys.lines, tk.keysAdded)
+	if len(keys.lines["a"]) != 1 || !tk.held.HostKeys {
+		t.Errorf("keys: %v %v", keys.lines, tk.held.HostKeys)
 	}
 	if vols.mounted["v1"] != "a" {
 		t.Errorf("volumes: %v", vols.mounted)
@@ -157,13 +157,13 @@ func TestResources(t *testing.T) {
 	if net.ensured != 1 || tk.network != "tandem-isolated" {
 		t.Errorf("network: ensured %d, task %q", net.ensured, tk.network)
 	}
-	if spec := e.containerSpec(tk, t.TempDir(), tk.gpuIDs); spec.NetworkMode != "tandem-isolated" {
+	if spec := e.containerSpec(tk, t.TempDir(), tk.held.GPUs); spec.NetworkMode != "tandem-isolated" {
 		t.Errorf("spec network %q", spec.NetworkMode)
 	}
 
 	// The record says what is held: a restarted engine reclaims GPUs and
 	// volumes without touching the host, and a second walk is harmless.
-	tk.status, tk.contID = api.TaskRunning, "c1"
+	tk.status, tk.held.Container.ID = api.TaskRunning, "c1"
 	if err := e.save(tk); err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +175,8 @@ func TestResources(t *testing.T) {
 	e2 := resourceEngine(t, locks2, keys, vols, net, home)
 	restored := e2.restored(loaded[0])
 	e2.reclaim(restored, e2.log)
-	if locks2.Free() != 1 || !slices.Equal(restored.gpuIDs, tk.gpuIDs) {
-		t.Errorf("reclaimed gpus: free %d, %v", locks2.Free(), restored.gpuIDs)
+	if locks2.Free() != 1 || !slices.Equal(restored.held.GPUs, tk.held.GPUs) {
+		t.Errorf("reclaimed gpus: free %d, %v", locks2.Free(), restored.held.GPUs)
 	}
 	if !slices.Equal(vols.claims, []string{"v1@a"}) {
 		t.Errorf("reclaimed volumes: %v", vols.claims)
@@ -322,7 +322,7 @@ func TestFailedReleaseIsRetriedAndPersisted(t *testing.T) {
 			vols2 := &fakeVolumes{mounted: map[string]string{"v1": "a"}}
 			e2 := resourceEngine(t, gpu.NewLocks([]string{"g0"}), keys2, vols2, &fakeNetwork{}, home2)
 			tk2 := newTask(tk.cfg)
-			tk2.status, tk2.keysAdded, tk2.volumes, tk2.holding = api.TaskTerminated, true, []string{"v1"}, []string{c.kind}
+			tk2.status, tk2.held.HostKeys, tk2.held.Volumes, tk2.holding = api.TaskTerminated, true, []string{"v1"}, []string{c.kind}
 			e2.tasks["a"] = tk2
 			e2.release(tk2, e2.log)
 			if c.held(keys2, vols2) {

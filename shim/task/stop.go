@@ -77,7 +77,7 @@ func (e *Engine) terminateLocked(ctx context.Context, t *task, id string, req ap
 		r := req
 		t.stopReq = &r
 	}
-	status, contID, probing := t.status, t.contID, t.probing
+	status, contID, probing := t.status, t.held.Container.ID, t.probing
 	t.mu.Unlock()
 	e.mustSave(t) // the reason must survive a restart: retried until written
 
@@ -95,7 +95,7 @@ func (e *Engine) terminateLocked(ctx context.Context, t *task, id string, req ap
 			return api.TaskInfoResponse{}, &StopError{Err: err}
 		}
 		t.mu.Lock()
-		status, contID = t.status, t.contID
+		status, contID = t.status, t.held.Container.ID
 		t.mu.Unlock()
 	}
 	if status == api.TaskRunning && contID != "" {
