@@ -13,12 +13,6 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-// failure is how a pipeline stage ends a task.
-type failure struct {
-	reason api.TerminationReason
-	msg    string
-}
-
 // run is the start pipeline of one task; it returns when the task ended and
 // its host resources are released.
 func (e *Engine) run(ctx context.Context, t *task) {
@@ -171,50 +165,4 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 		e.obs().TaskRunning(e.now().Sub(t.submitted))
 	}
 	return nil
-}
-
-// starting is one start of a task: what its kinds' acquire share.
-type starting struct {
-	ctx context.Context
-	t   *task
-	log *slog.Logger
-
-	dir      string       // the runner dir (runnerDirResource)
-	dirReady func() error // waits for its filesystem, the same error each call
-	ref      string       // the image (imageResource), as imageRef normalized it
-	reuse    bool         // a pinned image present locally is used as is
-	gpus     []string     // the GPUs the container gets
-	id       string       // the container (containerResource)
-	ports    []api.PortMapping
-
-	now    func() time.Time
-	began  time.Time // the current stage's start
-	phases []any     // the timing line: stage, duration, ...
-	undo   []func()  // run, in reverse, when the start returns
-}
-
-// mark ends a stage of the timing line.
-func (s *starting) mark(name string) {
-	now := s.now()
-	s.phases = append(s.phases, name, now.Sub(s.began).Round(100*time.Microsecond))
-	s.began = now
-}
-
-// onReturn runs f when the start returns, whatever its outcome.
-func (s *starting) onReturn(f func()) { s.undo = append(s.undo, f) }
-
-func (s *starting) finish() {
-	for i := len(s.undo) - 1; i >= 0; i-- {
-		s.undo[i]()
-	}
-}
-
-// failf is a start failure.
-func failf(reason api.TerminationReason, format string, args ...any) *failure {
-	return &failure{reason, fmt.Sprintf(format, args...)}
-}
-
-// aborted is a start cut short by a terminate.
-func aborted() *failure {
-	return failf(api.ReasonTerminatedByServer, "terminated before start")
 }
