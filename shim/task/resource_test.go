@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -336,5 +337,46 @@ func TestFailedReleaseIsRetriedAndPersisted(t *testing.T) {
 				t.Fatalf("record after: %+v", ls)
 			}
 		})
+	}
+}
+
+// TestTheListAndItsPhases pins a task's list: its order (a start acquires
+// in it; release and remove walk it backwards, so the container is removed
+// before its runner dir) and which phases each kind has.
+func TestTheListAndItsPhases(t *testing.T) {
+	e := New(Config{}, newStepRuntime(), gpu.NewLocks(nil), nil, logging.Discard())
+	want := []struct {
+		kind   string
+		phases string // a: acquire, l: release, c: reclaim, t: reattach, r: remove, s: restore
+	}{
+		{"runner_dir", "a r s"}, {"gpus", "a l c"}, {"host_keys", "a l"}, {"volumes", "a l c"},
+		{"instance_mounts", "a"}, {"network", "a"}, {"image", "a"}, {"container", "a t r"}, {"forwards", "a l t"},
+	}
+	if len(e.resources) != len(want) {
+		t.Fatalf("%d kinds, want %d", len(e.resources), len(want))
+	}
+	for i, r := range e.resources {
+		var ph []string
+		if _, ok := r.(acquirer); ok {
+			ph = append(ph, "a")
+		}
+		if _, ok := r.(releaser); ok {
+			ph = append(ph, "l")
+		}
+		if _, ok := r.(reclaimer); ok {
+			ph = append(ph, "c")
+		}
+		if _, ok := r.(reattacher); ok {
+			ph = append(ph, "t")
+		}
+		if _, ok := r.(remover); ok {
+			ph = append(ph, "r")
+		}
+		if _, ok := r.(restorer); ok {
+			ph = append(ph, "s")
+		}
+		if got := strings.Join(ph, " "); r.kind() != want[i].kind || got != want[i].phases {
+			t.Errorf("kind %d: %s with %q, want %s with %q", i, r.kind(), got, want[i].kind, want[i].phases)
+		}
 	}
 }
