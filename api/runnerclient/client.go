@@ -74,9 +74,6 @@ func NewWithDialer(addr string, dial transport.DialFunc) (*Client, error) {
 // BaseURL is the http:// URL the client talks to.
 func (c *Client) BaseURL() string { return c.t.BaseURL }
 
-// SetTimeout changes the per-call timeout (default 9 s, as the server's).
-func (c *Client) SetTimeout(d time.Duration) { c.t.Timeout = d }
-
 // Healthcheck pings the runner and returns its service name and version.
 func (c *Client) Healthcheck(ctx context.Context) (api.HealthcheckResponse, error) {
 	var out api.HealthcheckResponse

@@ -39,9 +39,6 @@ func Start(floor int64) *Tuner {
 	return t
 }
 
-// Limit is the limit last set.
-func (t *Tuner) Limit() int64 { return t.limit.Load() }
-
 // Stop ends the tuning.
 func (t *Tuner) Stop() { t.stopped.Store(true) }
 

@@ -2,6 +2,6 @@ package sockdiag
 
 import "errors"
 
-// ErrNotFound means the client's socket is not in this network namespace's
+// ErrNoSocket means the client's socket is not in this network namespace's
 // tables (a client on another machine, or in another network namespace).
-var ErrNotFound = errors.New("client socket not found on this host")
+var ErrNoSocket = errors.New("client socket not found on this host")

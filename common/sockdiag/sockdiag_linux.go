@@ -61,7 +61,7 @@ func (l *Lookup) Find(local, remote *net.TCPAddr) (uint64, uint32, error) {
 	if l.fd >= 0 {
 		l.seq++
 		inode, uid, err := diagInode(l.fd, l.seq, remote, local)
-		if err == nil || errors.Is(err, ErrNotFound) {
+		if err == nil || errors.Is(err, ErrNoSocket) {
 			// The kernel's answer is exact: a socket it does not find (a
 			// client that already closed, one in another namespace) is
 			// not in /proc/net/tcp either, and scanning that table once
@@ -116,7 +116,7 @@ func diagInode(fd int, seq uint32, src, dst *net.TCPAddr) (uint64, uint32, error
 				continue // a late answer to an earlier question on this socket
 			}
 			if m.Header.Type == unix.NLMSG_ERROR {
-				return 0, 0, ErrNotFound
+				return 0, 0, ErrNoSocket
 			}
 			// inet_diag_msg: ... idiag_uid at 64, idiag_inode at 68.
 			if m.Header.Type == unix.SOCK_DIAG_BY_FAMILY && len(m.Data) >= 72 {
@@ -124,7 +124,7 @@ func diagInode(fd int, seq uint32, src, dst *net.TCPAddr) (uint64, uint32, error
 					return uint64(inode), ne.Uint32(m.Data[64:]), nil
 				}
 			}
-			return 0, 0, ErrNotFound
+			return 0, 0, ErrNoSocket
 		}
 	}
 }
@@ -167,7 +167,7 @@ func scanInode(proc string, local, remote *net.TCPAddr) (uint64, uint32, error) 
 			return inode, uint32(uid), nil
 		}
 	}
-	return 0, 0, ErrNotFound
+	return 0, 0, ErrNoSocket
 }
 
 // addrIs compares a /proc/net/tcp address ("0100007F:1F90": the IP as

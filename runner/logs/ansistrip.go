@@ -10,6 +10,13 @@ import (
 	"unicode/utf8"
 )
 
+// The bounds of the virtual screen (see Stripper).
+const (
+	MaxColumns = 4096
+	MaxRowMove = 256
+	MaxParam   = 65535
+)
+
 // Stripper turns terminal output into plain lines, like a tiny virtual
 // screen: it interprets \r, \b, \n, cursor movement and erase sequences,
 // drops colours and modes, and emits only completed lines (the cursor moved
@@ -38,13 +45,6 @@ import (
 // buffered line, padding included) is checked after every step, not once
 // per write. Text itself is not wrapped: a longer line is emitted in pieces
 // once it fills the budget.
-// The bounds of the virtual screen (see Stripper).
-const (
-	MaxColumns = 4096
-	MaxRowMove = 256
-	MaxParam   = 65535
-)
-
 type Stripper struct {
 	emit func([]byte)
 

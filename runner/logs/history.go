@@ -38,11 +38,6 @@ type History struct {
 // far behind the job.
 const flushAfter = 250 * time.Millisecond
 
-// OpenHistory creates (appends to) the raw log at path, keeping all of it.
-func OpenHistory(path string, now func() time.Time) (*History, error) {
-	return OpenHistoryRetained(path, now, Retention{})
-}
-
 // OpenHistoryRetained creates (appends to) the raw log at path; r bounds
 // what of it stays on disk. Readers skip the dropped middle and are told
 // so in the stream.

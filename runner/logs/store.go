@@ -53,11 +53,8 @@ func OpenStoreRetained(path string, r Retention) (*Store, error) {
 	return &Store{f: f, trim: newTrim(r), holeAt: -1}, nil
 }
 
-// Append stores data under ts; ts must not go backwards.
-func (s *Store) Append(ts int64, data []byte) error { return s.AppendKeeping(ts, data, keepAll) }
-
-// AppendKeeping is Append where the log's bound drops no event after
-// keepAfter (a reader has not had them yet; the file grows past its bound
+// AppendKeeping stores data under ts (ts must not go backwards); the
+// log's bound drops no event after keepAfter (a reader has not had them yet; the file grows past its bound
 // meanwhile); keepAll holds nothing back.
 func (s *Store) AppendKeeping(ts int64, data []byte, keepAfter int64) error {
 	if len(data) == 0 {

@@ -45,10 +45,6 @@ type Verdict struct {
 	UIDs []uint32
 }
 
-// ErrNotFound means the client's socket is not in this network namespace's
-// tables (a client on another machine, or in another network namespace).
-var ErrNotFound = sockdiag.ErrNotFound
-
 // Checker resolves connections. Proc is the procfs root ("/proc").
 type Checker struct {
 	Proc string

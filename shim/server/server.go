@@ -147,15 +147,20 @@ func (s *srv) ready(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// toHTTP maps engine and component errors to API errors.
-func toHTTP(err error) error {
+// toHTTP maps engine and component errors to API errors: the one place,
+// for every route; an unknown task is dstack's "Not Found".
+func toHTTP(err error) error { return mapError(err, "Not Found") }
+
+// mapError is toHTTP with notFound the text of an unknown task's 404 (the
+// task routes and /metrics/tasks word it differently in dstack's shim).
+func mapError(err error, notFound string) error {
 	var stopErr *task.StopError
 	var noRoom *runnerdir.NoRoomError
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, task.ErrNotFound):
-		return httpapi.Errorf(http.StatusNotFound, "Not Found")
+		return httpapi.Errorf(http.StatusNotFound, "%s", notFound)
 	case errors.Is(err, task.ErrNotReady):
 		return &httpapi.Error{Status: http.StatusServiceUnavailable, Message: task.ErrNotReady.Error()}
 	case errors.Is(err, task.ErrInvalid):
@@ -412,17 +417,15 @@ func (s *srv) metrics(c echo.Context) error {
 	}
 	ids, err := s.d.Tasks.GPUIDs(id)
 	if err != nil {
-		if errors.Is(err, task.ErrNotFound) {
-			return httpapi.Errorf(http.StatusNotFound, "Task not found")
-		}
-		return toHTTP(err)
+		return mapError(err, "Task not found")
 	}
 	text, ok, err := s.d.GPUMetrics.TaskMetrics(c.Request().Context(), ids)
 	switch {
 	case !ok:
 		return httpapi.Errorf(http.StatusNotFound, "DCGM Exporter is not available")
 	case err != nil:
-		return &httpapi.Error{Status: http.StatusBadGateway, Message: fmt.Sprint(err), Err: err}
+		// The cause (an exporter's address, its answer) is logged, never sent.
+		return &httpapi.Error{Status: http.StatusBadGateway, Message: "the GPU metrics source did not answer (the shim's log has the cause)", Err: err}
 	}
 	return c.Blob(http.StatusOK, "text/plain; charset=utf-8", []byte(text))
 }

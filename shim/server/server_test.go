@@ -201,3 +201,38 @@ func TestNoCacheDirective(t *testing.T) {
 		}
 	}
 }
+
+// metricsSource is a GPUMetrics answering err, or text when err is nil.
+type metricsSource struct{ err error }
+
+func (m metricsSource) TaskMetrics(context.Context, []string) (string, bool, error) {
+	return "DCGM_FI_DEV_GPU_UTIL 1\n", true, m.err
+}
+
+// /metrics/tasks words an unknown task as dstack's shim does ("Task not
+// found", where the task routes say "Not Found"), and a failed source's
+// cause is logged, never sent.
+func TestTaskMetricsAnswers(t *testing.T) {
+	const cause = "Get \"http://127.0.0.1:9400/metrics\": dial tcp 127.0.0.1:9400: connect: connection refused"
+	engine := task.New(task.Config{Home: t.TempDir(), InfinibandPath: "/nonexistent"}, deadRuntime{}, gpu.NewLocks(nil), nil, logging.Discard())
+	t.Cleanup(func() { engine.Wait(); engine.Sync() })
+	for _, c := range []struct {
+		name  string
+		tasks Tasks
+		src   metricsSource
+		code  int
+		want  string
+	}{
+		{"unknown task", engine, metricsSource{}, 404, "Task not found\n"},
+		{"source failed", errTasks{}, metricsSource{err: errors.New(cause)}, 502, "the GPU metrics source did not answer (the shim's log has the cause)\n"},
+		{"answered", errTasks{}, metricsSource{}, 200, "DCGM_FI_DEV_GPU_UTIL 1\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := New(Deps{Version: "0.21.2+tandem.test", Tasks: c.tasks, GPUMetrics: c.src, Log: logging.Discard()})
+			code, body := do(h, "GET", "/metrics/tasks/x", "")
+			if code != c.code || body != c.want {
+				t.Fatalf("got %d %q, want %d %q", code, body, c.code, c.want)
+			}
+		})
+	}
+}

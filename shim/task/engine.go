@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/shim/gpu"
 	"github.com/tandem-run/tandem/shim/pull"
+	"github.com/tandem-run/tandem/shim/runnerdir"
 )
 
 // MaxPidsLimit is the largest pids limit a task may ask for.
@@ -199,8 +199,9 @@ type Engine struct {
 	shutdown context.CancelFunc
 
 	// mu guards the table only: tasks and tombstones. Each task's state is
-	// guarded by its own lock (task.mu). When both are held, Engine.mu is
-	// taken first; neither is held across a Docker call or a disk write.
+	// guarded by its own lock (task.mu). Lock order: task.op, task.saveMu,
+	// Engine.mu, task.mu; neither mu is held across a Docker call or a
+	// disk write.
 	mu         sync.RWMutex
 	tasks      map[string]*task
 	tombstones map[string]time.Time // removed ids (tombstone.go)
@@ -239,21 +240,19 @@ type task struct {
 	// included), for the start's timing line; set before the pipeline runs.
 	recordTook time.Duration
 
-	mu         sync.Mutex
-	status     api.TaskStatus
-	reason     api.TerminationReason
-	message    string
-	contID     string
-	ports      []api.PortMapping
-	hostKeys   []string  // the runner's SSH host keys, once read
-	keysLooked time.Time // when a GET last looked for them (query.go)
-	keysLooks  int       // plain GETs' looks so far (keysSpacing)
-	gpuIDs     []string
+	mu      sync.Mutex
+	status  api.TaskStatus
+	reason  api.TerminationReason
+	message string
+	// held is what it holds, each kind of its list its own part
+	// (resource.go), as its record keeps it; Container.Name is task.name.
+	held       held
+	hostKeys   []string                  // the runner's SSH host keys, once read
+	keysLooked time.Time                 // when a GET last looked for them (query.go)
+	keysLooks  int                       // plain GETs' looks so far (keysSpacing)
 	stopReq    *api.TaskTerminateRequest // set by terminate
 	job        *api.JobStateEvent        // the job's final state, once its runner left it
 	jobLooked  time.Time                 // when a GET last looked for it (jobLookEvery)
-	keysAdded  bool                      // host keys are in authorized_keys
-	volumes    []string                  // volumes that may be mounted for it
 	released   bool                      // every resource it held given back (resource.go)
 	// releasing: a release (or its retries) runs; holding: the kinds
 	// whose release failed, persisted, retried until given back.
@@ -263,18 +262,14 @@ type task struct {
 	// probing: restored from a record before running; Docker has not yet
 	// said whether its container started (recovery case 2).
 	probing bool
-	// noContainer: the pipeline never reached create, so Docker holds
-	// nothing of this task and removing it needs no Docker (which may be
-	// the very thing that is missing).
-	noContainer bool
-	dirty       bool // a newer state awaits writing
-	writing     bool // a background writer runs
-	removed     bool // Remove forgot it: no record is written again
+	dirty   bool // a newer state awaits writing
+	writing bool // a background writer runs
+	removed bool // Remove forgot it: no record is written again
 	// network is the bridge network the container joins when it is not
 	// Docker's default (networkResource); not persisted.
 	network string
 
-	saveMu sync.Mutex // serializes this task's record writes (lock order: saveMu, then Engine.mu, then mu)
+	saveMu sync.Mutex // serializes this task's record writes (lock order: op, saveMu, Engine.mu, mu)
 
 	doneOnce sync.Once // markDone closes done once, whichever path ends the task
 
@@ -309,25 +304,12 @@ type RunnerDirs interface {
 	Remove(dir string) error
 }
 
-// startHolder is what RunnerDirs may also be: their background work waits
-// from Hold until release, while a task's start is under way.
-type startHolder interface {
-	Hold() (release func())
-}
-
-// plainDirs are runner directories without a bound.
-type plainDirs struct{}
-
-func (plainDirs) Make(_ context.Context, dir string) error { return os.MkdirAll(dir, 0o755) }
-func (plainDirs) Attach(string) error                      { return nil }
-func (plainDirs) Remove(dir string) error                  { return os.RemoveAll(dir) }
-
 // New returns an engine. gpus may hold no GPUs; keys may be nil when no
 // task asks for host keys.
 func New(cfg Config, rt Runtime, gpus *gpu.Locks, keys KeyEditor, log *slog.Logger) *Engine {
 	cfg = cfg.WithDefaults()
 	if cfg.RunnerDirs == nil {
-		cfg.RunnerDirs = plainDirs{}
+		cfg.RunnerDirs = &runnerdir.Dirs{} // plain directories
 	}
 	e := &Engine{cfg: cfg, rt: rt, gpus: gpus, keys: keys, log: log, now: time.Now, tasks: map[string]*task{}}
 	e.life, e.shutdown = context.WithCancel(context.Background())
@@ -377,7 +359,8 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		done:      make(chan struct{}),
 		settled:   make(chan struct{}),
 
-		noContainer: true,
+		// The pipeline has not reached create: Docker holds nothing of it.
+		held: held{Container: heldContainer{None: true}},
 	}
 	e.tasks[cfg.ID] = t
 	e.wg.Add(1)

@@ -21,7 +21,7 @@ func (e *Engine) ImageConfig(ctx context.Context, id string) (api.TaskImageConfi
 		return api.TaskImageConfig{}, ErrNotFound
 	}
 	t.mu.Lock()
-	contID, status := t.contID, t.status
+	contID, status := t.held.Container.ID, t.status
 	t.mu.Unlock()
 	if contID == "" {
 		return api.TaskImageConfig{}, fmt.Errorf("%w: task %s has no container yet (%s): its image config is known once the image is pulled and the container made", ErrConflict, id, status)

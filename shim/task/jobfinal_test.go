@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/shim/runnerdir"
 )
 
 // The runner dir is the job's too: what it leaves there is read as hostile.
@@ -134,7 +135,7 @@ func TestReadHostKeys(t *testing.T) {
 // as the runner wrote it.
 func TestGetFreshSeesTheJobEndAtOnce(t *testing.T) {
 	rt := newStepRuntime()
-	e := gatedEngine(t, rt, plainDirs{})
+	e := gatedEngine(t, rt, &runnerdir.Dirs{})
 	at := time.Unix(1_800_000_000, 0)
 	e.now = func() time.Time { return at } // no second passes between GETs
 	if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
@@ -166,7 +167,7 @@ func TestGetFreshSeesTheJobEndAtOnce(t *testing.T) {
 // waiting to trust the runner), and kept once found.
 func TestHostKeysLookIsSpacedOut(t *testing.T) {
 	rt := newStepRuntime()
-	e := gatedEngine(t, rt, plainDirs{})
+	e := gatedEngine(t, rt, &runnerdir.Dirs{})
 	at := time.Unix(1_800_000_000, 0)
 	var mu sync.Mutex
 	e.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return at }
@@ -217,7 +218,7 @@ func TestHostKeysLooksBackOff(t *testing.T) {
 		}
 	}
 	rt := newStepRuntime()
-	e := gatedEngine(t, rt, plainDirs{})
+	e := gatedEngine(t, rt, &runnerdir.Dirs{})
 	at := time.Unix(1_800_000_000, 0)
 	var mu sync.Mutex
 	e.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return at }

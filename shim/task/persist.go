@@ -120,10 +120,9 @@ func (e *Engine) save(t *task) error {
 		t.mu.Unlock()
 		return nil
 	}
-	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, ContainerName: t.name,
-		ContainerID: t.contID, Ports: slices.Clone(t.ports), GPUIDs: slices.Clone(t.gpuIDs), KeysAdded: t.keysAdded,
-		Volumes: slices.Clone(t.volumes), Released: t.released, Holds: slices.Clone(t.holding), StopRequest: t.stopReq, PasswordHash: t.pwHash,
-		SubmittedAt: t.created, Job: t.job, NoContainer: t.noContainer}
+	rec := record{Config: t.cfg, Status: t.status, Reason: t.reason, Message: t.message, Held: heldOf(t),
+		Released: t.released, Holds: slices.Clone(t.holding), StopRequest: t.stopReq, PasswordHash: t.pwHash,
+		SubmittedAt: t.created, Job: t.job}
 	t.mu.Unlock()
 	if err := e.recs.save(rec); err != nil {
 		e.log.Error("persist task", "task_id", t.cfg.ID, "status", rec.Status, "err", err)

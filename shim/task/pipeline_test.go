@@ -14,6 +14,7 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/common/logging"
+	"github.com/tandem-run/tandem/shim/runnerdir"
 )
 
 // gatedDirs are runner dirs whose Make waits for release, then fails with
@@ -321,7 +322,7 @@ func TestRemoveAfterAFailedCreate(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rt := &downRuntime{stepRuntime: newStepRuntime(), createErr: c.err}
-			e := gatedEngine(t, rt, plainDirs{})
+			e := gatedEngine(t, rt, &runnerdir.Dirs{})
 			if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
 				t.Fatal(err)
 			}

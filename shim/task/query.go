@@ -25,7 +25,7 @@ func (e *Engine) get(id string, fresh bool) (api.TaskInfoResponse, error) {
 	}
 	now := e.now()
 	t.mu.Lock()
-	look := t.job == nil && (t.status == api.TaskRunning || t.status == api.TaskTerminated) && t.contID != "" &&
+	look := t.job == nil && (t.status == api.TaskRunning || t.status == api.TaskTerminated) && t.held.Container.ID != "" &&
 		(fresh || now.Sub(t.jobLooked) >= jobLookEvery)
 	if look {
 		t.jobLooked = now
@@ -104,7 +104,7 @@ func (e *Engine) GPUIDs(id string) ([]string, error) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return slices.Clone(t.gpuIDs), nil
+	return slices.Clone(t.held.GPUs), nil
 }
 
 // info is what the API answers for t.
@@ -121,15 +121,15 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 		Status:             t.status,
 		TerminationReason:  t.reason,
 		TerminationMessage: t.message,
-		Ports:              slices.Clone(t.ports),
+		Ports:              slices.Clone(t.held.Container.Ports),
 		ContainerName:      t.name,
-		ContainerID:        t.contID,
-		GPUIDs:             slices.Clone(t.gpuIDs),
+		ContainerID:        t.held.Container.ID,
+		GPUIDs:             slices.Clone(t.held.GPUs),
 	}
-	if t.ports != nil && info.Ports == nil {
+	if t.held.Container.Ports != nil && info.Ports == nil {
 		info.Ports = []api.PortMapping{}
 	}
-	if t.gpuIDs != nil && info.GPUIDs == nil {
+	if t.held.GPUs != nil && info.GPUIDs == nil {
 		info.GPUIDs = []string{}
 	}
 	if t.status != api.TaskPending && t.status != api.TaskPreparing {
@@ -145,7 +145,7 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 	if d.NetworkMode == "host" {
 		d.RunnerHTTPPort, d.RunnerSSHPort = e.cfg.RunnerHTTPPort, e.cfg.RunnerSSHPort
 	} else {
-		for _, p := range t.ports {
+		for _, p := range t.held.Container.Ports {
 			switch p.Container {
 			case e.cfg.RunnerHTTPPort:
 				d.RunnerHTTPPort = p.Host

@@ -26,29 +26,60 @@ type record struct {
 	// PasswordHash is a salted hash of the registry password, so that an
 	// identical re-submit after a restart is recognised without the
 	// password ever reaching the disk.
-	PasswordHash  string                    `json:"registry_password_hash,omitempty"`
-	Status        api.TaskStatus            `json:"status"`
-	Reason        api.TerminationReason     `json:"termination_reason"`
-	Message       string                    `json:"termination_message"`
-	ContainerName string                    `json:"container_name"`
-	ContainerID   string                    `json:"container_id"`
-	Ports         []api.PortMapping         `json:"ports"`
-	GPUIDs        []string                  `json:"gpu_ids"`
-	KeysAdded     bool                      `json:"keys_added"`
-	Volumes       []string                  `json:"volumes,omitempty"` // may be mounted for it
-	Released      bool                      `json:"released"`          // every resource given back (resource.go)
-	Holds         []string                  `json:"holds,omitempty"`   // kinds whose release failed: retried, at the next start too
-	StopRequest   *api.TaskTerminateRequest `json:"stop_request,omitempty"`
-	SubmittedAt   time.Time                 `json:"submitted_at,omitzero"`
-	Job           *api.JobStateEvent        `json:"job,omitempty"` // the job's final state
-	// NoContainer: the task ended before create; trusted only together
-	// with a terminated status (see restore).
-	NoContainer bool `json:"no_container,omitempty"`
+	PasswordHash string                `json:"registry_password_hash,omitempty"`
+	Status       api.TaskStatus        `json:"status"`
+	Reason       api.TerminationReason `json:"termination_reason"`
+	Message      string                `json:"termination_message"`
+	// Held is what the task holds, each kind of its list its own part
+	// (resource.go), in one place of the record.
+	Held        held                      `json:"held"`
+	Released    bool                      `json:"released"`        // every resource given back (resource.go)
+	Holds       []string                  `json:"holds,omitempty"` // kinds whose release failed: retried, at the next start too
+	StopRequest *api.TaskTerminateRequest `json:"stop_request,omitempty"`
+	SubmittedAt time.Time                 `json:"submitted_at,omitzero"`
+	Job         *api.JobStateEvent        `json:"job,omitempty"` // the job's final state
 	// SavedAt orders a record and its spilled copy (the newer wins).
 	SavedAt time.Time `json:"saved_at,omitzero"`
 }
 
-const recordVersion = 1
+// recordVersion 2 keeps what the task holds under "held"; version 1 had
+// it in top-level fields (recordV1), read back by readRecords.
+const recordVersion = 2
+
+// recordV1 is where a version 1 record kept what its task held.
+type recordV1 struct {
+	ContainerName string            `json:"container_name"`
+	ContainerID   string            `json:"container_id"`
+	Ports         []api.PortMapping `json:"ports"`
+	GPUIDs        []string          `json:"gpu_ids"`
+	KeysAdded     bool              `json:"keys_added"`
+	Volumes       []string          `json:"volumes,omitempty"`
+	NoContainer   bool              `json:"no_container,omitempty"`
+}
+
+// v1Of is h in version 1's fields. A record carries them beside "held",
+// written from it and never read back by this shim: a shim of before
+// version 2, run again after a downgrade, reads what each task holds
+// there (it ignores "held"), so it still locks the GPUs, removes the key
+// lines and unmounts the volumes of the tasks it finds.
+func v1Of(h held) recordV1 {
+	return recordV1{ContainerName: h.Container.Name, ContainerID: h.Container.ID, Ports: h.Container.Ports,
+		GPUIDs: h.GPUs, KeysAdded: h.HostKeys, Volumes: h.Volumes, NoContainer: h.Container.None}
+}
+
+// diskRecord is a record as written: version 2 and version 1's fields.
+type diskRecord struct {
+	record
+	recordV1
+}
+
+// held reads a version 1 record's holdings in the version 2 shape.
+func (v recordV1) held() held {
+	return held{
+		Container: heldContainer{Name: v.ContainerName, ID: v.ContainerID, Ports: v.Ports, None: v.NoContainer},
+		GPUs:      v.GPUIDs, HostKeys: v.KeysAdded, Volumes: v.Volumes,
+	}
+}
 
 // records stores one JSON file per task; the file name is the escaped task
 // id, so even an unreadable record still names its task.
@@ -93,7 +124,7 @@ func (r records) save(rec record) error {
 	if r.now != nil {
 		rec.SavedAt = r.now().UTC()
 	}
-	b, err := json.Marshal(rec)
+	b, err := json.Marshal(diskRecord{rec, v1Of(rec.Held)})
 	if err != nil {
 		return fmt.Errorf("encode task record: %w", err)
 	}
@@ -218,6 +249,12 @@ func readRecords(dir string) ([]loaded, error) {
 		b, err := os.ReadFile(filepath.Join(dir, name))
 		if err == nil {
 			err = json.Unmarshal(b, &l.rec)
+		}
+		if err == nil && l.rec.Version < 2 {
+			var v1 recordV1
+			if err = json.Unmarshal(b, &v1); err == nil {
+				l.rec.Held = v1.held()
+			}
 		}
 		switch {
 		case err != nil:

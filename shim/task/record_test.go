@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -79,5 +81,50 @@ func TestSpilledRecordNewerWins(t *testing.T) {
 	}
 	if _, err := os.Stat(r.spillPath("a/b")); !os.IsNotExist(err) {
 		t.Fatalf("spill kept after the write home: %v", err)
+	}
+}
+
+// A version 1 record (what a task held in top-level fields) reads back in
+// the version 2 shape, and is written back as version 2 only.
+func TestRecordV1ReadsBack(t *testing.T) {
+	r := records{dir: t.TempDir()}
+	v1 := `{"version":1,"config":{"id":"a","name":"n"},"status":"terminated","termination_reason":"done_by_runner",
+		"termination_message":"","container_name":"n-1","container_id":"c1","ports":[{"host":1,"container":2}],
+		"gpu_ids":["g0"],"keys_added":true,"volumes":["v1"],"released":false,"holds":["volumes"],"no_container":true}`
+	if err := os.MkdirAll(r.dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(r.path("a"), []byte(v1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := r.load()
+	if err != nil || len(ls) != 1 || ls[0].err != nil {
+		t.Fatalf("load: %+v %v", ls, err)
+	}
+	want := held{Container: heldContainer{Name: "n-1", ID: "c1", Ports: []api.PortMapping{{Host: 1, Container: 2}}, None: true},
+		GPUs: []string{"g0"}, HostKeys: true, Volumes: []string{"v1"}}
+	if got := ls[0].rec.Held; !reflect.DeepEqual(got, want) {
+		t.Fatalf("held %+v, want %+v", got, want)
+	}
+	if err := r.save(ls[0].rec); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(r.path("a"))
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if string(raw["version"]) != "2" || raw["held"] == nil {
+		t.Fatalf("written back: %s", b)
+	}
+	// A shim of before version 2 (a downgrade) reads version 1's fields:
+	// they are written too, from held.
+	var old recordV1
+	if err := json.Unmarshal(b, &old); err != nil || !reflect.DeepEqual(old.held(), want) {
+		t.Fatalf("version 1's fields as written: %+v %v (%s)", old, err, b)
+	}
+	ls, err = r.load()
+	if err != nil || len(ls) != 1 || !reflect.DeepEqual(ls[0].rec.Held, want) || !slices.Equal(ls[0].rec.Holds, []string{"volumes"}) {
+		t.Fatalf("version 2 read back: %+v %v", ls, err)
 	}
 }

@@ -67,15 +67,13 @@ func (e *Engine) Restore(ctx context.Context) error {
 		e.tasks[t.cfg.ID] = t
 		e.mu.Unlock()
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
-		if dir, err := e.runnerDir(t); err == nil {
-			// After a reboot its filesystem is no longer mounted: the
-			// job's final state and log are in it.
-			if err := e.cfg.RunnerDirs.Attach(dir); err != nil {
-				log.Warn("runner dir not re-attached", "dir", dir, "err", err)
+		for _, r := range e.resources {
+			if r, ok := r.(restorer); ok {
+				r.restore(t, log)
 			}
 		}
 		t.mu.Lock()
-		view := recordView{readable: l.err == nil, status: t.status, hasContainer: t.contID != "", released: t.released}
+		view := recordView{readable: l.err == nil, status: t.status, hasContainer: t.held.Container.ID != "", released: t.released}
 		t.mu.Unlock()
 		a := decideRecord(view)
 		log.Debug("recovery", "record_status", view.status, "action", a)
@@ -128,21 +126,18 @@ func (e *Engine) restored(l loaded) *task {
 		t.cfg = api.TaskConfig{ID: l.id}
 		t.status, t.reason = api.TaskTerminated, api.ReasonExecutorError
 		t.message = fmt.Sprintf("the shim could not read this task's record after a restart: %v", l.err)
-		t.released, t.ports, t.gpuIDs = true, []api.PortMapping{}, []string{}
+		t.released, t.held.Container.Ports, t.held.GPUs = true, []api.PortMapping{}, []string{}
 		t.markDone()
 		return t
 	}
 	r := l.rec
 	t.cfg, t.status, t.reason, t.message = r.Config, r.Status, r.Reason, r.Message
 	t.pwHash, t.created, t.job = r.PasswordHash, r.SubmittedAt, r.Job
-	t.name, t.contID, t.ports, t.gpuIDs = r.ContainerName, r.ContainerID, r.Ports, r.GPUIDs
-	t.keysAdded, t.released, t.stopReq, t.volumes, t.holding = r.KeysAdded, r.Released, r.StopRequest, r.Volumes, r.Holds
+	t.setHeld(r.Held, r.Status)
+	t.released, t.stopReq, t.holding = r.Released, r.StopRequest, r.Holds
 	if t.name == "" {
 		t.name = ContainerName(r.Config.Name, r.Config.ID)
 	}
-	// A record written before the task ended may predate its create: only
-	// a terminated one is sure that Docker never got a container.
-	t.noContainer = r.NoContainer && r.Status == api.TaskTerminated
 	if t.status == api.TaskTerminated {
 		t.markDone()
 	}
@@ -188,7 +183,7 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 	for _, t := range pending {
 		log := e.log.With("task_id", t.cfg.ID, "container", t.name)
 		t.mu.Lock()
-		contID, probed := t.contID, t.probing
+		contID, probed := t.held.Container.ID, t.probing
 		t.mu.Unlock()
 		c, ok := byID[contID]
 		if !ok {
@@ -209,29 +204,14 @@ func (e *Engine) Reconcile(ctx context.Context) error {
 			if probed && !e.settleProbed(t, c, log) {
 				continue
 			}
-			// A bridge task whose container Docker publishes nothing for
-			// has the shim's forwards, which died with the shim; else the
-			// ports are Docker's (none in host mode).
-			forwarded := t.cfg.NetworkMode != "host" && e.cfg.Forwarder != nil && len(c.Ports) == 0
-			t.mu.Lock()
-			t.contID = c.ID
-			recorded := t.ports
-			if c.Ports != nil && !forwarded {
-				t.ports = c.Ports
-			}
-			gpus := t.gpuIDs
-			t.mu.Unlock()
-			if forwarded && c.Running {
-				// Open them again on the ports the server was told.
-				ports, err := e.forward(ctx, t, c.ID, recorded)
-				if err != nil {
-					log.Error("re-open the task's forwarded ports", "err", err, "ports", recorded)
-				} else {
-					t.mu.Lock()
-					t.ports = ports
-					t.mu.Unlock()
+			for _, r := range e.resources {
+				if r, ok := r.(reattacher); ok {
+					r.reattach(ctx, t, c, log)
 				}
 			}
+			t.mu.Lock()
+			gpus := t.held.GPUs
+			t.mu.Unlock()
 			e.mustSave(t)
 			log.Info("re-attached to a running task", "container_id", c.ID, "gpus", gpus)
 			e.follow(t, log)
@@ -276,9 +256,9 @@ func (e *Engine) resumeStop(t *task, log *slog.Logger) {
 // when the task cannot be settled (it is ended instead).
 func (e *Engine) settleProbed(t *task, c ContainerState, log *slog.Logger) bool {
 	err := e.transition(t, change{to: api.TaskRunning, recovered: true, update: func() {
-		t.probing, t.contID = false, c.ID
-		if len(t.gpuIDs) == 0 && len(c.GPUIDs) > 0 {
-			t.gpuIDs = slices.Clone(c.GPUIDs)
+		t.probing, t.held.Container.ID = false, c.ID
+		if len(t.held.GPUs) == 0 && len(c.GPUIDs) > 0 {
+			t.held.GPUs = slices.Clone(c.GPUIDs)
 		}
 	}})
 	if err != nil {
@@ -301,36 +281,21 @@ func (e *Engine) follow(t *task, log *slog.Logger) {
 	}()
 }
 
-// adopt takes over a labelled container that has no record. The task is
-// made in its status (running, or terminated with the container's exit)
-// before it enters the table; nothing moves it until it does.
+// adopt takes over a labelled container that has no record, as decideStray
+// says: running, or terminated with the container's exit. The task is made
+// in that status before it enters the table; nothing moves it until it does.
 func (e *Engine) adopt(c ContainerState) {
-	t := &task{cfg: api.TaskConfig{ID: c.TaskID, Name: c.Name, ContainerUser: "root", NetworkMode: "host"},
-		tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{}),
-		name: c.Name, contID: c.ID, ports: c.Ports, gpuIDs: c.GPUIDs}
-	if t.gpuIDs == nil {
-		t.gpuIDs = []string{}
-	}
-	if c.Running {
-		t.status, t.watched = api.TaskRunning, true
-	} else {
-		t.status, t.reason, t.released = api.TaskTerminated, api.ReasonDoneByRunner, true
-		if c.ExitCode != 0 {
-			t.reason = api.ReasonContainerExitedWithError
-			t.message = fmt.Sprintf("container exited with code %d (adopted after a shim restart)", c.ExitCode)
-		}
-		t.markDone()
-	}
 	log := e.log.With("task_id", c.TaskID, "container", c.Name)
 	e.mu.Lock()
 	a := e.strayOf(c.TaskID, c.ShimHome, c.RunnerDir, c.Running)
-	if a == actSkip || a == actLeaveForeign {
+	if a != actAdoptRunning && a != actAdoptStopped {
 		e.mu.Unlock()
 		return
 	}
+	t := e.adopted(c, a == actAdoptRunning)
 	e.tasks[c.TaskID] = t
 	e.mu.Unlock()
-	if !c.Running {
+	if a == actAdoptStopped {
 		e.mustSave(t)
 		log.Info("adopted a stopped task container", "exit_code", c.ExitCode)
 		return
@@ -339,6 +304,28 @@ func (e *Engine) adopt(c ContainerState) {
 	e.mustSave(t)
 	log.Info("adopted a running task container", "gpus", c.GPUIDs)
 	e.follow(t, log)
+}
+
+// adopted is the task of an adopted container c: running (watched from
+// here on), or terminated with its exit and holding nothing.
+func (e *Engine) adopted(c ContainerState, running bool) *task {
+	t := &task{cfg: api.TaskConfig{ID: c.TaskID, Name: c.Name, ContainerUser: "root", NetworkMode: "host"},
+		tracker: pull.NewTracker(e.now), cancelPre: func() {}, done: make(chan struct{}),
+		name: c.Name, held: held{Container: heldContainer{ID: c.ID, Ports: c.Ports}, GPUs: c.GPUIDs}}
+	if t.held.GPUs == nil {
+		t.held.GPUs = []string{}
+	}
+	if running {
+		t.status, t.watched = api.TaskRunning, true
+		return t
+	}
+	t.status, t.reason, t.released = api.TaskTerminated, api.ReasonDoneByRunner, true
+	if c.ExitCode != 0 {
+		t.reason = api.ReasonContainerExitedWithError
+		t.message = fmt.Sprintf("container exited with code %d (adopted after a shim restart)", c.ExitCode)
+	}
+	t.markDone()
+	return t
 }
 
 // strayOf decides a task container of task id, labelled with labelHome and
@@ -411,8 +398,8 @@ func (e *Engine) reconcileView(ctx context.Context) ([]ContainerState, []Contain
 	for _, t := range e.tasks {
 		t.mu.Lock()
 		if t.awaitsReconcile() {
-			if t.contID != "" {
-				ids[t.contID] = true
+			if t.held.Container.ID != "" {
+				ids[t.held.Container.ID] = true
 			}
 			names[t.name] = true
 		}
@@ -565,7 +552,7 @@ func (e *Engine) holdForeign(conts []ContainerState, foreign []ContainerRef) {
 // both) is left alone.
 func (e *Engine) removeOwn(ctx context.Context, t *task) error {
 	t.mu.Lock()
-	id, name := t.contID, t.name
+	id, name := t.held.Container.ID, t.name
 	t.mu.Unlock()
 	if id != "" {
 		if err := e.rt.Remove(ctx, id); err != nil {

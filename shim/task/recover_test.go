@@ -387,8 +387,8 @@ func TestTaskWithoutContainerIsRemovedWithoutDocker(t *testing.T) {
 	}
 	waitStatus(t, e3, "c", api.TaskTerminated)
 	e3.Sync()
-	l := loaded{rec: record{Config: api.TaskConfig{ID: "c", Name: "c"}, Status: api.TaskCreating, NoContainer: true}}
-	if e3.restored(l).noContainer {
+	l := loaded{rec: record{Config: api.TaskConfig{ID: "c", Name: "c"}, Status: api.TaskCreating, Held: held{Container: heldContainer{None: true}}}}
+	if e3.restored(l).held.Container.None {
 		t.Fatal("a creating record must not be trusted to have no container")
 	}
 }
@@ -420,7 +420,7 @@ func TestRestoreProbesARecordBeforeRunning(t *testing.T) {
 		if err := json.Unmarshal(b, &rec); err != nil {
 			t.Fatal(err)
 		}
-		rec.Status, rec.ContainerID, rec.GPUIDs, rec.Ports = status, "", nil, nil
+		rec.Status, rec.Held.Container.ID, rec.Held.GPUs, rec.Held.Container.Ports = status, "", nil, nil
 		if err := e1.recs.save(rec); err != nil {
 			t.Fatal(err)
 		}
@@ -429,7 +429,7 @@ func TestRestoreProbesARecordBeforeRunning(t *testing.T) {
 	// b: its pipeline died mid-pull, no container. c: created, never started.
 	for _, id := range []string{"b", "c"} {
 		cfg := api.TaskConfig{ID: id, Name: id, ImageName: "img"}
-		if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskPulling, ContainerName: ContainerName(id, id)}); err != nil {
+		if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskPulling, Held: held{Container: heldContainer{Name: ContainerName(id, id)}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -494,7 +494,7 @@ func TestProbedTaskWaitsForDocker(t *testing.T) {
 	}
 	waitStatus(t, e1, "a", api.TaskRunning)
 	e1.Sync()
-	if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskCreating, ContainerName: ContainerName("a", "a"), GPUIDs: []string{"g0"}}); err != nil {
+	if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskCreating, Held: held{Container: heldContainer{Name: ContainerName("a", "a")}, GPUs: []string{"g0"}}}); err != nil {
 		t.Fatal(err)
 	}
 	down := &flakyContainers{stepRuntime: rt, down: true}
@@ -524,7 +524,7 @@ func TestProbedTaskWaitsForDocker(t *testing.T) {
 	e3 := New(e1.cfg, &flakyContainers{stepRuntime: rt, down: true}, gpu.NewLocks([]string{"g0"}), nil, logging.Discard())
 	t.Cleanup(e3.Sync)
 	e2.Sync()
-	if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskCreating, ContainerName: ContainerName("a", "a"), GPUIDs: []string{"g0"}}); err != nil {
+	if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: api.TaskCreating, Held: held{Container: heldContainer{Name: ContainerName("a", "a")}, GPUs: []string{"g0"}}}); err != nil {
 		t.Fatal(err)
 	}
 	_ = e3.Restore(context.Background())
@@ -790,7 +790,7 @@ func TestForeignContainerUnderATaskName(t *testing.T) {
 	cfg := api.TaskConfig{ID: "t", Name: "t", ImageName: "img"}
 	for _, status := range []api.TaskStatus{api.TaskPulling, api.TaskPreparing} {
 		t.Run(string(status), func(t *testing.T) {
-			if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: status, ContainerName: ContainerName("t", "t")}); err != nil {
+			if err := e1.recs.save(record{Version: recordVersion, Config: cfg, Status: status, Held: held{Container: heldContainer{Name: ContainerName("t", "t")}}}); err != nil {
 				t.Fatal(err)
 			}
 			foreign := dstackTask(t, rt, "t", "/tmp/other-shim", "/tmp/other-shim")

@@ -35,13 +35,13 @@ func (e *Engine) release(t *task, log *slog.Logger) {
 // (none: all given back). The record is written either way.
 func (e *Engine) releaseKinds(t *task, log *slog.Logger, only []string) (held []string) {
 	for i := len(e.resources) - 1; i >= 0; i-- {
-		r := e.resources[i]
-		if len(only) > 0 && !slices.Contains(only, r.kind()) {
+		r, ok := e.resources[i].(releaser)
+		if !ok || len(only) > 0 && !slices.Contains(only, e.resources[i].kind()) {
 			continue
 		}
 		if err := r.release(t, log); err != nil {
-			log.Error("release failed; retried", "resource", r.kind(), "err", err)
-			held = append(held, r.kind())
+			log.Error("release failed; retried", "resource", e.resources[i].kind(), "err", err)
+			held = append(held, e.resources[i].kind())
 		}
 	}
 	t.mu.Lock()

@@ -1,48 +1,180 @@
 package task
 
-// Host resources a task holds. Each kind is one type: the start pipeline
-// acquires them in order before the image is pulled, release gives them back
-// in reverse when the task ends, and after a shim restart recovery and
-// adoption reclaim what a running task's record says it holds. Adding a
-// kind (a per-task network, say) is one type here and one line in
-// newResources; start, release and reclaim (Restore, adopt) walk the list.
+// A task is the ordered list of what it holds (newResources): its runner
+// dir, GPUs, host keys, volumes, instance mounts, network, image,
+// container and forwards. Each kind is one type with only the phases it
+// has, each an optional interface: acquire (a start walks the list in
+// order), release (when the task ends, in reverse; what fails is kept in
+// the record's holds and retried), remove (when Remove forgets it, in
+// reverse), and after a restart restore (every record read back), reclaim
+// (a running task, before Docker answers) and reattach (once it has). What
+// a kind keeps across a restart is its part of the record (held). Adding a
+// kind is one type here and one line in newResources.
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/tandem-run/tandem/api"
 )
 
-// resource is one kind of host resource.
+// resource is one kind of what a task holds. Each has only the phases it
+// has, as the optional interfaces below; the engine walks the list for
+// each phase, skipping the kinds without it.
 type resource interface {
-	// acquire takes what t's config asks for. What it holds is written
-	// into t (under t.mu), and persisted before any host side effect
-	// that outlives the shim, so a crash leaves a release that finds
-	// nothing rather than a change nobody undoes.
-	acquire(ctx context.Context, t *task) *failure
-	// release gives back what t holds. It is a no-op for a resource never
-	// acquired, and harmless twice: a failed one is retried (Engine.release).
-	release(t *task, log *slog.Logger) error
-	// reclaim re-takes, after a restart, what t's record says it holds,
-	// without touching the host.
-	reclaim(t *task, log *slog.Logger)
 	// kind names it in logs and in the record's holds.
 	kind() string
 }
 
-// newResources is the acquire order; release walks it backwards.
+// acquirer takes what t's config asks for. What it holds is written into
+// t (under t.mu), and persisted before any host side effect that outlives
+// the shim, so a crash leaves a release that finds nothing rather than a
+// change nobody undoes.
+type acquirer interface {
+	acquire(s *starting) *failure
+}
+
+// releaser gives back what t holds when it ends. It is a no-op for a
+// resource never acquired, and harmless twice: a failed one is retried
+// (Engine.release) and kept in the record's holds.
+type releaser interface {
+	release(t *task, log *slog.Logger) error
+}
+
+// reclaimer re-takes, after a restart, what a running task's record (or
+// container) says it holds, without touching the host.
+type reclaimer interface {
+	reclaim(t *task, log *slog.Logger)
+}
+
+// reattacher takes up, once Docker answered after a restart, what a
+// running task's container has: its id, its ports, their forwards.
+type reattacher interface {
+	reattach(ctx context.Context, t *task, c ContainerState, log *slog.Logger)
+}
+
+// remover removes what outlives a task's end, when Remove forgets it; in
+// reverse order, after what it held is released. Harmless twice: a
+// failed one fails the Remove, which may be asked again.
+type remover interface {
+	remove(ctx context.Context, t *task) error
+}
+
+// restorer makes what a task holds usable again after a restart, for
+// every task read back from a record, ended or not.
+type restorer interface {
+	restore(t *task, log *slog.Logger)
+}
+
+// failure is how a pipeline stage ends a task.
+type failure struct {
+	reason api.TerminationReason
+	msg    string
+}
+
+// starting is one start of a task: what its kinds' acquire share.
+type starting struct {
+	ctx context.Context
+	t   *task
+	log *slog.Logger
+
+	dir      string       // the runner dir (runnerDirResource)
+	dirReady func() error // waits for its filesystem, the same error each call
+	ref      string       // the image (imageResource), as imageRef normalized it
+	reuse    bool         // a pinned image present locally is used as is
+	gpus     []string     // the GPUs the container gets
+	id       string       // the container (containerResource)
+	ports    []api.PortMapping
+
+	now    func() time.Time
+	began  time.Time // the current stage's start
+	phases []any     // the timing line: stage, duration, ...
+	undo   []func()  // run, in reverse, when the start returns
+}
+
+// mark ends a stage of the timing line.
+func (s *starting) mark(name string) {
+	now := s.now()
+	s.phases = append(s.phases, name, now.Sub(s.began).Round(100*time.Microsecond))
+	s.began = now
+}
+
+// onReturn runs f when the start returns, whatever its outcome.
+func (s *starting) onReturn(f func()) { s.undo = append(s.undo, f) }
+
+func (s *starting) finish() {
+	for i := len(s.undo) - 1; i >= 0; i-- {
+		s.undo[i]()
+	}
+}
+
+// failf is a start failure.
+func failf(reason api.TerminationReason, format string, args ...any) *failure {
+	return &failure{reason, fmt.Sprintf(format, args...)}
+}
+
+// aborted is a start cut short by a terminate.
+func aborted() *failure {
+	return failf(api.ReasonTerminatedByServer, "terminated before start")
+}
+
+// held is what a task holds as its record keeps it: one part per kind of
+// its list that has state to keep (the others derive theirs: the runner
+// dir from the container's name, the network from the config, forwards
+// from the container's ports).
+type held struct {
+	Container heldContainer `json:"container"`
+	GPUs      []string      `json:"gpus"`                // locked for it (gpuResource)
+	HostKeys  bool          `json:"host_keys,omitempty"` // its lines are in authorized_keys (hostKeysResource)
+	Volumes   []string      `json:"volumes,omitempty"`   // may be mounted for it (volumesResource)
+}
+
+// heldContainer is the container's part of the record.
+type heldContainer struct {
+	Name  string            `json:"name"`
+	ID    string            `json:"id"`
+	Ports []api.PortMapping `json:"ports"` // as the server was told
+	// None: the task ended before create; trusted only together with a
+	// terminated status (restored).
+	None bool `json:"none,omitempty"`
+}
+
+// heldOf is what t holds, for its record; t.mu held.
+func heldOf(t *task) held {
+	h := t.held
+	h.Container.Name, h.Container.Ports = t.name, slices.Clone(h.Container.Ports)
+	h.GPUs, h.Volumes = slices.Clone(h.GPUs), slices.Clone(h.Volumes)
+	return h
+}
+
+// setHeld gives a task read back from its record (status set) what the
+// record says it holds.
+func (t *task) setHeld(h held, status api.TaskStatus) {
+	t.name, t.held = h.Container.Name, h
+	t.held.Container.Name = ""
+	// A record written before the task ended may predate its create: only
+	// a terminated one is sure that Docker never got a container.
+	t.held.Container.None = h.Container.None && status == api.TaskTerminated
+}
+
+// newResources is the acquire order; release and remove walk it backwards.
 func newResources(e *Engine) []resource {
-	return []resource{gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e}, networkResource{e}, forwardResource{e}}
+	return []resource{runnerDirResource{e}, gpuResource{e}, hostKeysResource{e}, volumesResource{e}, instanceMountsResource{e},
+		networkResource{e}, imageResource{e}, containerResource{e}, forwardResource{e}}
 }
 
 // gpuResource is the task's GPUs, locked in the engine's gpu.Locks.
 type gpuResource struct{ e *Engine }
 
-func (r gpuResource) acquire(_ context.Context, t *task) *failure {
+func (r gpuResource) acquire(s *starting) *failure {
+	t := s.t
 	ids := []string{}
 	if t.cfg.GPU != 0 {
 		got, err := r.e.gpus.Acquire(t.cfg.ID, t.cfg.GPU)
@@ -52,7 +184,7 @@ func (r gpuResource) acquire(_ context.Context, t *task) *failure {
 		ids = got
 	}
 	t.mu.Lock()
-	t.gpuIDs = ids // persisted with the container id: locks start empty after a restart
+	t.held.GPUs = ids // persisted with the container id: locks start empty after a restart
 	t.mu.Unlock()
 	return nil
 }
@@ -61,7 +193,7 @@ func (gpuResource) kind() string { return "gpus" }
 
 func (r gpuResource) release(t *task, _ *slog.Logger) error {
 	t.mu.Lock()
-	ids := slices.Clone(t.gpuIDs)
+	ids := slices.Clone(t.held.GPUs)
 	t.mu.Unlock()
 	if len(ids) > 0 {
 		r.e.gpus.Release(t.cfg.ID, ids)
@@ -71,7 +203,7 @@ func (r gpuResource) release(t *task, _ *slog.Logger) error {
 
 func (r gpuResource) reclaim(t *task, log *slog.Logger) {
 	t.mu.Lock()
-	ids := slices.Clone(t.gpuIDs)
+	ids := slices.Clone(t.held.GPUs)
 	t.mu.Unlock()
 	if len(ids) > 0 {
 		if err := r.e.gpus.Lock(t.cfg.ID, ids); err != nil {
@@ -83,7 +215,8 @@ func (r gpuResource) reclaim(t *task, log *slog.Logger) {
 // hostKeysResource is the task's lines in a host user's authorized_keys.
 type hostKeysResource struct{ e *Engine }
 
-func (r hostKeysResource) acquire(_ context.Context, t *task) *failure {
+func (r hostKeysResource) acquire(s *starting) *failure {
+	t := s.t
 	if len(t.cfg.HostSSHKeys) == 0 || t.cfg.HostSSHUser == "" {
 		return nil
 	}
@@ -93,7 +226,7 @@ func (r hostKeysResource) acquire(_ context.Context, t *task) *failure {
 	// Recorded before the edit: a crash in between leaves a removal that
 	// finds nothing, never a line nobody removes.
 	t.mu.Lock()
-	t.keysAdded = true
+	t.held.HostKeys = true
 	t.mu.Unlock()
 	if err := r.e.save(t); err != nil {
 		return &failure{api.ReasonExecutorError, fmt.Sprintf("host keys error: the task's record cannot be saved, so no key is added: %v", err)}
@@ -108,7 +241,7 @@ func (hostKeysResource) kind() string { return "host_keys" }
 
 func (r hostKeysResource) release(t *task, _ *slog.Logger) error {
 	t.mu.Lock()
-	added, user := t.keysAdded, t.cfg.HostSSHUser
+	added, user := t.held.HostKeys, t.cfg.HostSSHUser
 	t.mu.Unlock()
 	if added && r.e.keys != nil {
 		if err := r.e.keys.Remove(user, t.cfg.ID); err != nil {
@@ -118,13 +251,14 @@ func (r hostKeysResource) release(t *task, _ *slog.Logger) error {
 	return nil
 }
 
-// reclaim has nothing to do: the lines stay in the file across restarts.
-func (hostKeysResource) reclaim(*task, *slog.Logger) {}
+// hostKeysResource has no reclaim: the lines stay in the file across
+// restarts.
 
 // volumesResource is the task's network volumes, mounted on the host.
 type volumesResource struct{ e *Engine }
 
-func (r volumesResource) acquire(ctx context.Context, t *task) *failure {
+func (r volumesResource) acquire(s *starting) *failure {
+	ctx, t := s.ctx, s.t
 	if len(t.cfg.Volumes) == 0 {
 		return nil
 	}
@@ -138,7 +272,7 @@ func (r volumesResource) acquire(ctx context.Context, t *task) *failure {
 		names = append(names, v.Name)
 	}
 	t.mu.Lock()
-	t.volumes = names
+	t.held.Volumes = names
 	t.mu.Unlock()
 	if err := r.e.save(t); err != nil {
 		return &failure{api.ReasonExecutorError, fmt.Sprintf("prepareVolumes error: the task's record cannot be saved, so nothing is mounted: %v", err)}
@@ -155,7 +289,7 @@ func (volumesResource) kind() string { return "volumes" }
 
 func (r volumesResource) release(t *task, log *slog.Logger) error {
 	t.mu.Lock()
-	vols := slices.Clone(t.volumes)
+	vols := slices.Clone(t.held.Volumes)
 	t.mu.Unlock()
 	var errs []error
 	for _, v := range vols {
@@ -172,7 +306,7 @@ func (r volumesResource) release(t *task, log *slog.Logger) error {
 
 func (r volumesResource) reclaim(t *task, log *slog.Logger) {
 	t.mu.Lock()
-	vols := slices.Clone(t.volumes)
+	vols := slices.Clone(t.held.Volumes)
 	t.mu.Unlock()
 	if r.e.cfg.Volumes == nil {
 		return
@@ -188,23 +322,23 @@ func (r volumesResource) reclaim(t *task, log *slog.Logger) {
 // are made when missing and never removed: host data outlives every task.
 type instanceMountsResource struct{ e *Engine }
 
-func (r instanceMountsResource) acquire(_ context.Context, t *task) *failure {
+func (r instanceMountsResource) acquire(s *starting) *failure {
+	t := s.t
 	if err := r.e.prepareInstanceMounts(t.cfg.InstanceMounts); err != nil {
 		return &failure{api.ReasonExecutorError, fmt.Sprintf("prepareInstanceMountPoints error: %v", err)}
 	}
 	return nil
 }
 
-func (instanceMountsResource) kind() string                      { return "instance_mounts" }
-func (instanceMountsResource) release(*task, *slog.Logger) error { return nil }
-func (instanceMountsResource) reclaim(*task, *slog.Logger)       {}
+func (instanceMountsResource) kind() string { return "instance_mounts" }
 
 // networkResource is the isolated bridge network a bridge-mode task joins
 // (shim/netiso). It is shared by every task and kept when one ends; a
 // per-task network would delete its own here.
 type networkResource struct{ e *Engine }
 
-func (r networkResource) acquire(ctx context.Context, t *task) *failure {
+func (r networkResource) acquire(s *starting) *failure {
+	ctx, t := s.ctx, s.t
 	if t.cfg.NetworkMode != "bridge" || r.e.cfg.Network == nil {
 		return nil
 	}
@@ -218,25 +352,28 @@ func (r networkResource) acquire(ctx context.Context, t *task) *failure {
 	return nil
 }
 
-func (networkResource) kind() string                      { return "network" }
-func (networkResource) release(*task, *slog.Logger) error { return nil }
-func (networkResource) reclaim(*task, *slog.Logger)       {}
+func (networkResource) kind() string { return "network" }
 
-// forwardResource is a bridge task's runner ports, forwarded by the shim
-// (shim/portfwd). They are opened once the container has an address (the
-// pipeline's start, recovery's re-attach) and closed here when the task
-// ends.
-type forwardResource struct{ e *Engine }
-
-func (forwardResource) acquire(context.Context, *task) *failure { return nil }
-
-func (forwardResource) kind() string { return "forwards" }
-
-func (r forwardResource) release(t *task, _ *slog.Logger) error {
-	if r.e.cfg.Forwarder != nil {
-		r.e.cfg.Forwarder.Close(t.cfg.ID)
+func (e *Engine) prepareInstanceMounts(mounts []api.InstanceMountPoint) error {
+	for _, m := range mounts {
+		if !filepath.IsAbs(m.InstancePath) || !filepath.IsAbs(m.Path) {
+			return fmt.Errorf("instance mount %q -> %q: paths must be absolute", m.InstancePath, m.Path)
+		}
+		clean := filepath.Clean(m.InstancePath)
+		home := filepath.Clean(e.cfg.Home)
+		if clean == home || strings.HasPrefix(clean, home+string(filepath.Separator)) {
+			return fmt.Errorf("instance mount %q: paths under the shim home are not allowed", m.InstancePath)
+		}
+		if _, err := os.Stat(clean); os.IsNotExist(err) {
+			if err := os.MkdirAll(clean, 0o755); err != nil {
+				return fmt.Errorf("create %s: %w", clean, err)
+			}
+			if err := os.Chmod(clean, 0o777); err != nil {
+				return fmt.Errorf("chmod %s: %w", clean, err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("stat %s: %w", clean, err)
+		}
 	}
 	return nil
 }
-
-func (forwardResource) reclaim(*task, *slog.Logger) {}

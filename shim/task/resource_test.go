@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -111,6 +112,22 @@ func newTask(cfg api.TaskConfig) *task {
 	return &task{cfg: cfg, name: ContainerName(cfg.Name, cfg.ID), done: make(chan struct{})}
 }
 
+// hostKinds are the kinds that take the host's resources, acquired
+// without a runner dir, an image or a container.
+var hostKinds = []string{"gpus", "host_keys", "volumes", "instance_mounts", "network"}
+
+// acquireHost acquires tk's host resources, in order, as a start does.
+func acquireHost(t *testing.T, e *Engine, tk *task) {
+	t.Helper()
+	for _, r := range e.resources {
+		if a, ok := r.(acquirer); ok && slices.Contains(hostKinds, r.kind()) {
+			if f := a.acquire(&starting{ctx: context.Background(), t: tk}); f != nil {
+				t.Fatalf("%T: %+v", r, f)
+			}
+		}
+	}
+}
+
 func TestResources(t *testing.T) {
 	home := t.TempDir()
 	locks := gpu.NewLocks([]string{"g0", "g1"})
@@ -125,16 +142,12 @@ func TestResources(t *testing.T) {
 		InstanceMounts: []api.InstanceMountPoint{{InstancePath: mountDir, Path: "/data"}}})
 	e.tasks[tk.cfg.ID] = tk // records are written only for tasks in the table
 
-	for _, r := range e.resources {
-		if f := r.acquire(context.Background(), tk); f != nil {
-			t.Fatalf("%T: %+v", r, f)
-		}
+	acquireHost(t, e, tk)
+	if locks.Free() != 1 || len(tk.held.GPUs) != 1 {
+		t.Errorf("gpus: free %d, task %v", locks.Free(), tk.held.GPUs)
 	}
-	if locks.Free() != 1 || len(tk.gpuIDs) != 1 {
-		t.Errorf("gpus: free %d, task %v", locks.Free(), tk.gpuIDs)
-	}
-	if len(keys.lines["a"]) != 1 || !tk.keysAdded {
-		t.Errorf("keys: %v %v", keys.lines, tk.keysAdded)
+	if len(keys.lines["a"]) != 1 || !tk.held.HostKeys {
+		t.Errorf("keys: %v %v", keys.lines, tk.held.HostKeys)
 	}
 	if vols.mounted["v1"] != "a" {
 		t.Errorf("volumes: %v", vols.mounted)
@@ -145,13 +158,13 @@ func TestResources(t *testing.T) {
 	if net.ensured != 1 || tk.network != "tandem-isolated" {
 		t.Errorf("network: ensured %d, task %q", net.ensured, tk.network)
 	}
-	if spec := e.containerSpec(tk, t.TempDir(), tk.gpuIDs); spec.NetworkMode != "tandem-isolated" {
+	if spec := e.containerSpec(tk, t.TempDir(), tk.held.GPUs); spec.NetworkMode != "tandem-isolated" {
 		t.Errorf("spec network %q", spec.NetworkMode)
 	}
 
 	// The record says what is held: a restarted engine reclaims GPUs and
 	// volumes without touching the host, and a second walk is harmless.
-	tk.status, tk.contID = api.TaskRunning, "c1"
+	tk.status, tk.held.Container.ID = api.TaskRunning, "c1"
 	if err := e.save(tk); err != nil {
 		t.Fatal(err)
 	}
@@ -162,11 +175,9 @@ func TestResources(t *testing.T) {
 	locks2 := gpu.NewLocks([]string{"g0", "g1"})
 	e2 := resourceEngine(t, locks2, keys, vols, net, home)
 	restored := e2.restored(loaded[0])
-	for _, r := range e2.resources {
-		r.reclaim(restored, e2.log)
-	}
-	if locks2.Free() != 1 || !slices.Equal(restored.gpuIDs, tk.gpuIDs) {
-		t.Errorf("reclaimed gpus: free %d, %v", locks2.Free(), restored.gpuIDs)
+	e2.reclaim(restored, e2.log)
+	if locks2.Free() != 1 || !slices.Equal(restored.held.GPUs, tk.held.GPUs) {
+		t.Errorf("reclaimed gpus: free %d, %v", locks2.Free(), restored.held.GPUs)
 	}
 	if !slices.Equal(vols.claims, []string{"v1@a"}) {
 		t.Errorf("reclaimed volumes: %v", vols.claims)
@@ -199,8 +210,12 @@ func TestResourcesNeverAcquired(t *testing.T) {
 	tk := newTask(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1, HostSSHUser: "u", HostSSHKeys: []string{"k"},
 		Volumes: []api.VolumeInfo{{Name: "v1"}}})
 	for i := len(e.resources) - 1; i >= 0; i-- {
-		e.resources[i].release(tk, e.log)
-		e.resources[i].reclaim(tk, e.log)
+		if r, ok := e.resources[i].(releaser); ok {
+			_ = r.release(tk, e.log)
+		}
+		if r, ok := e.resources[i].(reclaimer); ok {
+			r.reclaim(tk, e.log)
+		}
 	}
 	if locks.Free() != 0 || len(keys.lines["other"]) != 1 || vols.mounted["v1"] != "other" || len(vols.claims) != 0 {
 		t.Errorf("a never-acquired release touched others: free %d, keys %v, volumes %v, claims %v", locks.Free(), keys.lines, vols.mounted, vols.claims)
@@ -215,7 +230,7 @@ func TestResourceAcquireFailures(t *testing.T) {
 	e := resourceEngine(t, locks, keys, &fakeVolumes{mounted: map[string]string{}}, &fakeNetwork{}, t.TempDir())
 	cases := []struct {
 		name   string
-		r      resource
+		r      acquirer
 		cfg    api.TaskConfig
 		reason api.TerminationReason
 		msg    string
@@ -229,11 +244,13 @@ func TestResourceAcquireFailures(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			c.cfg.ID, c.cfg.Name, c.cfg.ImageName = "t-"+c.name, "n", "img"
 			tk := newTask(c.cfg)
-			f := c.r.acquire(context.Background(), tk)
+			f := c.r.acquire(&starting{ctx: context.Background(), t: tk})
 			if f == nil || f.reason != c.reason || (c.msg != "" && f.msg != c.msg) {
 				t.Fatalf("got %+v", f)
 			}
-			c.r.release(tk, e.log)
+			if r, ok := c.r.(releaser); ok {
+				_ = r.release(tk, e.log)
+			}
 		})
 	}
 	if locks.Free() != 1 {
@@ -267,11 +284,7 @@ func TestFailedReleaseIsRetriedAndPersisted(t *testing.T) {
 			tk := newTask(api.TaskConfig{ID: "a", Name: "a", ImageName: "img", GPU: 1,
 				HostSSHUser: "ubuntu", HostSSHKeys: []string{"ssh-ed25519 AAAA a"}, Volumes: []api.VolumeInfo{{Name: "v1"}}})
 			e.tasks[tk.cfg.ID] = tk
-			for _, r := range e.resources {
-				if f := r.acquire(context.Background(), tk); f != nil {
-					t.Fatalf("%T: %+v", r, f)
-				}
-			}
+			acquireHost(t, e, tk)
 			tk.status = api.TaskTerminated
 			tk.markDone()
 
@@ -310,7 +323,7 @@ func TestFailedReleaseIsRetriedAndPersisted(t *testing.T) {
 			vols2 := &fakeVolumes{mounted: map[string]string{"v1": "a"}}
 			e2 := resourceEngine(t, gpu.NewLocks([]string{"g0"}), keys2, vols2, &fakeNetwork{}, home2)
 			tk2 := newTask(tk.cfg)
-			tk2.status, tk2.keysAdded, tk2.volumes, tk2.holding = api.TaskTerminated, true, []string{"v1"}, []string{c.kind}
+			tk2.status, tk2.held.HostKeys, tk2.held.Volumes, tk2.holding = api.TaskTerminated, true, []string{"v1"}, []string{c.kind}
 			e2.tasks["a"] = tk2
 			e2.release(tk2, e2.log)
 			if c.held(keys2, vols2) {
@@ -324,5 +337,46 @@ func TestFailedReleaseIsRetriedAndPersisted(t *testing.T) {
 				t.Fatalf("record after: %+v", ls)
 			}
 		})
+	}
+}
+
+// TestTheListAndItsPhases pins a task's list: its order (a start acquires
+// in it; release and remove walk it backwards, so the container is removed
+// before its runner dir) and which phases each kind has.
+func TestTheListAndItsPhases(t *testing.T) {
+	e := New(Config{}, newStepRuntime(), gpu.NewLocks(nil), nil, logging.Discard())
+	want := []struct {
+		kind   string
+		phases string // a: acquire, l: release, c: reclaim, t: reattach, r: remove, s: restore
+	}{
+		{"runner_dir", "a r s"}, {"gpus", "a l c"}, {"host_keys", "a l"}, {"volumes", "a l c"},
+		{"instance_mounts", "a"}, {"network", "a"}, {"image", "a"}, {"container", "a t r"}, {"forwards", "a l t"},
+	}
+	if len(e.resources) != len(want) {
+		t.Fatalf("%d kinds, want %d", len(e.resources), len(want))
+	}
+	for i, r := range e.resources {
+		var ph []string
+		if _, ok := r.(acquirer); ok {
+			ph = append(ph, "a")
+		}
+		if _, ok := r.(releaser); ok {
+			ph = append(ph, "l")
+		}
+		if _, ok := r.(reclaimer); ok {
+			ph = append(ph, "c")
+		}
+		if _, ok := r.(reattacher); ok {
+			ph = append(ph, "t")
+		}
+		if _, ok := r.(remover); ok {
+			ph = append(ph, "r")
+		}
+		if _, ok := r.(restorer); ok {
+			ph = append(ph, "s")
+		}
+		if got := strings.Join(ph, " "); r.kind() != want[i].kind || got != want[i].phases {
+			t.Errorf("kind %d: %s with %q, want %s with %q", i, r.kind(), got, want[i].kind, want[i].phases)
+		}
 	}
 }

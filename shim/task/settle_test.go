@@ -18,6 +18,16 @@ func awaitAsync(e *Engine, id string, max time.Duration) <-chan api.TaskInfoResp
 	return ch
 }
 
+// settleCleanup ends the test's task and its pipeline before the temp
+// dirs go: the pipeline writes the task's record there as it ends.
+func settleCleanup(t *testing.T, e *Engine, release func()) {
+	t.Cleanup(func() {
+		release()
+		_, _ = e.Terminate(context.Background(), "t", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser})
+		e.Wait()
+	})
+}
+
 // TestAwaitSettled: a submit's answer waits for its task to run, and no
 // longer than a registry pull's start, its bound, or the task's end.
 func TestAwaitSettled(t *testing.T) {
@@ -25,7 +35,7 @@ func TestAwaitSettled(t *testing.T) {
 		rt := newStepRuntime()
 		e, _ := newEngine(t, rt)
 		reached, release := rt.holdAt("start")
-		defer release()
+		settleCleanup(t, e, release)
 		if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +60,7 @@ func TestAwaitSettled(t *testing.T) {
 		rt := newStepRuntime()
 		e, _ := newEngine(t, rt)
 		reached, release := rt.holdAt("pull")
-		defer release()
+		settleCleanup(t, e, release)
 		// No tag: latest is pulled even when present.
 		if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img"}); err != nil {
 			t.Fatal(err)
@@ -69,7 +79,7 @@ func TestAwaitSettled(t *testing.T) {
 		rt := newStepRuntime()
 		e, _ := newEngine(t, rt)
 		reached, release := rt.holdAt("create")
-		defer release()
+		settleCleanup(t, e, release)
 		if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
 			t.Fatal(err)
 		}
@@ -87,7 +97,7 @@ func TestAwaitSettled(t *testing.T) {
 		rt := newStepRuntime()
 		e, _ := newEngine(t, rt)
 		reached, release := rt.holdAt("create")
-		defer release()
+		settleCleanup(t, e, release)
 		if _, err := e.Submit(api.TaskConfig{ID: "t", Name: "n", ImageName: "img:1"}); err != nil {
 			t.Fatal(err)
 		}

@@ -77,7 +77,7 @@ func (e *Engine) terminateLocked(ctx context.Context, t *task, id string, req ap
 		r := req
 		t.stopReq = &r
 	}
-	status, contID, probing := t.status, t.contID, t.probing
+	status, contID, probing := t.status, t.held.Container.ID, t.probing
 	t.mu.Unlock()
 	e.mustSave(t) // the reason must survive a restart: retried until written
 
@@ -95,7 +95,7 @@ func (e *Engine) terminateLocked(ctx context.Context, t *task, id string, req ap
 			return api.TaskInfoResponse{}, &StopError{Err: err}
 		}
 		t.mu.Lock()
-		status, contID = t.status, t.contID
+		status, contID = t.status, t.held.Container.ID
 		t.mu.Unlock()
 	}
 	if status == api.TaskRunning && contID != "" {
@@ -122,7 +122,7 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 	}
 	defer t.op.Unlock()
 	t.mu.Lock()
-	status, noContainer := t.status, t.noContainer
+	status := t.status
 	t.mu.Unlock()
 	if status != api.TaskTerminated {
 		return fmt.Errorf("%w: cannot remove task %s with %s status", ErrConflict, id, status)
@@ -142,17 +142,14 @@ func (e *Engine) Remove(ctx context.Context, id string) error {
 			return fmt.Errorf("%w: task %s still holds %s whose release fails (retried; see the shim's log): remove it again later", ErrConflict, id, strings.Join(held, ", "))
 		}
 	}
-	// By name: it also finds a container whose id was never recorded. A
-	// task restored from an unreadable record has neither name nor dir.
+	// What outlives its end (the container, the runner dir), in reverse.
+	// A task restored from an unreadable record has neither.
 	if t.name != "" {
-		if !noContainer {
-			if err := e.removeOwn(ctx, t); err != nil {
-				return err
-			}
-		}
-		if dir, err := e.runnerDir(t); err == nil {
-			if err := e.cfg.RunnerDirs.Remove(dir); err != nil {
-				return fmt.Errorf("remove runner dir: %w", err)
+		for i := len(e.resources) - 1; i >= 0; i-- {
+			if r, ok := e.resources[i].(remover); ok {
+				if err := r.remove(ctx, t); err != nil {
+					return err
+				}
 			}
 		}
 	}

@@ -262,9 +262,3 @@ func IsJSON(resp *http.Response) bool {
 	mt, _, err := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	return err == nil && mt == "application/json"
 }
-
-// IsTimeout reports whether err is a call that ran out of time.
-func IsTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
-}
