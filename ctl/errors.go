@@ -33,6 +33,9 @@ const (
 	HintForce
 	// HintBinaries: the agents' binaries to install.
 	HintBinaries
+	// HintRemoveRunning: a running task is removed once stopped, or when
+	// the remove is forced (stopped at once, then removed).
+	HintRemoveRunning
 )
 
 // HintError is an error a caller can get past as its Hint says.

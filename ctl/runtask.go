@@ -187,6 +187,18 @@ func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string,
 	return nil
 }
 
+// terminate stops a task and keeps it, retrying transient failures for
+// cleanupPatience; a task already gone is fine.
+func terminate(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint) error {
+	_, err := retry(ctx, clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
+	})
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("terminate: %w", err)
+	}
+	return nil
+}
+
 // removeBehind is how long after the terminate the remove is sent: enough
 // for the terminate to reach the shim first when both leave together.
 const removeBehind = 2 * time.Millisecond
@@ -201,7 +213,11 @@ func failEarly(ctx context.Context, o RunOptions, res *Result, err error, removi
 		return *res, err
 	}
 	res.Interrupted, res.State = true, api.JobTerminated
-	o.status("interrupted: removing %s", removing)
+	verb := "removing"
+	if o.Keep {
+		verb = "stopping"
+	}
+	o.status("interrupted: %s %s", verb, removing)
 	return *res, ErrInterrupted
 }
 

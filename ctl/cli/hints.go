@@ -18,6 +18,7 @@ var hints = map[ctl.Hint]string{
 	ctl.HintPortsTaken:    "\nstop that process, or use --network bridge (the shim forwards a bridge task's ports from free ones)",
 	ctl.HintNodeIP:        "\ngive each node's address with --node-ip, in node order",
 	ctl.HintForce:         " (tandem stop), or use --force",
+	ctl.HintRemoveRunning: ": stop it first (tandem stop), or add -f to stop and remove it (tandem rm -f)",
 	ctl.HintBinaries:      ": give --shim-binary and --runner-binary, or --dist (a `make release` directory)",
 }
 

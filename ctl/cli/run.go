@@ -64,6 +64,7 @@ the workers' with a [node N] prefix on stderr.
 			&cli.StringFlag{Name: "code-limit", Value: "256MiB", Usage: "the largest --code archive to send, checked before anything is made: the runner's --max-upload-bytes (0: no check)"},
 			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
 			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long (exit status 124)"},
+			&cli.BoolFlag{Name: "rm", Usage: "remove the task when the run ends (default: it is kept, stopped, with its output and exit status, until tandem rm or prune, as docker run)"},
 			&cli.BoolFlag{Name: "no-ssh-config", Usage: "do not add the task to tandem's SSH config (tandem ssh-config)"},
 			outputFlag,
 		},
@@ -90,6 +91,9 @@ func runAction(c *cli.Context) error {
 	o, err := runOptions(c, cmd, nodes[0].shim, jsonOut)
 	if err != nil {
 		return err
+	}
+	if c.Bool("rm") && o.Detach {
+		return exitError{ctl.ExitFailure, "--rm and -d do not go together here: nothing is left to remove a detached task when its job ends; remove it with tandem rm (or tandem prune)"}
 	}
 	if o.Stdin != nil && len(nodes) > 1 {
 		return exitError{ctl.ExitFailure, "--interactive takes one node: of a multi-node run's jobs, none would be the one to read it"}
@@ -163,7 +167,7 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	var err error
 	o := ctl.RunOptions{Shim: shim, ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
-		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
+		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"), Keep: !c.Bool("rm"),
 		Env: map[string]string{}}
 	if c.Bool("interactive") {
 		o.Stdin = c.App.Reader
@@ -273,6 +277,8 @@ func reportRun(c *cli.Context, o ctl.RunOptions, res ctl.Result, err error, json
 		return nil
 	}
 	switch {
+	case err != nil && errors.Is(err, ctl.ErrInterrupted) && o.Keep:
+		return exitError{code, fmt.Sprintf("interrupted: task %s was stopped (tandem logs %s; tandem rm %s removes it)", res.Name, res.Name, res.Name)}
 	case err != nil && errors.Is(err, ctl.ErrInterrupted):
 		return exitError{code, "interrupted: the task was terminated and removed"}
 	case err != nil:
