@@ -486,7 +486,7 @@ func lastJobState(ctx context.Context, r *runnerclient.Client) (api.JobStateEven
 
 // newShimClient is the shim client every command uses.
 func newShimClient(addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error), token string) (*shimclient.Client, error) {
-	c, err := shimclient.NewWithDialer(addr, dial)
+	c, err := shimclient.NewWithDialer(addr, unreachableAs(addr, dial))
 	if err != nil {
 		return nil, err
 	}

@@ -42,9 +42,14 @@ type RunOptions struct {
 	CodeDir                            string
 	// CodeLimit is the largest code archive to send, checked before the
 	// task is made (0: api.MaxUpload, the runner's default; < 0: none).
-	CodeLimit   int64
-	Mounts      []api.InstanceMountPoint
-	Network     string // host or bridge
+	CodeLimit int64
+	Mounts    []api.InstanceMountPoint
+	Network   string // host or bridge
+	// User is who the job runs as in the container (docker run -u): a
+	// name or uid, with :group or :gid; "": the image's.
+	User string
+	// Privileged runs the container privileged (dstack's privileged).
+	Privileged  bool
 	MaxDuration time.Duration
 	// SSHKeys are public keys authorized in the job container (tandem ssh).
 	SSHKeys  []string
@@ -372,6 +377,13 @@ func (r *Run) Submit(ctx context.Context) error {
 	r.tandemShim = hc.TandemVersion != ""
 	if err := cmp.Or(gpuErr, roomErr); err != nil {
 		return err
+	}
+	if !r.tandemShim {
+		for _, m := range r.o.Mounts {
+			if m.ReadOnly {
+				return fmt.Errorf("mount %s:%s:ro: the shim at %s is dstack's, which binds every instance mount read-write: drop :ro, or run on a Tandem shim", m.InstancePath, m.Path, r.o.Shim)
+			}
+		}
 	}
 	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))
 }

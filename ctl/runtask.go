@@ -64,13 +64,17 @@ func ShimUnreached(addr string, err error) error {
 	if se := (*api.StatusError)(nil); errors.As(err, &se) {
 		return fmt.Errorf("the server at %s answered no healthcheck: %w", addr, err)
 	}
-	return fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", addr, err)
+	var ue *ShimUnreachableError
+	if errors.As(err, &ue) {
+		return ue
+	}
+	return &ShimUnreachableError{Addr: addr, Err: err}
 }
 
 // taskConfig is the shim task of a run's job.
 func taskConfig(o RunOptions, id, name string) api.TaskConfig {
 	return api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
-		ShmSize: o.ShmSize, PidsLimit: o.PidsLimit, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
+		ShmSize: o.ShmSize, PidsLimit: o.PidsLimit, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys, Privileged: o.Privileged}
 }
 
 // taskEnded says why a task ended before its job started: the shim's

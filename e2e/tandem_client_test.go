@@ -102,13 +102,13 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	}
 
 	// A detached job's runner leaves at the job's end and gives the host's
-	// ports back: two default (host-network) run -d in a row work, and the
-	// ended one's output stays readable from the shim.
-	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--name", "quick-1", h.image, "/bin/sh", "-c", "echo quick-one-output")
+	// ports back: two host-network run -d in a row work, and the ended
+	// one's output stays readable from the shim.
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--network", "host", "--shim", shim, "--name", "quick-1", h.image, "/bin/sh", "-c", "echo quick-one-output")
 	if err := run.Run(); err != nil {
 		t.Fatalf("run -d quick-1: %v %s %s", err, out, errb)
 	}
-	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--name", "holder", h.image, "sleep", "300")
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--network", "host", "--shim", shim, "--name", "holder", h.image, "sleep", "300")
 	if err := run.Run(); err != nil {
 		t.Fatalf("a second host-network run -d right after the first: %v %s %s", err, out, errb)
 	}
@@ -118,7 +118,7 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	}
 	// While a host-network job runs, another cannot have the runner's
 	// ports: the error says what to do.
-	run, _, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", h.image, "--", "true")
+	run, _, errb = tandemIn(t, dir, nil, "run", "-d", "--network", "host", "--shim", shim, "--image", h.image, "--", "true")
 	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "--network bridge") ||
 		!strings.Contains(errb.String(), "task holder runs on the host network") {
 		t.Fatalf("second host-network task: %v %s", err, errb)

@@ -22,6 +22,9 @@ var hints = map[ctl.Hint]string{
 	ctl.HintBinaries:      ": give --shim-binary and --runner-binary, or --dist (a `make release` directory)",
 }
 
+// shimUnreachableHint is what to do when no shim answers.
+const shimUnreachableHint = "start one (dstack-shim on that host, or tandem host install), or give its address with --shim HOST:PORT (or TANDEM_SHIM)"
+
 // checkShimAddr is what to check when the address does not answer as a
 // shim does.
 func checkShimAddr() string {
@@ -34,6 +37,11 @@ func checkShimAddr() string {
 // Its text is printable: an error may carry a shim's or a runner's words
 // (a task's name, its status), and those are hostile until checked.
 func errText(err error) string {
+	var ue *ctl.ShimUnreachableError
+	if errors.As(err, &ue) {
+		// One voice whatever the command: what it was doing is no help.
+		return api.PrintableLines(ue.Error()) + "\n" + shimUnreachableHint
+	}
 	text := api.PrintableLines(err.Error()) + hints[ctl.HintOf(err)]
 	var se *api.StatusError
 	if !errors.As(err, &se) {

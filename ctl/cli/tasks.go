@@ -211,8 +211,9 @@ func sshCmd() *cli.Command {
 // argv kept word for word (through the runner's SSH server).
 func execCmd() *cli.Command {
 	return &cli.Command{Name: "exec", Usage: "run a command in a task's container, its words kept as they are (docker exec)", ArgsUsage: "TASK COMMAND [ARG...]",
-		Flags: append(taskSSHFlags(),
-			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal (docker exec -t)"}),
+		Flags: append(taskSSHFlagsAs(nil),
+			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal (docker exec -t)"},
+			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "accepted as docker exec -i: the command always reads this stdin (the SSH key is --identity)"}),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 2 {
@@ -275,8 +276,11 @@ func cpCmd() *cli.Command {
 
 // taskSSHFlags are the flags of the commands that reach a task's SSH
 // server (ssh, cp).
-func taskSSHFlags() []cli.Flag {
-	return append(connFlags(), runnerSSHPortFlag,
+func taskSSHFlags() []cli.Flag { return taskSSHFlagsAs([]string{"i"}) }
+
+// taskSSHFlagsAs is taskSSHFlags with --identity's aliases given.
+func taskSSHFlagsAs(identityAliases []string) []cli.Flag {
+	return append(connFlagsAs(identityAliases), runnerSSHPortFlag,
 		&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"})
 }
 
