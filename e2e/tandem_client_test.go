@@ -40,7 +40,10 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	h, shim, _ := realStack(t)
 	dir := t.TempDir()
 	start := time.Now()
-	run, out, errb := tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", h.image, "--name", "train-1", "--",
+	// The host network: a bridge task's start takes Docker's network setup
+	// (seconds on a loaded machine), which says nothing of whether run -d
+	// waits for the job.
+	run, out, errb := tandemIn(t, dir, nil, "run", "-d", "--network", "host", "--shim", shim, "--image", h.image, "--name", "train-1", "--",
 		"/bin/sh", "-c", "echo start-of-job; sleep 3; echo end-of-job; exit 4")
 	if err := run.Run(); err != nil {
 		t.Fatalf("run -d: %v %s %s", err, out, errb)
