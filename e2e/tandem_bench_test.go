@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -254,7 +253,8 @@ func BenchmarkTandemRunBridgeVsHost(b *testing.B) {
 	job := writeCmd(mb) + " > /tmp/big && echo START && cat /tmp/big"
 	// busybox nc: a listener piping to wc, a sender of the file; the
 	// sender's time is the stream's.
-	tcp := writeCmd(mb) + ` > /tmp/big && (nc -l -p 5001 > /dev/null &) && sleep 0.3 && a=$(date +%s%N) && nc 127.0.0.1 5001 < /tmp/big && b=$(date +%s%N) && echo TCP $(( (b-a)/1000000 ))`
+	// sender's time is the stream's, seen here between its T0 and T1 lines.
+	tcp := writeCmd(mb) + ` > /tmp/big && (nc -l -p 5001 > /dev/null &) && sleep 0.3 && echo T0 && nc 127.0.0.1 5001 < /tmp/big && echo T1`
 	for _, network := range []string{"host", "bridge"} {
 		var starts, outs, tcps []float64
 		for i := 0; i < min(b.N, 3); i++ {
@@ -276,14 +276,26 @@ func BenchmarkTandemRunBridgeVsHost(b *testing.B) {
 				b.Fatalf("run %s: %d bytes: %v %v", network, n, rerr, werr)
 			}
 			outs = append(outs, float64(mb)/took.Seconds())
-			out, err := tandemRun(network, "sh", "-c", tcp).Output()
-			var ms float64
-			at := strings.LastIndex(string(out), "TCP ")
-			if err != nil || at < 0 {
-				b.Fatalf("run %s tcp: %v %q", network, err, tailStr(string(out), 300))
+			cmd = tandemRun(network, "sh", "-c", tcp)
+			p, err = cmd.StdoutPipe()
+			if err != nil {
+				b.Fatal(err)
 			}
-			if _, err := fmt.Sscanf(strings.TrimSpace(string(out)[at:]), "TCP %f", &ms); err != nil || ms <= 0 {
-				b.Fatalf("run %s tcp: %v %q", network, err, tailStr(string(out), 300))
+			if err := cmd.Start(); err != nil {
+				b.Fatal(err)
+			}
+			var t0 time.Time
+			ms := 0.0
+			for sc := bufio.NewScanner(p); sc.Scan(); {
+				switch sc.Text() {
+				case "T0":
+					t0 = time.Now()
+				case "T1":
+					ms = time.Since(t0).Seconds() * 1000
+				}
+			}
+			if err := cmd.Wait(); err != nil || ms <= 0 {
+				b.Fatalf("run %s tcp: %v %.0f ms", network, err, ms)
 			}
 			tcps = append(tcps, float64(mb)/(ms/1000))
 		}

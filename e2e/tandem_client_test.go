@@ -226,7 +226,7 @@ func TestTandemExitCodes(t *testing.T) {
 		{"mixed env forms", []string{"--env", "A=1", "-e", "B=2", "--", "/bin/sh", "-c", `[ "$A$B" = 12 ]`}, 0, "job done"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"run", "--shim", shim, "--image", h.image}, tc.args...)
+			args := append([]string{"run", "--rm", "--shim", shim, "--image", h.image}, tc.args...)
 			cmd, out, errb := tandemIn(t, dir, nil, args...)
 			err := cmd.Run()
 			if exitCodeOf(err) != tc.code || !strings.Contains(errb.String(), tc.stderr) {
@@ -241,7 +241,7 @@ func TestTandemExitCodes(t *testing.T) {
 	}
 	// -o json: stdout is one JSON document (python's json.tool reads it);
 	// the job's output goes to stderr.
-	cmd, out, errb := tandemIn(t, dir, nil, "run", "-o", "json", "--shim", shim, "--image", h.image, "--", "/bin/sh", "-c", "echo job-output-line; exit 3")
+	cmd, out, errb := tandemIn(t, dir, nil, "run", "--rm", "-o", "json", "--shim", shim, "--image", h.image, "--", "/bin/sh", "-c", "echo job-output-line; exit 3")
 	err := cmd.Run()
 	check := exec.Command("python3", "-m", "json.tool")
 	check.Stdin = bytes.NewReader(out.Bytes())
@@ -250,7 +250,7 @@ func TestTandemExitCodes(t *testing.T) {
 		t.Fatalf("-o json: exit %d, json.tool %v %s\nstdout %q\nstderr %q", exitCodeOf(err), jerr, js, out, errb)
 	}
 	// No key: the run works and says how to fix ssh.
-	cmd, _, errb = tandemIn(t, dir, nil, "run", "--shim", shim, "--image", h.image, "--", "true")
+	cmd, _, errb = tandemIn(t, dir, nil, "run", "--rm", "--shim", shim, "--image", h.image, "--", "true")
 	if err := cmd.Run(); err != nil || !strings.Contains(errb.String(), "no SSH public key found") || !strings.Contains(errb.String(), "ssh-keygen") {
 		t.Fatalf("missing key warning: %v %s", err, errb)
 	}
@@ -450,7 +450,7 @@ func TestTandemSSHConfig(t *testing.T) {
 func TestTandemDockerHabits(t *testing.T) {
 	h, shim, _ := realStack(t)
 	dir := t.TempDir()
-	run, out, errb := tandemIn(t, dir, nil, "run", "--no-ssh-config", "--shim", shim, h.image, "/bin/sh", "-c", "echo hi-from-the-image; cat /bin/busybox >/dev/null")
+	run, out, errb := tandemIn(t, dir, nil, "run", "--rm", "--no-ssh-config", "--shim", shim, h.image, "/bin/sh", "-c", "echo hi-from-the-image; cat /bin/busybox >/dev/null")
 	if err := run.Run(); err != nil || !strings.Contains(out.String(), "hi-from-the-image") {
 		t.Fatalf("run IMAGE COMMAND: %v %s %s", err, out, errb)
 	}

@@ -273,8 +273,7 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	if len(o.SSHKeys) == 0 {
 		if k, _ := ctl.DefaultPublicKey(identity); k != "" {
 			o.SSHKeys = []string{k}
-		} else if !quiet {
-			// A note for a person at a terminal, not on every scripted run.
+		} else if !c.Bool("quiet") {
 			fmt.Fprintln(c.App.ErrWriter, "tandem: warning: no SSH public key found (~/.ssh/id_ed25519.pub or id_rsa.pub), so tandem ssh into this task will not work;"+
 				" create one with `ssh-keygen -t ed25519` or pass --authorized-key")
 		}
