@@ -128,8 +128,12 @@ func TestRunEnvFlags(t *testing.T) {
 	}
 	app.Writer, app.ErrWriter = io.Discard, io.Discard
 	t.Setenv("TANDEM_TEST_FROM_HERE", "here,too")
+	src := filepath.Join(t.TempDir(), "data,x") // a mount's host path must exist
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	argv := []string{"tandem", "run", "--no-ssh-config", "-e", "LIST=a,b", "--env", "A=1", "-e", "A=2", "-e", "TANDEM_TEST_FROM_HERE",
-		"-e", "TANDEM_TEST_UNSET_XYZ", "--mount", "/data,x:/in,y", "--authorized-key", `from="10.0.0.1,10.0.0.2" ssh-ed25519 AAAA k`, "--", "true"}
+		"-e", "TANDEM_TEST_UNSET_XYZ", "--mount", src + ":/in,y", "--authorized-key", `from="10.0.0.1,10.0.0.2" ssh-ed25519 AAAA k`, "--", "true"}
 	if err := app.Run(argv); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +146,7 @@ func TestRunEnvFlags(t *testing.T) {
 			t.Errorf("env %s=%q, want %q (all: %v)", k, got.Env[k], v, got.Env)
 		}
 	}
-	if len(got.Mounts) != 1 || got.Mounts[0].InstancePath != "/data,x" || got.Mounts[0].Path != "/in,y" {
+	if len(got.Mounts) != 1 || got.Mounts[0].InstancePath != src || got.Mounts[0].Path != "/in,y" {
 		t.Errorf("mounts %+v", got.Mounts)
 	}
 	if len(got.SSHKeys) != 1 || !strings.HasPrefix(got.SSHKeys[0], `from="10.0.0.1,10.0.0.2"`) {

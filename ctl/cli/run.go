@@ -107,15 +107,6 @@ func runAction(c *cli.Context) error {
 		return exitError{ctl.ExitFailure, "--interactive takes one node: of a multi-node run's jobs, none would be the one to read it"}
 	}
 	o.Image = image
-	if nodes[0].ssh == "" && isLoopback(hostPart(nodes[0].shim)) {
-		// The shim's host is this one: a missing mount path is said here,
-		// in one line, before anything is sent (the shim refuses it too).
-		for _, m := range o.Mounts {
-			if _, err := os.Stat(m.InstancePath); errors.Is(err, os.ErrNotExist) {
-				return exitError{ctl.ExitFailure, fmt.Sprintf("mount %s:%s: %s does not exist; a mount's host path is never created: make it first (mkdir -p %s)", m.InstancePath, m.Path, m.InstancePath, m.InstancePath)}
-			}
-		}
-	}
 	var cluster []ctl.Node
 	for i := range nodes {
 		dial, closeDial, err := dialTo(c, nodes[i].ssh)
@@ -260,6 +251,15 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		o.Mounts = append(o.Mounts, m)
 	}
 	o.User, o.Privileged = c.String("user"), c.Bool("privileged")
+	if len(c.StringSlice("ssh")) == 0 && isLoopback(hostPart(shim)) {
+		// The shim's host is this one: a missing mount path is said here,
+		// in one line, before anything is sent (the shim refuses it too).
+		for _, m := range o.Mounts {
+			if _, err := os.Stat(m.InstancePath); errors.Is(err, os.ErrNotExist) {
+				return o, bad(fmt.Sprintf("mount %s:%s: %s does not exist; a mount's host path is never created: make it first (mkdir -p %s)", m.InstancePath, m.Path, m.InstancePath, m.InstancePath))
+			}
+		}
+	}
 	if o.CodeDir != "" {
 		if fi, err := os.Stat(o.CodeDir); err != nil || !fi.IsDir() {
 			return o, bad(fmt.Sprintf("--code %s: not a directory", o.CodeDir))
