@@ -237,10 +237,8 @@ func (p ptyEOF) Read(b []byte) (int, error) {
 // run --rm IMAGE true` (start latency: Docker's network setup, the
 // shim's forwarded runner ports), and the throughput of a job's
 // TANDEM_BENCH_LOG_MB (100) MiB of output, read from START to the last
-// byte through a pipe (it reaches tandem through the forwarded port), and
-// of a TCP loopback stream inside the job (busybox nc: the job's own
-// network stack; on the host network, the host's). 3 rounds each,
-// alternating, medians. No target: the figures are for the README.
+// byte through a pipe (it reaches tandem through the forwarded port). 3
+// rounds each, medians. No target: the figures are for the README.
 func BenchmarkTandemRunBridgeVsHost(b *testing.B) {
 	mb := mbEnv("TANDEM_BENCH_LOG_MB", 100)
 	bins := testenv.Binaries(b)
@@ -252,12 +250,8 @@ func BenchmarkTandemRunBridgeVsHost(b *testing.B) {
 		return exec.Command(bins.Tandem, append([]string{"run", "--rm", "-q", "--no-ssh-config", "--network", network, "--shim", shim, h.image}, args...)...)
 	}
 	job := writeCmd(mb) + " > /tmp/big && echo START && cat /tmp/big"
-	// busybox nc: a listener piping to wc, a sender of the file; the
-	// sender's time is the stream's.
-	// sender's time is the stream's, seen here between its T0 and T1 lines.
-	tcp := writeCmd(mb) + ` > /tmp/big && (nc -l -p 5001 > /dev/null &) && sleep 0.3 && echo T0 && nc 127.0.0.1 5001 < /tmp/big && echo T1`
-	for _, network := range []string{"host", "bridge"} {
-		var starts, outs, tcps []float64
+	for _, network := range []string{"bridge", "host"} {
+		var starts, outs []float64
 		for i := 0; i < min(b.N, 3); i++ {
 			began := time.Now()
 			if out, err := tandemRun(network, "true").CombinedOutput(); err != nil {
@@ -277,31 +271,8 @@ func BenchmarkTandemRunBridgeVsHost(b *testing.B) {
 				b.Fatalf("run %s: %d bytes: %v %v", network, n, rerr, werr)
 			}
 			outs = append(outs, float64(mb)/took.Seconds())
-			cmd = tandemRun(network, "sh", "-c", tcp)
-			p, err = cmd.StdoutPipe()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				b.Fatal(err)
-			}
-			var t0 time.Time
-			ms := 0.0
-			for sc := bufio.NewScanner(p); sc.Scan(); {
-				switch sc.Text() {
-				case "T0":
-					t0 = time.Now()
-				case "T1":
-					ms = time.Since(t0).Seconds() * 1000
-				}
-			}
-			if err := cmd.Wait(); err != nil || ms <= 0 {
-				b.Fatalf("run %s tcp: %v %.0f ms", network, err, ms)
-			}
-			tcps = append(tcps, float64(mb)/(ms/1000))
 		}
 		b.ReportMetric(medianOf(starts), network+"-run-true-ms")
 		b.ReportMetric(medianOf(outs), network+"-output-MiB/s")
-		b.ReportMetric(medianOf(tcps), network+"-tcp-loopback-MiB/s")
 	}
 }
