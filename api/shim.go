@@ -143,6 +143,15 @@ type InstanceMountPoint struct {
 	InstancePath string `json:"instance_path"`
 	Path         string `json:"path"`
 	Optional     bool   `json:"optional,omitempty"`
+	// MustExist is a Tandem client's: a host path that does not exist is
+	// refused at submit (400), never created (docker's --mount). Without
+	// it a missing path is created, as dstack's server expects of the
+	// shim (an instance volume's first use), with mode 0755.
+	MustExist bool `json:"tandem_must_exist,omitempty"`
+	// ReadOnly is a Tandem client's: the path is bound read-only (docker's
+	// -v SRC:DST:ro). dstack's shim does not know it: a client sends it
+	// to a Tandem shim only.
+	ReadOnly bool `json:"tandem_read_only,omitempty"`
 }
 
 // GPUDevice is an explicit device node that replaces vendor GPU wiring.

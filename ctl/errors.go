@@ -1,7 +1,12 @@
 package ctl
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
 
 	"github.com/tandem-run/tandem/api"
 )
@@ -33,6 +38,9 @@ const (
 	HintForce
 	// HintBinaries: the agents' binaries to install.
 	HintBinaries
+	// HintRemoveRunning: a running task is removed once stopped, or when
+	// the remove is forced (stopped at once, then removed).
+	HintRemoveRunning
 )
 
 // HintError is an error a caller can get past as its Hint says.
@@ -69,4 +77,58 @@ type TaskEndedError struct {
 
 func (e *TaskEndedError) Error() string {
 	return "task ended before the job started: " + api.Printable(string(e.Info.TerminationReason)) + ": " + printableLines(e.Info.TerminationMessage)
+}
+
+// ShimUnreachableError is a shim address that took no connection (nothing
+// listens there, no route, no such host, the SSH tunnel's far end
+// refused): every command that reaches a shim says it in these words.
+type ShimUnreachableError struct {
+	Addr string
+	Err  error
+}
+
+func (e *ShimUnreachableError) Error() string {
+	return fmt.Sprintf("shim at %s is not reachable (%s); is dstack-shim running there?", e.Addr, dialReason(e.Err))
+}
+
+func (e *ShimUnreachableError) Unwrap() error { return e.Err }
+
+// dialReason is why a dial failed, in the system's short words
+// ("connection refused", "i/o timeout", "no such host").
+func dialReason(err error) string {
+	var dns *net.DNSError
+	if errors.As(err, &dns) {
+		return "no such host " + api.Printable(dns.Name)
+	}
+	var se *os.SyscallError
+	if errors.As(err, &se) {
+		return se.Err.Error()
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return "no answer in time"
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		return strings.TrimSpace(oe.Err.Error())
+	}
+	return err.Error()
+}
+
+// unreachableAs is dial (nil: a plain one) whose failures are the shim at
+// addr's *ShimUnreachableError.
+func unreachableAs(addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if dial == nil {
+		var d net.Dialer
+		dial = d.DialContext
+	}
+	return func(ctx context.Context, network, a string) (net.Conn, error) {
+		c, err := dial(ctx, network, a)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, err // the caller gave up: not the shim's doing
+			}
+			return nil, &ShimUnreachableError{Addr: addr, Err: err}
+		}
+		return c, nil
+	}
 }

@@ -8,12 +8,21 @@ import "io"
 func LineEnds(w io.Writer) io.Writer { return &lineEnds{w: w} }
 
 type lineEnds struct {
-	w  io.Writer
-	cr bool // the last write ended in "\r"
+	w   io.Writer
+	cr  bool   // the last write ended in "\r"
+	buf []byte // reused for each write's output (at most a chunk)
 }
 
 func (l *lineEnds) Write(p []byte) (int, error) {
-	out := make([]byte, 0, len(p)+1)
+	out := l.buf[:0]
+	switch {
+	case cap(l.buf) >= len(p)+1:
+	case len(p) < 1<<20:
+		l.buf = make([]byte, 0, max(len(p)+1, 64<<10))
+		out = l.buf
+	default: // a rare large write is not kept
+		out = make([]byte, 0, len(p)+1)
+	}
 	if l.cr && (len(p) == 0 || p[0] != '\n') {
 		out = append(out, '\r')
 	}

@@ -89,7 +89,7 @@ func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.W
 		}
 		now := clockOr(o.Clock).Now()
 		out, flushTail := tailed(w, lo)
-		err = shim.JobLog(ctx, info.ID, out)
+		err = keptLog(ctx, o.Clock, shim, info, out)
 		if werr := flushTail(); werr != nil {
 			return werr
 		}
@@ -113,6 +113,29 @@ func Logs(ctx context.Context, ref string, o TaskOptions, lo LogsOptions, w io.W
 	}
 	return followLogs(ctx, ref, o, since, w)
 }
+
+// keptLog copies what the shim kept of a task's output into w. The shim
+// reads a running job's output from its runner every quarter second or
+// so: right after a run -d it may hold none of what the job printed yet.
+// While the job runs and nothing is kept, the shim is asked again for up
+// to keptLogWait, so that logs right after run -d shows the job's first
+// lines; a job that printed nothing costs that wait.
+func keptLog(ctx context.Context, clk Clock, shim *shimclient.Client, info api.TaskInfoResponse, w io.Writer) error {
+	cw := &countingWriter{w: w}
+	err := shim.JobLog(ctx, info.ID, cw)
+	if info.Status == api.TaskTerminated || JobEnded(info) || cw.n.Load() > 0 || err != nil && !errors.Is(err, api.ErrNotFound) {
+		return err
+	}
+	_ = poll(ctx, clk, 100*time.Millisecond, keptLogWait, func() (bool, error) {
+		err = shim.JobLog(ctx, info.ID, cw)
+		return cw.n.Load() > 0 || err != nil && !errors.Is(err, api.ErrNotFound), nil
+	})
+	return err
+}
+
+// keptLogWait is how long logs waits for a running job's first kept
+// output.
+const keptLogWait = 1500 * time.Millisecond
 
 // tailed is where output for w goes: w itself, or with lo.TailSet a
 // tailWriter, whose last lo.Tail lines flush then writes to w.
@@ -399,14 +422,31 @@ func (s *skipWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Remove terminates (when force or already ended) and removes a task.
+// Remove removes a finished task (terminated, or its job ended), or with
+// force a running one, stopped at once first (docker rm -f). A running
+// task without force is refused: a stop keeps it (StopTask), a remove
+// loses its output and exit status, so it is never done by default.
 func Remove(ctx context.Context, shim *shimclient.Client, info api.TaskInfoResponse, force bool, timeout uint) error {
 	if info.Status != api.TaskTerminated && !JobEnded(info) {
 		if !force {
-			return withHint(HintForce, fmt.Errorf("task %s is %s: stop it first", DisplayName(info), info.Status))
+			return withHint(HintRemoveRunning, fmt.Errorf("task %s is %s", DisplayName(info), info.Status))
 		}
 	}
 	if err := cleanup(ctx, nil, shim, info.ID, timeout, false); err != nil {
+		return fmt.Errorf("%s %s", DisplayName(info), err)
+	}
+	return nil
+}
+
+// StopTask stops a task's job (timeout seconds of grace, then a kill) and
+// keeps the task, as docker stop keeps a container: its output, its exit
+// status and its ps -a row stay until Remove. A task already stopped is
+// fine.
+func StopTask(ctx context.Context, shim *shimclient.Client, info api.TaskInfoResponse, timeout uint) error {
+	if info.Status == api.TaskTerminated {
+		return nil
+	}
+	if err := terminate(ctx, nil, shim, info.ID, timeout); err != nil {
 		return fmt.Errorf("%s %s", DisplayName(info), err)
 	}
 	return nil
@@ -446,7 +486,7 @@ func lastJobState(ctx context.Context, r *runnerclient.Client) (api.JobStateEven
 
 // newShimClient is the shim client every command uses.
 func newShimClient(addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error), token string) (*shimclient.Client, error) {
-	c, err := shimclient.NewWithDialer(addr, dial)
+	c, err := shimclient.NewWithDialer(addr, unreachableAs(addr, dial))
 	if err != nil {
 		return nil, err
 	}

@@ -42,9 +42,14 @@ type RunOptions struct {
 	CodeDir                            string
 	// CodeLimit is the largest code archive to send, checked before the
 	// task is made (0: api.MaxUpload, the runner's default; < 0: none).
-	CodeLimit   int64
-	Mounts      []api.InstanceMountPoint
-	Network     string // host or bridge
+	CodeLimit int64
+	Mounts    []api.InstanceMountPoint
+	Network   string // host or bridge
+	// User is who the job runs as in the container (docker run -u): a
+	// name or uid, with :group or :gid; "": the image's.
+	User string
+	// Privileged runs the container privileged (dstack's privileged).
+	Privileged  bool
 	MaxDuration time.Duration
 	// SSHKeys are public keys authorized in the job container (tandem ssh).
 	SSHKeys []string
@@ -58,6 +63,10 @@ type RunOptions struct {
 	// Detach returns once the job runs, leaving the task (tandem attach,
 	// logs, rm).
 	Detach bool
+	// Keep leaves the task once the run ends, stopped: its output, exit
+	// status and task row stay until it is removed (docker run without
+	// --rm). Without it the task is removed at the end (docker run --rm).
+	Keep bool
 	// Stdin, when set, is what the job reads on its standard input, sent
 	// to its runner as it comes (docker run -i; a Tandem runner only); nil:
 	// an input that ends at once (docker run without -i).
@@ -376,6 +385,13 @@ func (r *Run) Submit(ctx context.Context) error {
 	if err := cmp.Or(runnerErr, gpuErr, roomErr); err != nil {
 		return err
 	}
+	if !r.tandemShim {
+		for _, m := range r.o.Mounts {
+			if m.ReadOnly {
+				return fmt.Errorf("mount %s:%s:ro: the shim at %s is dstack's, which binds every instance mount read-write: drop :ro, or run on a Tandem shim", m.InstancePath, m.Path, r.o.Shim)
+			}
+		}
+	}
 	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))
 }
 
@@ -543,6 +559,15 @@ func (r *Run) Remove(ctx context.Context, now bool) error {
 	return cleanup(ctx, r.o.Clock, r.shim, r.id, stopGrace(now), r.tandemShim)
 }
 
+// End ends the run's task: stopped and kept with Keep, else removed (see
+// Remove).
+func (r *Run) End(ctx context.Context, now bool) error {
+	if r.o.Keep {
+		return terminate(ctx, r.o.Clock, r.shim, r.id, stopGrace(now))
+	}
+	return r.Remove(ctx, now)
+}
+
 // stopGrace is the seconds a run's job gets to stop when its task is
 // removed: 5, or none when the run is ended now (an interrupt, a kill).
 func stopGrace(now bool) uint {
@@ -552,9 +577,9 @@ func stopGrace(now bool) uint {
 	return 5
 }
 
-// Execute takes the run's steps in order and, unless it detaches, removes
-// the task at the end whatever happened; a removal that fails is reported
-// as an EventTaskLeft.
+// Execute takes the run's steps in order and, unless it detaches, ends the
+// task (End) whatever happened; an end that fails is reported as an
+// EventTaskLeft.
 func (r *Run) Execute(ctx context.Context) (Result, error) {
 	ctx, cancel := r.begin(ctx)
 	defer cancel(nil)
@@ -572,7 +597,7 @@ func (r *Run) Execute(ctx context.Context) (Result, error) {
 		if res.Detached {
 			return
 		}
-		if err := r.Remove(context.WithoutCancel(ctx), killNow || res.Interrupted); err != nil {
+		if err := r.End(context.WithoutCancel(ctx), killNow || res.Interrupted); err != nil {
 			r.o.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.o.Shim, Err: err})
 		}
 	}()

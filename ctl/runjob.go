@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -29,6 +31,7 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 		// waited forever). dstack's runner ignores this.
 		Tandem: &api.SubmitExtras{Stdin: api.StdinNone},
 	}
+	body.JobSpec.User = jobUser(o.User)
 	wd := o.WorkDir
 	if wd == "" {
 		wd = "/workflow"
@@ -45,6 +48,29 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 		body.Tandem.NoPull = true
 	}
 	return body
+}
+
+// jobUser is docker run -u's USER[:GROUP] (names or ids) as the runner's
+// job user; nil for "" (the image's).
+func jobUser(spec string) *api.JobUser {
+	if spec == "" {
+		return nil
+	}
+	u := &api.JobUser{}
+	user, group, hasGroup := strings.Cut(spec, ":")
+	if n, err := strconv.Atoi(user); err == nil {
+		u.UID = &n
+	} else {
+		u.Username = &user
+	}
+	if hasGroup {
+		if n, err := strconv.Atoi(group); err == nil {
+			u.GID = &n
+		} else {
+			u.Groupname = &group
+		}
+	}
+	return u
 }
 
 // prepareJob submits the job and uploads the code.

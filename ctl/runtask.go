@@ -64,13 +64,17 @@ func ShimUnreached(addr string, err error) error {
 	if se := (*api.StatusError)(nil); errors.As(err, &se) {
 		return fmt.Errorf("the server at %s answered no healthcheck: %w", addr, err)
 	}
-	return fmt.Errorf("shim at %s is not reachable (%w); is dstack-shim running there?", addr, err)
+	var ue *ShimUnreachableError
+	if errors.As(err, &ue) {
+		return ue
+	}
+	return &ShimUnreachableError{Addr: addr, Err: err}
 }
 
 // taskConfig is the shim task of a run's job.
 func taskConfig(o RunOptions, id, name string) api.TaskConfig {
 	return api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
-		ShmSize: o.ShmSize, PidsLimit: o.PidsLimit, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys}
+		ShmSize: o.ShmSize, PidsLimit: o.PidsLimit, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys, Privileged: o.Privileged}
 }
 
 // taskEnded says why a task ended before its job started: the shim's
@@ -187,6 +191,18 @@ func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string,
 	return nil
 }
 
+// terminate stops a task and keeps it, retrying transient failures for
+// cleanupPatience; a task already gone is fine.
+func terminate(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint) error {
+	_, err := retry(ctx, clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
+	})
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("terminate: %w", err)
+	}
+	return nil
+}
+
 // removeBehind is how long after the terminate the remove is sent: enough
 // for the terminate to reach the shim first when both leave together.
 const removeBehind = 2 * time.Millisecond
@@ -201,7 +217,11 @@ func failEarly(ctx context.Context, o RunOptions, res *Result, err error, removi
 		return *res, err
 	}
 	res.Interrupted, res.State = true, api.JobTerminated
-	o.status("interrupted: removing %s", removing)
+	verb := "removing"
+	if o.Keep {
+		verb = "stopping"
+	}
+	o.status("interrupted: %s %s", verb, removing)
 	return *res, ErrInterrupted
 }
 

@@ -40,7 +40,10 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	h, shim, _ := realStack(t)
 	dir := t.TempDir()
 	start := time.Now()
-	run, out, errb := tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", h.image, "--name", "train-1", "--",
+	// The host network: a bridge task's start takes Docker's network setup
+	// (seconds on a loaded machine), which says nothing of whether run -d
+	// waits for the job.
+	run, out, errb := tandemIn(t, dir, nil, "run", "-d", "--network", "host", "--shim", shim, "--image", h.image, "--name", "train-1", "--",
 		"/bin/sh", "-c", "echo start-of-job; sleep 3; echo end-of-job; exit 4")
 	if err := run.Run(); err != nil {
 		t.Fatalf("run -d: %v %s %s", err, out, errb)
@@ -102,13 +105,13 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	}
 
 	// A detached job's runner leaves at the job's end and gives the host's
-	// ports back: two default (host-network) run -d in a row work, and the
-	// ended one's output stays readable from the shim.
-	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--name", "quick-1", h.image, "/bin/sh", "-c", "echo quick-one-output")
+	// ports back: two host-network run -d in a row work, and the ended
+	// one's output stays readable from the shim.
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--network", "host", "--shim", shim, "--name", "quick-1", h.image, "/bin/sh", "-c", "echo quick-one-output")
 	if err := run.Run(); err != nil {
 		t.Fatalf("run -d quick-1: %v %s %s", err, out, errb)
 	}
-	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--name", "holder", h.image, "sleep", "300")
+	run, out, errb = tandemIn(t, dir, nil, "run", "-d", "--network", "host", "--shim", shim, "--name", "holder", h.image, "sleep", "300")
 	if err := run.Run(); err != nil {
 		t.Fatalf("a second host-network run -d right after the first: %v %s %s", err, out, errb)
 	}
@@ -118,7 +121,7 @@ func TestTandemDetachAttachRmPrune(t *testing.T) {
 	}
 	// While a host-network job runs, another cannot have the runner's
 	// ports: the error says what to do.
-	run, _, errb = tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--image", h.image, "--", "true")
+	run, _, errb = tandemIn(t, dir, nil, "run", "-d", "--network", "host", "--shim", shim, "--image", h.image, "--", "true")
 	if err := run.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "--network bridge") ||
 		!strings.Contains(errb.String(), "task holder runs on the host network") {
 		t.Fatalf("second host-network task: %v %s", err, errb)
@@ -223,7 +226,7 @@ func TestTandemExitCodes(t *testing.T) {
 		{"mixed env forms", []string{"--env", "A=1", "-e", "B=2", "--", "/bin/sh", "-c", `[ "$A$B" = 12 ]`}, 0, "job done"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"run", "--shim", shim, "--image", h.image}, tc.args...)
+			args := append([]string{"run", "--rm", "--shim", shim, "--image", h.image}, tc.args...)
 			cmd, out, errb := tandemIn(t, dir, nil, args...)
 			err := cmd.Run()
 			if exitCodeOf(err) != tc.code || !strings.Contains(errb.String(), tc.stderr) {
@@ -238,7 +241,7 @@ func TestTandemExitCodes(t *testing.T) {
 	}
 	// -o json: stdout is one JSON document (python's json.tool reads it);
 	// the job's output goes to stderr.
-	cmd, out, errb := tandemIn(t, dir, nil, "run", "-o", "json", "--shim", shim, "--image", h.image, "--", "/bin/sh", "-c", "echo job-output-line; exit 3")
+	cmd, out, errb := tandemIn(t, dir, nil, "run", "--rm", "-o", "json", "--shim", shim, "--image", h.image, "--", "/bin/sh", "-c", "echo job-output-line; exit 3")
 	err := cmd.Run()
 	check := exec.Command("python3", "-m", "json.tool")
 	check.Stdin = bytes.NewReader(out.Bytes())
@@ -248,7 +251,7 @@ func TestTandemExitCodes(t *testing.T) {
 	}
 	// No key: a run followed to its end works and says nothing of a key
 	// it does not use; a detached one says how to fix tandem ssh into it.
-	cmd, _, errb = tandemIn(t, dir, nil, "run", "--shim", shim, "--image", h.image, "--", "true")
+	cmd, _, errb = tandemIn(t, dir, nil, "run", "--rm", "--shim", shim, "--image", h.image, "--", "true")
 	if err := cmd.Run(); err != nil || strings.Contains(errb.String(), "no SSH public key found") {
 		t.Fatalf("a foreground run without a key: %v %s", err, errb)
 	}
@@ -455,7 +458,7 @@ func TestTandemSSHConfig(t *testing.T) {
 func TestTandemDockerHabits(t *testing.T) {
 	h, shim, _ := realStack(t)
 	dir := t.TempDir()
-	run, out, errb := tandemIn(t, dir, nil, "run", "--no-ssh-config", "--shim", shim, h.image, "/bin/sh", "-c", "echo hi-from-the-image; cat /bin/busybox >/dev/null")
+	run, out, errb := tandemIn(t, dir, nil, "run", "--rm", "--no-ssh-config", "--shim", shim, h.image, "/bin/sh", "-c", "echo hi-from-the-image; cat /bin/busybox >/dev/null")
 	if err := run.Run(); err != nil || !strings.Contains(out.String(), "hi-from-the-image") {
 		t.Fatalf("run IMAGE COMMAND: %v %s %s", err, out, errb)
 	}

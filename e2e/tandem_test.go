@@ -82,7 +82,7 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	h, shim, rport := realStack(t)
 	code := t.TempDir()
 	_ = os.WriteFile(filepath.Join(code, "train.sh"), []byte("echo training from code dir\n"), 0o755)
-	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--code", code,
+	cmd, out, errb := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--code", code,
 		"--env", "LR=0.1", "--", "/bin/sh", "-c", "sh train.sh; echo lr=$LR; exit 0")
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("tandem run: %v\n%s\n%s", err, out, errb)
@@ -92,7 +92,7 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	}
 	// A job that reads stdin reads its end, as under docker run without
 	// -i (on the terminal it waited forever: here for --max-duration, 124).
-	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--max-duration", "60s",
+	cmd, out, errb = tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--max-duration", "60s",
 		"--", "/bin/sh", "-c", "cat; read -r line; echo stdin-ended")
 	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "stdin-ended") {
 		t.Fatalf("a job reading stdin: %v\n%s\n%s", err, out, errb)
@@ -102,24 +102,24 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	// of the input it left.
 	input := make([]byte, 6<<20+5)
 	_, _ = crand.Read(input)
-	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--interactive", "--max-duration", "60s",
+	cmd, out, errb = tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--interactive", "--max-duration", "60s",
 		"--", "/bin/sh", "-c", "md5sum; wc -c")
 	cmd.Stdin = bytes.NewReader(input)
 	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), fmt.Sprintf("%x", md5.Sum(input))) {
 		t.Fatalf("--interactive: %v (want md5 %x)\n%s\n%s", err, md5.Sum(input), out, errb)
 	}
-	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--interactive", "--max-duration", "60s",
+	cmd, out, errb = tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--interactive", "--max-duration", "60s",
 		"--", "/bin/sh", "-c", "head -c 5 >/dev/null; echo read-enough")
 	cmd.Stdin = endless{}
 	if err := cmd.Run(); err != nil || !strings.Contains(out.String(), "read-enough") || strings.Contains(errb.String(), "input was cut") {
 		t.Fatalf("--interactive, a job that stops reading: %v\n%s\n%s", err, out, errb)
 	}
-	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo failing; exit 7")
+	cmd, out, errb = tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo failing; exit 7")
 	err := cmd.Run()
 	if exitCodeOf(err) != 7 || !strings.Contains(errb.String(), "exit status 7") {
 		t.Fatalf("exit status must propagate: %v\n%s\n%s", err, out, errb)
 	}
-	cmd, out, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "-o", "json", "--", "/bin/sh", "-c", "exit 3")
+	cmd, out, errb = tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "-o", "json", "--", "/bin/sh", "-c", "exit 3")
 	err = cmd.Run()
 	var res struct {
 		TaskID     string `json:"task_id"`
@@ -137,7 +137,7 @@ func TestTandemRunExitStatusAndCode(t *testing.T) {
 	}
 	// Bad input: unknown image, unreachable shim, no image (no command
 	// is the image's own: TestTandemRunImagesOwnCommand).
-	cmd, _, errb = tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", "no-such-image:v1", "--", "true")
+	cmd, _, errb = tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", "no-such-image:v1", "--", "true")
 	if err := cmd.Run(); exitCodeOf(err) != 125 || !strings.Contains(errb.String(), "pullImage error") {
 		t.Fatalf("unknown image: %v %s", err, errb)
 	}
@@ -164,7 +164,7 @@ func TestTandemRunShowsEveryByteAtTheJobsPace(t *testing.T) {
 	h, shim, rport := realStack(t)
 	const size = 48_000_000
 	gen := "yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c " + strconv.Itoa(size)
-	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--no-ssh-config",
+	cmd, out, errb := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--no-ssh-config",
 		"--", "/bin/sh", "-c", gen+" > /tmp/out && cat /tmp/out")
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("tandem run: %v\n%s", err, tailStr(errb.String(), 800))
@@ -189,7 +189,7 @@ func TestTandemRunShowsEveryByteAtTheJobsPace(t *testing.T) {
 func TestTandemRunImageWithoutPasswd(t *testing.T) {
 	h, shim, rport := realStack(t)
 	tag := buildImage(t, "nopasswd", map[string][]byte{"Dockerfile": []byte("FROM " + h.image + "\nRUN rm /etc/passwd /etc/group\n")})
-	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", tag, "--no-ssh-config",
+	cmd, out, errb := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", tag, "--no-ssh-config",
 		"--", "/bin/sh", "-c", "test -e /etc/passwd && echo has-passwd; echo uid=$(id -u)")
 	if err := cmd.Run(); err != nil || strings.TrimSpace(out.String()) != "uid=0" {
 		t.Fatalf("tandem run: %v: %q\n%s", err, out, tailStr(errb.String(), 800))
@@ -201,7 +201,7 @@ func TestTandemRunImageWithoutPasswd(t *testing.T) {
 
 func TestTandemRunCtrlCLeavesNothing(t *testing.T) {
 	h, shim, rport := realStack(t)
-	cmd, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",
+	cmd, out, errb := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",
 		"/bin/sh", "-c", "echo begun; while :; do sleep 1; done")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -357,7 +357,7 @@ func TestTandemOverSSH(t *testing.T) {
 
 func TestTandemPsLogsStop(t *testing.T) {
 	h, shim, rport := realStack(t)
-	run, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",
+	run, out, errb := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",
 		"/bin/sh", "-c", "echo first-line; sleep 1; echo second-line; sleep 300")
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
@@ -442,7 +442,7 @@ func TestTandemSSHIntoTask(t *testing.T) {
 	if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", key).CombinedOutput(); err != nil {
 		t.Fatalf("%v %s", err, out)
 	}
-	run, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "-i", key, "--", "/bin/sh", "-c", "echo up; sleep 300")
+	run, out, errb := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "-i", key, "--", "/bin/sh", "-c", "echo up; sleep 300")
 	if err := run.Start(); err != nil {
 		t.Fatal(err)
 	}

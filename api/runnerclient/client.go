@@ -468,7 +468,9 @@ func (c *Client) dialWS(ctx context.Context, what, path string, q url.Values) (*
 		q.Set(api.RunnerTaskParam, c.task)
 	}
 	u.RawQuery = q.Encode()
-	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout}
+	// A read buffer that takes a whole output message (the runner's are at
+	// most 64 KiB) in one read, not 4 KiB at a time.
+	d := websocket.Dialer{NetDialContext: c.t.Dial, HandshakeTimeout: transport.DefaultTimeout, ReadBufferSize: logChunk + 16}
 	conn, resp, err := d.DialContext(ctx, u.String(), nil)
 	if err != nil {
 		if resp != nil {

@@ -34,15 +34,55 @@ func (e exitError) ExitCode() int { return e.code }
 // defaultShim is a shim on this machine at dstack's port.
 var defaultShim = "127.0.0.1:" + strconv.Itoa(api.ShimHTTPPort)
 
-var shimFlag = &cli.StringFlag{Name: "shim", Value: defaultShim, EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host:port (with --ssh: as seen on the host)"}
+var shimFlag = &cli.StringFlag{Name: "shim", Value: defaultShim, EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host[:port] (port default 10998; with --ssh: as seen on the host)",
+	Action: func(c *cli.Context, v string) error {
+		addr, err := shimAddr(v)
+		if err != nil {
+			return err
+		}
+		return c.Set("shim", addr)
+	}}
+
+// shimAddr is a --shim value as host:port: a host alone gets dstack's
+// port, as docker's -H gets its own; http:// is dropped. Anything else
+// that is not host:port is refused with what to give.
+func shimAddr(v string) (string, error) {
+	bad := exitError{ctl.ExitFailure, fmt.Sprintf("--shim %q: want HOST[:PORT], e.g. 127.0.0.1:%d", v, api.ShimHTTPPort)}
+	a := strings.TrimSuffix(strings.TrimPrefix(v, "http://"), "/")
+	if strings.HasPrefix(a, "unix://") {
+		return a, nil
+	}
+	if a == "" || strings.ContainsAny(a, "/ \t") {
+		return "", bad
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		// A host alone (or an IPv6 address, bracketed or not).
+		h := strings.Trim(a, "[]")
+		if strings.Contains(h, "]") || strings.Contains(h, "[") {
+			return "", bad
+		}
+		return net.JoinHostPort(h, strconv.Itoa(api.ShimHTTPPort)), nil
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || host == "" {
+		return "", bad
+	}
+	return a, nil
+}
 
 // connFlags reach a machine directly (--shim) or over SSH (--ssh), as the
 // dstack server does.
 func connFlags() []cli.Flag {
+	return connFlagsAs([]string{"i"})
+}
+
+// connFlagsAs is connFlags with --identity's aliases given: none where -i
+// is docker's (run, exec).
+func connFlagsAs(identityAliases []string) []cli.Flag {
 	return []cli.Flag{shimFlag,
 		&cli.StringFlag{Name: "shim-token", EnvVars: []string{"TANDEM_SHIM_API_TOKEN"}, Usage: "bearer token for a shim started with --api-token"},
 		&cli.StringFlag{Name: "ssh", EnvVars: []string{"TANDEM_SSH"}, Usage: "reach the host over SSH: user@host[:port]"},
-		&cli.StringFlag{Name: "identity", Aliases: []string{"i"}, Usage: "SSH private key (default ~/.ssh/id_ed25519, id_rsa)"},
+		&cli.StringFlag{Name: "identity", Aliases: identityAliases, Usage: "SSH private key (default ~/.ssh/id_ed25519, id_rsa)"},
 		&cli.StringFlag{Name: "known-hosts", Usage: "known_hosts file (default ~/.ssh/known_hosts)"},
 	}
 }
@@ -82,16 +122,19 @@ func dialTo(c *cli.Context, target string) (func(context.Context, string, string
 // after `--`.
 func Run(argv []string) error {
 	app := App()
-	app.Metadata = map[string]any{argvKey: argv}
-	err := app.Run(argv)
+	w := app.ErrWriter
+	if w == nil {
+		w = os.Stderr
+	}
+	argv, err := dockerArgs(app, argv, w)
+	if err == nil {
+		app.Metadata = map[string]any{argvKey: argv}
+		err = app.Run(argv)
+	}
 	// A flag's own check (-o) fails before the command's error handler
 	// runs: its exit code is applied here.
 	var ee exitError
 	if errors.As(err, &ee) {
-		w := app.ErrWriter
-		if w == nil {
-			w = os.Stderr
-		}
 		if ee.msg != "" {
 			fmt.Fprintln(w, "tandem:", api.PrintableLines(ee.msg))
 		}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -74,28 +75,38 @@ func TestCodeLimitFlag(t *testing.T) {
 	}
 }
 
-// --mount takes /host/path:/container/path and nothing else: docker's
-// ":ro" is refused before anything is made (the shim's instance mounts
-// have no options), never read as the container path "/b:ro".
+// -v, --volume and --mount take /host/path:/container/path[:ro|:rw] or
+// docker's type=bind,source=,target=[,readonly]; anything else is refused
+// before anything is made, never read as the container path "/b:ro". A
+// host path that does not exist on this machine (the shim's) is refused
+// too: it is never created.
 func TestMountFlag(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "nonexistent")
 	run := func(m string) error {
-		return runTandem("run", "--shim", "127.0.0.1:1", "--no-ssh-config", "--mount", m, "--", "true")
+		return runTandem("run", "--shim", "127.0.0.1:1", "--no-ssh-config", "-v", m, "--", "true")
 	}
 	for m, want := range map[string]string{
-		"/data:/data:ro": "mount options (\"ro\") are not in the shim's protocol",
-		"/a:/b:c:d":      "mount options (\"c:d\")",
-		"rel:/x":         "want /host/path:/container/path",
-		"/tmp:rel":       "want /host/path:/container/path",
-		"/tmp":           "want /host/path:/container/path",
+		"/tmp:/data:rx":           `mount "/tmp:/data:rx": option "rx": want ro or rw`,
+		"/a:/b:c:d":               `mount "/a:/b:c:d": want /host/path:/container/path[:ro]`,
+		"rel:/x":                  `mount "rel:/x": "rel" is a docker named volume; the shim binds host paths only`,
+		"/tmp:rel":                "want /host/path:/container/path",
+		"/tmp":                    "want /host/path:/container/path",
+		"type=volume,src=a,dst=b": "only type=bind",
+		missing + ":/data":        "mount " + missing + ":/data: " + missing + " does not exist; a mount's host path is never created: make it first (mkdir -p " + missing + ")",
 	} {
 		if err := run(m); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("--mount %s: %v", m, err)
+			t.Errorf("-v %s: %v, want %q", m, err, want)
 		}
 	}
-	// A well-formed mount passes the flag's checks: the run fails only on
+	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a refused mount made its host path: %v", err)
+	}
+	// Well-formed mounts pass the flag's checks: the run fails only on
 	// the unreachable shim.
-	if err := run("/tmp:/x"); err == nil || strings.Contains(err.Error(), "--mount") || !strings.Contains(err.Error(), "not reachable") {
-		t.Errorf("--mount /tmp:/x: %v", err)
+	for _, m := range []string{"/tmp:/x", "/tmp:/x:ro", "type=bind,source=/tmp,target=/x,readonly"} {
+		if err := run(m); err == nil || strings.Contains(err.Error(), "mount") || !strings.Contains(err.Error(), "not reachable") {
+			t.Errorf("-v %s: %v", m, err)
+		}
 	}
 }
 
@@ -117,8 +128,12 @@ func TestRunEnvFlags(t *testing.T) {
 	}
 	app.Writer, app.ErrWriter = io.Discard, io.Discard
 	t.Setenv("TANDEM_TEST_FROM_HERE", "here,too")
+	src := filepath.Join(t.TempDir(), "data,x") // a mount's host path must exist
+	if err := os.Mkdir(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	argv := []string{"tandem", "run", "--no-ssh-config", "-e", "LIST=a,b", "--env", "A=1", "-e", "A=2", "-e", "TANDEM_TEST_FROM_HERE",
-		"-e", "TANDEM_TEST_UNSET_XYZ", "--mount", "/data,x:/in,y", "--authorized-key", `from="10.0.0.1,10.0.0.2" ssh-ed25519 AAAA k`, "--", "true"}
+		"-e", "TANDEM_TEST_UNSET_XYZ", "--mount", src + ":/in,y", "--authorized-key", `from="10.0.0.1,10.0.0.2" ssh-ed25519 AAAA k`, "--", "true"}
 	if err := app.Run(argv); err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +146,7 @@ func TestRunEnvFlags(t *testing.T) {
 			t.Errorf("env %s=%q, want %q (all: %v)", k, got.Env[k], v, got.Env)
 		}
 	}
-	if len(got.Mounts) != 1 || got.Mounts[0].InstancePath != "/data,x" || got.Mounts[0].Path != "/in,y" {
+	if len(got.Mounts) != 1 || got.Mounts[0].InstancePath != src || got.Mounts[0].Path != "/in,y" {
 		t.Errorf("mounts %+v", got.Mounts)
 	}
 	if len(got.SSHKeys) != 1 || !strings.HasPrefix(got.SSHKeys[0], `from="10.0.0.1,10.0.0.2"`) {
@@ -170,24 +185,27 @@ func TestNoKeyWarningOnlyForDetachedRuns(t *testing.T) {
 }
 
 // A negative --max-duration (read as none before) or --cpu is refused
-// before anything is made.
+// before anything is made, each blaming only itself.
 func TestNegativeLimitsRefused(t *testing.T) {
-	for _, args := range [][]string{{"--max-duration", "-5s"}, {"--cpu", "-1"}} {
-		if err := runTandem(append(append([]string{"run", "--shim", "127.0.0.1:1", "--no-ssh-config"}, args...), "--", "true")...); err == nil ||
-			!strings.Contains(err.Error(), "must not be negative") {
-			t.Errorf("%v: %v", args, err)
+	for flag, want := range map[string]string{
+		"--max-duration=-5s": "--max-duration -5s: want a positive duration, e.g. 30m (0: none)",
+		"--cpu=-1":           "--cpu -1: want a positive count of cores, e.g. 1.5 (0: no limit)",
+	} {
+		if err := runTandem("run", "--shim", "127.0.0.1:1", "--no-ssh-config", flag, "--", "true"); err == nil || err.Error() != want {
+			t.Errorf("%s: %v, want %q", flag, err, want)
 		}
 	}
 }
 
-// runTandem runs the CLI on args, its output discarded, and returns how it
-// failed (nil: it did not).
 func runTandem(args ...string) error { return runTandemTo(io.Discard, args...) }
 
 // runTandemTo is runTandem with the CLI's stdout going to stdout.
 func runTandemTo(stdout io.Writer, args ...string) error {
-	argv := append([]string{"tandem"}, args...)
 	app := App()
+	argv, err := dockerArgs(app, append([]string{"tandem"}, args...), io.Discard)
+	if err != nil {
+		return err
+	}
 	app.Metadata = map[string]any{argvKey: argv}
 	app.Writer, app.ErrWriter = stdout, io.Discard
 	var failed error

@@ -18,8 +18,12 @@ var hints = map[ctl.Hint]string{
 	ctl.HintPortsTaken:    "\nstop that process, or use --network bridge (the shim forwards a bridge task's ports from free ones)",
 	ctl.HintNodeIP:        "\ngive each node's address with --node-ip, in node order",
 	ctl.HintForce:         " (tandem stop), or use --force",
+	ctl.HintRemoveRunning: ": stop it first (tandem stop), or add -f to stop and remove it (tandem rm -f)",
 	ctl.HintBinaries:      ": give --shim-binary and --runner-binary, or --dist (a `make release` directory)",
 }
+
+// shimUnreachableHint is what to do when no shim answers.
+const shimUnreachableHint = "start one (dstack-shim on that host, or tandem host install), or give its address with --shim HOST:PORT (or TANDEM_SHIM)"
 
 // checkShimAddr is what to check when the address does not answer as a
 // shim does.
@@ -33,6 +37,11 @@ func checkShimAddr() string {
 // Its text is printable: an error may carry a shim's or a runner's words
 // (a task's name, its status), and those are hostile until checked.
 func errText(err error) string {
+	var ue *ctl.ShimUnreachableError
+	if errors.As(err, &ue) {
+		// One voice whatever the command: what it was doing is no help.
+		return api.PrintableLines(ue.Error()) + "\n" + shimUnreachableHint
+	}
 	text := api.PrintableLines(err.Error()) + hints[ctl.HintOf(err)]
 	var se *api.StatusError
 	if !errors.As(err, &se) {

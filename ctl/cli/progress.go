@@ -13,7 +13,8 @@ import (
 // progressPrinter shows a run's events on w, a line each. Pull progress is
 // redrawn in place on a terminal (unless several runs report at once) and
 // printed every 5 s elsewhere. quiet shows only what the user must read (a
-// task left behind): stdout carries machine-readable output.
+// task left behind, the answer to a Ctrl-C): -q, stdout carries
+// machine-readable output, or no one watches stderr.
 type progressPrinter struct {
 	w          io.Writer
 	tty, quiet bool
@@ -26,7 +27,7 @@ type progressPrinter struct {
 func (p *progressPrinter) event(e ctl.Event) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.quiet && e.Kind != ctl.EventTaskLeft {
+	if p.quiet && e.Kind != ctl.EventTaskLeft && e.Kind != ctl.EventStopping {
 		return
 	}
 	if e.Kind == ctl.EventPull {

@@ -53,24 +53,30 @@ the workers' with a [node N] prefix on stderr.
 			&cli.StringFlag{Name: "registry-password", EnvVars: []string{"TANDEM_REGISTRY_PASSWORD"}, Usage: "registry password or token (prefer the env var: argv is visible to other users)"},
 			&cli.StringFlag{Name: "name", Usage: "task name (default: tandem-<id>)"},
 			&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "print the task's name and id once the job runs, and exit (tandem attach, logs, rm)"},
-			&cli.BoolFlag{Name: "interactive", Usage: "the job reads tandem's stdin (a pipe, a file, or lines typed here; its end too), as docker run -i (here -i is the SSH key); without it the job's stdin ends at once"},
+			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "the job reads tandem's stdin (a pipe, a file, or lines typed here, sent line by line; its end too), as docker run -i; without it the job's stdin ends at once"},
+			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "accepted as docker run -t: the job always runs on a terminal of the runner's (its size is not this terminal's, and it is not resized); a shell on a real terminal: run -d, then tandem exec -it TASK sh"},
+			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no status lines (they are also left out when stderr is not a terminal; warnings and errors stay)"},
+			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Usage: "run the job as USER[:GROUP] (names or ids), as docker run -u (default: the image's)"},
+			&cli.StringFlag{Name: "entrypoint", Usage: "run this program with the command's words as its arguments, as docker run --entrypoint"},
+			&cli.BoolFlag{Name: "privileged", Usage: "run the container privileged (every capability and device), as docker run --privileged"},
 			&cli.StringFlag{Name: "gpus", Value: "0", Usage: "GPUs: a count, or all"},
-			&cli.Float64Flag{Name: "cpu", Usage: "CPU limit in cores (0: none)"},
-			&cli.StringFlag{Name: "memory", Usage: "memory limit, e.g. 8GiB"},
+			&cli.Float64Flag{Name: "cpu", Aliases: []string{"cpus"}, Usage: "CPU limit in cores (0: none)"},
+			&cli.StringFlag{Name: "memory", Aliases: []string{"m"}, Usage: "memory limit, e.g. 8GiB"},
 			&cli.StringFlag{Name: "shm-size", Usage: "/dev/shm size, e.g. 1GiB"},
 			&cli.Int64Flag{Name: "pids-limit", Usage: "the job's processes and threads at most (default: the shim's)"},
-			&cli.StringFlag{Name: "workdir", Value: "/workflow", Usage: "working dir in the container"},
+			&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Value: "/workflow", Usage: "working dir in the container"},
 			&cli.StringFlag{Name: "code", Usage: "local directory uploaded into the working dir"},
 			&cli.StringFlag{Name: "code-limit", Value: "256MiB", Usage: "the largest --code archive to send, checked before anything is made: the runner's --max-upload-bytes (0: no check)"},
-			&cli.StringFlag{Name: "network", Value: "host", Usage: "host or bridge"},
+			&cli.StringFlag{Name: "network", Aliases: []string{"net"}, Usage: "bridge or host (default: bridge, as docker run, so that many jobs run at once; host with --nodes N or --runner-port)"},
 			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long (exit status 124)"},
+			&cli.BoolFlag{Name: "rm", Usage: "remove the task when the run ends (default: it is kept, stopped, with its output and exit status, until tandem rm or prune, as docker run)"},
 			&cli.BoolFlag{Name: "no-ssh-config", Usage: "do not add the task to tandem's SSH config (tandem ssh-config)"},
 			outputFlag,
 		},
 			// Two flags rather than an alias: urfave refuses both forms of
 			// one flag in a command line, and people mix them.
 			wholeFlags("KEY=VALUE, or KEY for this machine's value, as docker run (repeatable; --env and -e are one list)", "env", "e"),
-			wholeFlags("HOSTPATH:PATH (repeatable)", "mount"),
+			wholeFlags("HOSTPATH:PATH[:ro], a host path that exists (repeatable; -v, --volume and --mount are one list; docker's type=bind,source=...,target=...[,readonly] too)", "mount", "volume", "v"),
 			wholeFlags("public key allowed into the container for tandem ssh (repeatable; default: yours)", "authorized-key"),
 		),
 		Action: runAction,
@@ -81,6 +87,11 @@ func runAction(c *cli.Context) error {
 	image, cmd := runImage(c)
 	if len(cmd) == 0 && !c.IsSet("image") && c.NArg() == 0 {
 		return exitError{ctl.ExitFailure, "no image: tandem run [flags] IMAGE [COMMAND [ARGS...]] (with no command, the image's own ENTRYPOINT and CMD)"}
+	}
+	// --entrypoint replaces the image's ENTRYPOINT: the command's words
+	// become its arguments, as docker run's.
+	if ep := c.String("entrypoint"); ep != "" {
+		cmd = append([]string{ep}, cmd...)
 	}
 	jsonOut := c.String("output") == "json"
 	nodes, err := runNodes(c)
@@ -93,6 +104,9 @@ func runAction(c *cli.Context) error {
 	}
 	if len(cmd) == 0 && !c.IsSet("workdir") {
 		o.WorkDir = "" // the image's WORKDIR, as its command's
+	}
+	if c.Bool("rm") && o.Detach {
+		return exitError{ctl.ExitFailure, "--rm and -d do not go together here: nothing is left to remove a detached task when its job ends; remove it with tandem rm (or tandem prune)"}
 	}
 	if o.Stdin != nil && len(nodes) > 1 {
 		return exitError{ctl.ExitFailure, "--interactive takes one node: of a multi-node run's jobs, none would be the one to read it"}
@@ -161,12 +175,27 @@ func runImage(c *cli.Context) (string, []string) {
 	return args[0], args[1:]
 }
 
+// runNetwork is the run's network: --network as given, else bridge, as
+// docker run's default, so that a second and tenth run start while others
+// run (a host-network task's runner holds the host's runner ports). A
+// multi-node run and one given --runner-port (a host-network runner's
+// port) are on the host network.
+func runNetwork(c *cli.Context) string {
+	switch {
+	case c.IsSet("network"):
+		return c.String("network")
+	case c.Int("nodes") > 1 || c.IsSet("runner-port"):
+		return "host"
+	}
+	return "bridge"
+}
+
 // runOptions is a one-node run of cmd on shim as the flags describe it.
 func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.RunOptions, error) {
 	var err error
 	o := ctl.RunOptions{Shim: shim, ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
-		Network: c.String("network"), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"),
+		Network: runNetwork(c), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"), Keep: !c.Bool("rm"),
 		Env: map[string]string{}}
 	if c.Bool("interactive") {
 		o.Stdin = c.App.Reader
@@ -183,7 +212,11 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		o.Out = shareLines(c, jobOutput(c), sameStream(c))
 	}
 	o.Workers = workers
-	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr) && !jsonOut, quiet: jsonOut}
+	// Status lines are for a person watching: left out with -q, -o json,
+	// and where stderr is not a terminal (a log file, CI), as docker's
+	// progress is.
+	quiet := jsonOut || c.Bool("quiet") || !isTerminal(c.App.ErrWriter)
+	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr) && !jsonOut, quiet: quiet}
 	o.Progress = progress.event
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
 	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
@@ -204,26 +237,33 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
 		return o, bad("--pids-limit: want a positive count")
 	}
-	if o.MaxDuration < 0 || c.Float64("cpu") < 0 {
-		// Refused here, not read as "none" (a negative duration) or left
-		// to the shim's 400 after the run began.
-		return o, bad("--max-duration and --cpu must not be negative")
+	// Refused here, not read as "none" (a negative duration) or left to
+	// the shim's 400 after the run began.
+	if o.MaxDuration < 0 {
+		return o, bad(fmt.Sprintf("--max-duration %s: want a positive duration, e.g. 30m (0: none)", o.MaxDuration))
+	}
+	if c.Float64("cpu") < 0 {
+		return o, bad(fmt.Sprintf("--cpu %g: want a positive count of cores, e.g. 1.5 (0: no limit)", c.Float64("cpu")))
 	}
 	if err := parseEnv(wholeValues(c, "env"), o.Env, os.LookupEnv); err != nil {
 		return o, bad(err.Error())
 	}
-	for _, m := range wholeValues(c, "mount") {
-		host, path, ok := strings.Cut(m, ":")
-		if _, opts, more := strings.Cut(path, ":"); more {
-			// docker's -v /a:/b:ro. The shim's protocol has no options for
-			// an instance mount (it is read-write): refused, never read as
-			// a container path "/b:ro".
-			return o, bad(fmt.Sprintf("--mount %q: mount options (%q) are not in the shim's protocol, and a path may not hold ':'; instance mounts are read-write: want /host/path:/container/path", m, opts))
+	for _, v := range wholeValues(c, "mount") {
+		m, err := parseMount(v)
+		if err != nil {
+			return o, bad(err.Error())
 		}
-		if !ok || !filepath.IsAbs(host) || !filepath.IsAbs(path) {
-			return o, bad(fmt.Sprintf("--mount %q: want /host/path:/container/path", m))
+		o.Mounts = append(o.Mounts, m)
+	}
+	o.User, o.Privileged = c.String("user"), c.Bool("privileged")
+	if len(c.StringSlice("ssh")) == 0 && isLoopback(hostPart(shim)) {
+		// The shim's host is this one: a missing mount path is said here,
+		// in one line, before anything is sent (the shim refuses it too).
+		for _, m := range o.Mounts {
+			if _, err := os.Stat(m.InstancePath); errors.Is(err, os.ErrNotExist) {
+				return o, bad(fmt.Sprintf("mount %s:%s: %s does not exist; a mount's host path is never created: make it first (mkdir -p %s)", m.InstancePath, m.Path, m.InstancePath, m.InstancePath))
+			}
 		}
-		o.Mounts = append(o.Mounts, api.InstanceMountPoint{InstancePath: host, Path: path})
 	}
 	if o.CodeDir != "" {
 		if fi, err := os.Stat(o.CodeDir); err != nil || !fi.IsDir() {
@@ -238,7 +278,7 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	if len(o.SSHKeys) == 0 {
 		if k, _ := ctl.DefaultPublicKey(identity); k != "" {
 			o.SSHKeys = []string{k}
-		} else if o.Detach {
+		} else if o.Detach && !c.Bool("quiet") {
 			// Said where tandem ssh is how one gets back in: a run that
 			// is watched to its end (make demo's) is not told about a key
 			// it does not use.
@@ -247,6 +287,53 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		}
 	}
 	return o, nil
+}
+
+// parseMount reads -v/--volume/--mount: HOST:PATH[:ro|:rw], or docker's
+// --mount type=bind,source=HOST,target=PATH[,readonly]. The host path must
+// exist: it is never created (the shim is told so), as docker's --mount
+// refuses a missing one. Where this machine is the shim's (no --ssh to
+// another), a missing path is refused here, before anything is sent.
+func parseMount(v string) (api.InstanceMountPoint, error) {
+	m := api.InstanceMountPoint{MustExist: true}
+	want := fmt.Sprintf("mount %q: want /host/path:/container/path[:ro]", v)
+	if strings.Contains(v, "=") {
+		for _, kv := range strings.Split(v, ",") {
+			k, val, _ := strings.Cut(kv, "=")
+			switch k {
+			case "type":
+				if val != "bind" {
+					return m, fmt.Errorf("--mount %q: only type=bind (a host path) is in the shim's protocol", v)
+				}
+			case "source", "src":
+				m.InstancePath = val
+			case "target", "dst", "destination":
+				m.Path = val
+			case "readonly", "ro":
+				m.ReadOnly = val == "" || val == "true" || val == "1"
+			default:
+				return m, fmt.Errorf("--mount %q: %q is not in the shim's protocol: want type=bind,source=/host/path,target=/container/path[,readonly]", v, k)
+			}
+		}
+	} else {
+		parts := strings.Split(v, ":")
+		switch {
+		case len(parts) == 3 && (parts[2] == "ro" || parts[2] == "rw"):
+			m.ReadOnly = parts[2] == "ro"
+		case len(parts) == 3:
+			return m, fmt.Errorf("mount %q: option %q: want ro or rw (a path may not hold ':')", v, parts[2])
+		case len(parts) != 2:
+			return m, errors.New(want)
+		}
+		m.InstancePath, m.Path = parts[0], parts[1]
+	}
+	if !filepath.IsAbs(m.InstancePath) || !filepath.IsAbs(m.Path) {
+		if m.InstancePath != "" && !filepath.IsAbs(m.InstancePath) && !strings.Contains(v, "=") && !strings.Contains(m.InstancePath, "/") {
+			return m, fmt.Errorf("mount %q: %q is a docker named volume; the shim binds host paths only: want /host/path:/container/path[:ro]", v, m.InstancePath)
+		}
+		return m, errors.New(want)
+	}
+	return m, nil
 }
 
 // reportRun prints how the run ended (JSON with --output json) and returns
@@ -279,6 +366,8 @@ func reportRun(c *cli.Context, o ctl.RunOptions, res ctl.Result, err error, json
 		return nil
 	}
 	switch {
+	case err != nil && errors.Is(err, ctl.ErrInterrupted) && o.Keep:
+		return exitError{code, fmt.Sprintf("interrupted: task %s was stopped (tandem logs %s; tandem rm %s removes it)", res.Name, res.Name, res.Name)}
 	case err != nil && errors.Is(err, ctl.ErrInterrupted):
 		return exitError{code, "interrupted: the task was terminated and removed"}
 	case err != nil:
@@ -289,7 +378,9 @@ func reportRun(c *cli.Context, o ctl.RunOptions, res ctl.Result, err error, json
 	case code != 0:
 		return exitError{code, ctl.Describe(res)}
 	}
-	fmt.Fprintln(c.App.ErrWriter, ctl.Describe(res))
+	if !c.Bool("quiet") {
+		fmt.Fprintln(c.App.ErrWriter, ctl.Describe(res))
+	}
 	return nil
 }
 
@@ -299,7 +390,7 @@ func runConnFlags() []cli.Flag {
 		&cli.StringSliceFlag{Name: "shim", EnvVars: []string{"TANDEM_SHIM"}, Usage: "shim address host:port (with --ssh: as seen on the host; default 127.0.0.1:10998); with --nodes, one per node or one for all"},
 		&cli.StringFlag{Name: "shim-token", EnvVars: []string{"TANDEM_SHIM_API_TOKEN"}, Usage: "bearer token for a shim started with --api-token"},
 		&cli.StringSliceFlag{Name: "ssh", EnvVars: []string{"TANDEM_SSH"}, Usage: "reach the host over SSH: user@host[:port]; with --nodes, one per node"},
-		&cli.StringFlag{Name: "identity", Aliases: []string{"i"}, Usage: "SSH private key (default ~/.ssh/id_ed25519, id_rsa)"},
+		&cli.StringFlag{Name: "identity", Usage: "SSH private key (default ~/.ssh/id_ed25519, id_rsa; -i KEYFILE still works, deprecated: -i is docker's --interactive)"},
 		&cli.StringFlag{Name: "known-hosts", Usage: "known_hosts file (default ~/.ssh/known_hosts)"},
 	}
 }
@@ -336,6 +427,13 @@ func runNodes(c *cli.Context) ([]runNode, error) {
 		return nil, bad("--nodes %d with %d --shim addresses: give one for all nodes or one per node", n, len(shims))
 	}
 	nodes := make([]runNode, n)
+	for i, v := range shims {
+		a, err := shimAddr(v)
+		if err != nil {
+			return nil, err
+		}
+		shims[i] = a
+	}
 	for i := range nodes {
 		nodes[i].shim = defaultShim
 		switch {
@@ -360,6 +458,16 @@ func hostPart(s string) string {
 		return h
 	}
 	return s
+}
+
+// isLoopback says whether host is this machine's loopback (localhost or a
+// loopback address).
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(strings.Trim(host, "[]"))
+	return err == nil && ip.IsLoopback()
 }
 
 // targetIP is host as an IP address when it is one, else "".

@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tandem-run/tandem/api"
+	"github.com/tandem-run/tandem/api/shimclient"
 	"github.com/tandem-run/tandem/ctl"
 )
 
@@ -210,8 +211,9 @@ func sshCmd() *cli.Command {
 // argv kept word for word (through the runner's SSH server).
 func execCmd() *cli.Command {
 	return &cli.Command{Name: "exec", Usage: "run a command in a task's container, its words kept as they are (docker exec)", ArgsUsage: "TASK COMMAND [ARG...]",
-		Flags: append(taskSSHFlags(),
-			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal (docker exec -t)"}),
+		Flags: append(taskSSHFlagsAs(nil),
+			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "give the command a terminal (docker exec -t)"},
+			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "accepted as docker exec -i: the command always reads this stdin (the SSH key is --identity)"}),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 2 {
@@ -274,8 +276,11 @@ func cpCmd() *cli.Command {
 
 // taskSSHFlags are the flags of the commands that reach a task's SSH
 // server (ssh, cp).
-func taskSSHFlags() []cli.Flag {
-	return append(connFlags(), runnerSSHPortFlag,
+func taskSSHFlags() []cli.Flag { return taskSSHFlagsAs([]string{"i"}) }
+
+// taskSSHFlagsAs is taskSSHFlags with --identity's aliases given.
+func taskSSHFlagsAs(identityAliases []string) []cli.Flag {
+	return append(connFlagsAs(identityAliases), runnerSSHPortFlag,
 		&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"})
 }
 
@@ -317,6 +322,15 @@ func runOpenSSH(c *cli.Context, argv []string) error {
 // removeTasks resolves each ref and removes it; errors are reported per
 // task, and any makes the command fail.
 func removeTasks(c *cli.Context, refs []string, force bool, timeout uint, verb string) error {
+	return eachTask(c, refs, verb, true, func(s *shimclient.Client, info api.TaskInfoResponse) error {
+		return ctl.Remove(c.Context, s, info, force, timeout)
+	})
+}
+
+// eachTask resolves each ref and does act on it; errors are reported per
+// task, and any makes the command fail. removed: the task is gone (its
+// SSH config entry goes too).
+func eachTask(c *cli.Context, refs []string, verb string, removed bool, act func(*shimclient.Client, api.TaskInfoResponse) error) error {
 	s, done, err := shim(c)
 	if err != nil {
 		return err
@@ -326,14 +340,16 @@ func removeTasks(c *cli.Context, refs []string, force bool, timeout uint, verb s
 	for _, ref := range refs {
 		info, err := ctl.Resolve(c.Context, s, ref)
 		if err == nil {
-			err = ctl.Remove(c.Context, s, info, force, timeout)
+			err = act(s, info)
 		}
 		if err != nil {
 			fmt.Fprintln(c.App.ErrWriter, "tandem:", errText(err))
 			failed = append(failed, ref)
 			continue
 		}
-		_ = forgetSSHConfig(info.ID)
+		if removed {
+			_ = forgetSSHConfig(info.ID)
+		}
 		fmt.Fprintf(c.App.Writer, "%s\t%s\t%s\n", verb, dash(ctl.TaskName(info)), info.ID)
 	}
 	if len(failed) > 0 {
@@ -343,19 +359,22 @@ func removeTasks(c *cli.Context, refs []string, force bool, timeout uint, verb s
 }
 
 func stopCmd() *cli.Command {
-	return &cli.Command{Name: "stop", Usage: "terminate and remove tasks", ArgsUsage: "TASK... (name, id or id prefix)", Flags: append(connFlags(),
-		&cli.UintFlag{Name: "timeout", Value: 10, Usage: "seconds of graceful stop"}),
+	return &cli.Command{Name: "stop", Usage: "stop tasks' jobs and keep the tasks (their output, exit status, ps -a row) until tandem rm or prune, as docker stop",
+		ArgsUsage: "TASK... (name, id or id prefix)", Flags: append(connFlags(),
+			&cli.UintFlag{Name: "timeout", Aliases: []string{"t"}, Value: 10, Usage: "seconds of graceful stop, then a kill"}),
 		BashComplete: completeTasks,
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 1 {
 				return exitError{ctl.ExitFailure, "usage: tandem stop TASK..."}
 			}
-			return removeTasks(c, c.Args().Slice(), true, c.Uint("timeout"), "stopped")
+			return eachTask(c, c.Args().Slice(), "stopped", false, func(s *shimclient.Client, info api.TaskInfoResponse) error {
+				return ctl.StopTask(c.Context, s, info, c.Uint("timeout"))
+			})
 		}}
 }
 
 func rmCmd() *cli.Command {
-	return &cli.Command{Name: "rm", Usage: "remove finished tasks (--force: running ones too)", ArgsUsage: "TASK... (name, id or id prefix)",
+	return &cli.Command{Name: "rm", Usage: "remove stopped or finished tasks (-f: running ones too, stopped at once first)", ArgsUsage: "TASK... (name, id or id prefix)",
 		Flags: append(connFlags(),
 			&cli.BoolFlag{Name: "force", Aliases: []string{"f"}, Usage: "terminate running tasks first (at once)"}),
 		BashComplete: completeTasks,

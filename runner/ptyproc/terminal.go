@@ -27,21 +27,36 @@ func (p *Proc) ForegroundGroup() (int, error) {
 	return pgrp, err
 }
 
-// Interrupt types the terminal's interrupt character (Ctrl-C unless the
-// job changed it): the foreground group gets SIGINT from the line
-// discipline, even under an interactive shell.
+// Interrupt is Ctrl-C at the terminal: the foreground process group gets
+// SIGINT, as the line discipline sends it, even under an interactive
+// shell. The signal is sent directly rather than the interrupt character
+// typed: a typed one is echoed by the terminal (ECHOCTL) as "^C" into the
+// job's output, and the line discipline flushes the output not yet read
+// with it. A terminal whose signals are off (ISIG clear: a program in raw
+// mode reads its keys itself) gets its interrupt character typed, as a
+// person's key would reach it.
 func (p *Proc) Interrupt() error {
 	if p.master == nil {
 		return errNoTerminal
 	}
-	intr := byte(3)
+	intr, isig := byte(3), true
 	_ = p.control(func(fd int) error {
 		t, err := unix.IoctlGetTermios(fd, unix.TCGETS)
-		if err == nil && t.Cc[unix.VINTR] != 0 {
-			intr = t.Cc[unix.VINTR]
+		if err == nil {
+			if t.Cc[unix.VINTR] != 0 {
+				intr = t.Cc[unix.VINTR]
+			}
+			isig = t.Lflag&unix.ISIG != 0
 		}
 		return err
 	})
+	if isig {
+		if fg, err := p.ForegroundGroup(); err == nil && fg > 0 {
+			if err := unix.Kill(-fg, unix.SIGINT); err == nil || errors.Is(err, unix.ESRCH) {
+				return nil
+			}
+		}
+	}
 	_, err := p.master.Write([]byte{intr})
 	return err
 }

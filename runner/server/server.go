@@ -257,7 +257,15 @@ func (s *srv) stop(c echo.Context) error {
 	return httpapi.OK(c)
 }
 
-var upgrader = websocket.Upgrader{CheckOrigin: func(*http.Request) bool { return true }}
+// wsChunk is the most output one /logs_ws message carries.
+const wsChunk = 64 << 10
+
+// upgrader's write buffer holds a whole message and its frame header: a
+// message goes out as one frame in one write. With the default 4 KiB
+// buffer a 32 KiB message was eight frames and eight writes, and the
+// client read it 4 KiB at a time (issue 67, item 7).
+var upgrader = websocket.Upgrader{CheckOrigin: func(*http.Request) bool { return true },
+	ReadBufferSize: 1 << 10, WriteBufferSize: wsChunk + 16, WriteBufferPool: &sync.Pool{}}
 
 func (s *srv) logsWS(c echo.Context) error {
 	conn, err := upgrader.Upgrade(c.Response(), c.Request(), nil)
@@ -310,7 +318,7 @@ func (s *srv) logsWS(c echo.Context) error {
 	errc := make(chan error, 1)
 	go func() {
 		for {
-			b, err := r.Next(ctx, 32<<10)
+			b, err := r.Next(ctx, wsChunk)
 			if err != nil {
 				errc <- err
 				return

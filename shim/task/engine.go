@@ -334,6 +334,9 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	if err := validate(cfg); err != nil {
 		return api.TaskInfoResponse{}, err
 	}
+	if err := checkMountSources(cfg.InstanceMounts); err != nil {
+		return api.TaskInfoResponse{}, err
+	}
 	cfg = normalize(cfg)
 	e.mu.Lock()
 	if t, ok := e.tasks[cfg.ID]; ok {

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -365,15 +366,37 @@ func (e *Engine) prepareInstanceMounts(mounts []api.InstanceMountPoint) error {
 			return fmt.Errorf("instance mount %q: paths under the shim home are not allowed", m.InstancePath)
 		}
 		if _, err := os.Stat(clean); os.IsNotExist(err) {
+			if m.MustExist {
+				return missingMountError(m)
+			}
+			// dstack's server expects a missing path made (an instance
+			// volume's first use): 0755, as docker -v makes one, never the
+			// 0777 that let every user of the host write there.
 			if err := os.MkdirAll(clean, 0o755); err != nil {
 				return fmt.Errorf("create %s: %w", clean, err)
-			}
-			if err := os.Chmod(clean, 0o777); err != nil {
-				return fmt.Errorf("chmod %s: %w", clean, err)
 			}
 		} else if err != nil {
 			return fmt.Errorf("stat %s: %w", clean, err)
 		}
 	}
 	return nil
+}
+
+// checkMountSources refuses, at submit and before anything is made, an
+// instance mount whose client asked for an existing host path
+// (MustExist) that is not there.
+func checkMountSources(mounts []api.InstanceMountPoint) error {
+	for _, m := range mounts {
+		if !m.MustExist || !filepath.IsAbs(m.InstancePath) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Clean(m.InstancePath)); os.IsNotExist(err) {
+			return fmt.Errorf("%w: %v", ErrInvalid, missingMountError(m))
+		}
+	}
+	return nil
+}
+
+func missingMountError(m api.InstanceMountPoint) error {
+	return fmt.Errorf("instance mount %s: no such file or directory on the host (it is not created: make it first)", strconv.Quote(filepath.Clean(m.InstancePath)))
 }

@@ -46,7 +46,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		binds = append(binds, Bind{Source: filepath.Join(e.cfg.VolumesRoot, v.Name), Target: v.Path})
 	}
 	for _, m := range cfg.InstanceMounts {
-		binds = append(binds, Bind{Source: filepath.Clean(m.InstancePath), Target: m.Path})
+		binds = append(binds, Bind{Source: filepath.Clean(m.InstancePath), Target: m.Path, ReadOnly: m.ReadOnly})
 	}
 	t.mu.Lock()
 	network := t.network
