@@ -150,7 +150,7 @@ func TestFastPullIsDockersImage(t *testing.T) {
 	reg.Push(t, bigImage(t, 6<<20, 3<<20), "tandem/fast:v1")
 	px := startRegProxy(t, reg.Addr)
 	ref := px.addr + "/tandem/fast:v1"
-	h := startShim(t, runnerScript(t, `test -f /a && test -f /b && exit 0; exit 9`), nil, "--image-fast-pull-chunk-size", "1048576")
+	h := startShim(t, runnerScript(t, `test -f /a && test -f /b && exit 0; exit 9`), nil, "--image-fast-pull-loopback", "--image-fast-pull-chunk-size", "1048576")
 
 	task := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	info := h.wait(task.ID, 2*time.Minute, terminated)
@@ -200,7 +200,7 @@ func TestFastPullRangeRefusedAndCorruptBlob(t *testing.T) {
 	reg.Push(t, bigImage(t, 4<<20, 2<<20), "tandem/corrupt:v1")
 	reg.Push(t, bigImage(t, 1<<20, 1<<20), "tandem/bad:v1")
 	px := startRegProxy(t, reg.Addr)
-	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull-chunk-size", "1048576")
+	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull-loopback", "--image-fast-pull-chunk-size", "1048576")
 	run := func(repo string) (api.TaskInfoResponse, string) {
 		task := h.submit(api.TaskConfig{ImageName: px.addr + "/" + repo, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 		return h.wait(task.ID, 2*time.Minute, terminated), px.addr + "/" + repo
@@ -246,7 +246,7 @@ func TestFastPullTwoTasksOnePull(t *testing.T) {
 	reg.Push(t, bigImage(t, 8<<20, 1<<20), "tandem/twice:v1")
 	px := startRegProxy(t, reg.Addr)
 	ref := px.addr + "/tandem/twice:v1"
-	h := startShim(t, runnerScript(t, `exit 0`), nil)
+	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull-loopback")
 	a := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	b := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	for _, id := range []string{a.ID, b.ID} {
@@ -263,3 +263,60 @@ func TestFastPullTwoTasksOnePull(t *testing.T) {
 	}
 }
 
+
+// The cold registry (TLS with a CA Docker trusts through certs.d, a
+// capped link): the fast path fetches over ranges with basic auth, the
+// image is the one Docker's pull would give (its ID is the config's
+// digest), and a registry that stops sending ends in the stall timeout.
+// Its token server, on another private address than the registry's, is a
+// realm go-containerregistry refuses (SSRF guard): Docker's pull does it.
+func TestFastPullColdRegistryAuthKindsAndStall(t *testing.T) {
+	t.Parallel()
+	reg := testenv.StartColdRegistry(t, testenv.ColdOptions{Auth: testenv.AuthBasic})
+	tokenReg := testenv.StartColdRegistry(t, testenv.ColdOptions{Auth: testenv.AuthToken})
+	img := testenv.BuildColdImage(t, testenv.ColdSmall)
+	ref := reg.AddImage(t, img, "tandem/cold:v1")
+	stallRef := reg.AddImage(t, img, "tandem/cold-stall:v1")
+	tokenRef := tokenReg.AddImage(t, img, "tandem/cold-token:v1")
+	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull-chunk-size", "4194304", "--pull-stall-timeout", "20s")
+	rmImage := func(ref string) {
+		for _, n := range h.names {
+			_, _ = testenv.Docker(context.Background(), "rm", "-f", n)
+		}
+		if _, err := testenv.Docker(context.Background(), "rmi", ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	task := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
+	info := h.wait(task.ID, 3*time.Minute, terminated)
+	log := shimLog(t, h)
+	if info.TerminationReason != api.ReasonDoneByRunner || !strings.Contains(log, "image pulled by the fast path") || strings.Contains(log, "Docker pulls instead") {
+		t.Fatalf("basic auth over TLS: %+v\n%s", info, log)
+	}
+	if st := reg.Stats(); st.RangedGets < 4 {
+		t.Fatalf("served: %+v", st)
+	}
+	if got := imageID(t, ref); !strings.HasPrefix(got, img.ConfigDigest+" ") {
+		t.Fatalf("image %s, the config's digest is %s", got, img.ConfigDigest)
+	}
+	rmImage(ref)
+
+	task = h.submit(api.TaskConfig{ImageName: tokenRef, RegistryUsername: tokenReg.Username, RegistryPassword: tokenReg.Password})
+	info = h.wait(task.ID, 3*time.Minute, terminated)
+	log = shimLog(t, h)
+	if info.TerminationReason != api.ReasonDoneByRunner || !strings.Contains(log, "Docker pulls instead") || !strings.Contains(log, "private or link-local") {
+		t.Fatalf("token auth: %+v\n%s", info, log)
+	}
+	if got := imageID(t, tokenRef); !strings.HasPrefix(got, img.ConfigDigest+" ") {
+		t.Fatalf("image %s, the config's digest is %s", got, img.ConfigDigest)
+	}
+	rmImage(tokenRef)
+
+	reg.SetFaults(testenv.Faults{StallAfter: 1 << 20})
+	task = h.submit(api.TaskConfig{ImageName: stallRef, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
+	info = h.wait(task.ID, 2*time.Minute, terminated)
+	if info.TerminationReason != api.ReasonCreatingContainerError || !strings.Contains(info.TerminationMessage, "no progress for") {
+		t.Fatalf("stalled registry: %+v\n%s", info, shimLog(t, h))
+	}
+}

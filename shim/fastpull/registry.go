@@ -54,6 +54,30 @@ func dockerInsecure(ctx context.Context, info system.Info, host string) bool {
 	return false
 }
 
+// loopback says whether registry host (host[:port]) is on this machine:
+// every address it resolves to is a loopback one.
+func loopback(ctx context.Context, host string) bool {
+	hostname := host
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		hostname = h
+	}
+	if ip := net.ParseIP(hostname); ip != nil {
+		return ip.IsLoopback()
+	}
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	addrs, err := net.DefaultResolver.LookupIP(lctx, "ip", hostname)
+	if err != nil || len(addrs) == 0 {
+		return false
+	}
+	for _, ip := range addrs {
+		if !ip.IsLoopback() {
+			return false
+		}
+	}
+	return true
+}
+
 // baseTransport is the HTTP transport of one pull: no proxy (a Docker
 // with one is left to Docker's pull), HTTP/1.1 only (HTTP/2 would put
 // every range on one connection, which is what a capped link punishes),
