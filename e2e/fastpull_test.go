@@ -263,7 +263,6 @@ func TestFastPullTwoTasksOnePull(t *testing.T) {
 	}
 }
 
-
 // The cold registry (TLS with a CA Docker trusts through certs.d, a
 // capped link): the fast path fetches over ranges with basic auth, the
 // image is the one Docker's pull would give (its ID is the config's
