@@ -62,7 +62,7 @@ func BenchmarkFastPullVsDockerPull(b *testing.B) {
 }
 
 // timePull removes ref, runs one pull to its end and checks the image is there.
-func timePull(b *testing.B, ref string, start func(context.Context) (io.ReadCloser, error)) time.Duration {
+func timePull(b *testing.B, ref string, start func(context.Context) (io.ReadCloser, error)) (took time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	_, _ = testenv.Docker(ctx, "rmi", ref)
@@ -74,7 +74,8 @@ func timePull(b *testing.B, ref string, start func(context.Context) (io.ReadClos
 	}
 	err = pull.NewTracker(time.Now).Feed(rc, nil)
 	rc.Close()
-	took := time.Since(t0)
+	took = time.Since(t0)
+	b.Logf("pull of %s: %s", ref, took.Round(10*time.Millisecond))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -151,7 +152,7 @@ func BenchmarkFastPullColdVsDockerPull(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer rt.Close()
-	p := fastpull.New(fastpull.Config{Enabled: true, TempDir: b.TempDir()}, rt.Client(), slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	p := fastpull.New(fastpull.Config{Enabled: true, TempDir: b.TempDir()}, rt.Client(), slog.New(slog.NewTextHandler(os.Stderr, nil)))
 	var fast, docker time.Duration
 	for range b.N {
 		docker += timePull(b, ref, func(ctx context.Context) (io.ReadCloser, error) { return rt.Pull(ctx, ref, task.RegistryAuth{}) })

@@ -150,7 +150,7 @@ func TestFastPullIsDockersImage(t *testing.T) {
 	reg.Push(t, bigImage(t, 6<<20, 3<<20), "tandem/fast:v1")
 	px := startRegProxy(t, reg.Addr)
 	ref := px.addr + "/tandem/fast:v1"
-	h := startShim(t, runnerScript(t, `test -f /a && test -f /b && exit 0; exit 9`), nil, "--image-fast-pull-loopback", "--image-fast-pull-chunk-size", "1048576")
+	h := startShim(t, runnerScript(t, `test -f /a && test -f /b && exit 0; exit 9`), nil, "--image-fast-pull", "--image-fast-pull-loopback", "--image-fast-pull-chunk-size", "1048576")
 
 	task := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	info := h.wait(task.ID, 2*time.Minute, terminated)
@@ -200,7 +200,7 @@ func TestFastPullRangeRefusedAndCorruptBlob(t *testing.T) {
 	reg.Push(t, bigImage(t, 4<<20, 2<<20), "tandem/corrupt:v1")
 	reg.Push(t, bigImage(t, 1<<20, 1<<20), "tandem/bad:v1")
 	px := startRegProxy(t, reg.Addr)
-	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull-loopback", "--image-fast-pull-chunk-size", "1048576")
+	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull", "--image-fast-pull-loopback", "--image-fast-pull-chunk-size", "1048576")
 	run := func(repo string) (api.TaskInfoResponse, string) {
 		task := h.submit(api.TaskConfig{ImageName: px.addr + "/" + repo, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 		return h.wait(task.ID, 2*time.Minute, terminated), px.addr + "/" + repo
@@ -246,7 +246,7 @@ func TestFastPullTwoTasksOnePull(t *testing.T) {
 	reg.Push(t, bigImage(t, 8<<20, 1<<20), "tandem/twice:v1")
 	px := startRegProxy(t, reg.Addr)
 	ref := px.addr + "/tandem/twice:v1"
-	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull-loopback")
+	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull", "--image-fast-pull-loopback")
 	a := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	b := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	for _, id := range []string{a.ID, b.ID} {
@@ -277,7 +277,7 @@ func TestFastPullColdRegistryAuthKindsAndStall(t *testing.T) {
 	ref := reg.AddImage(t, img, "tandem/cold:v1")
 	stallRef := reg.AddImage(t, img, "tandem/cold-stall:v1")
 	tokenRef := tokenReg.AddImage(t, img, "tandem/cold-token:v1")
-	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull-chunk-size", "4194304", "--pull-stall-timeout", "20s")
+	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull", "--image-fast-pull-chunk-size", "4194304", "--pull-stall-timeout", "20s")
 	rmImage := func(ref string) {
 		for _, n := range h.names {
 			_, _ = testenv.Docker(context.Background(), "rm", "-f", n)

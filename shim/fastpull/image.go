@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/image"
@@ -63,8 +64,31 @@ type layer struct {
 	inflated chan struct{}
 }
 
+// phases is where a fast pull's time went, since its start: every blob
+// down, every layer inflated, the archive sent to Docker, Docker done.
+type phases struct {
+	start                               time.Time
+	fetched, inflated, streamed, loaded atomic.Int64 // ns since start
+	bytes                               atomic.Int64
+}
+
+func (ph *phases) mark(at *atomic.Int64) {
+	d := int64(time.Since(ph.start))
+	for {
+		old := at.Load()
+		if d <= old || at.CompareAndSwap(old, d) {
+			return
+		}
+	}
+}
+
+func (ph *phases) logArgs() []any {
+	s := func(a *atomic.Int64) string { return time.Duration(a.Load()).Round(10 * time.Millisecond).String() }
+	return []any{"fetched_at", s(&ph.fetched), "inflated_at", s(&ph.inflated), "streamed_at", s(&ph.streamed), "loaded_at", s(&ph.loaded), "blob_bytes", ph.bytes.Load()}
+}
+
 // fast pulls ref itself; any error means Docker's pull should be tried.
-func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.RegistryAuth) error {
+func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.RegistryAuth, ph *phases) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	prog := newProgress(h, p.now)
@@ -207,13 +231,13 @@ func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.Registr
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := p.layer(ctx, f, repoURL, l, slots, prog); err != nil {
+			if err := p.layer(ctx, f, repoURL, l, slots, prog, ph); err != nil {
 				cancel(err)
 			}
 		}()
 	}
 	defer wg.Wait()
-	if err := p.load(ctx, ref, rawCfg, imageID, layers, have, prog); err != nil {
+	if err := p.load(ctx, ref, rawCfg, imageID, layers, have, prog, ph); err != nil {
 		cancel(err)
 		wg.Wait()
 		return cmpErr(context.Cause(ctx), err)
@@ -330,7 +354,7 @@ func (p *Puller) presentLayers(info system.Info, layers []*layer) int {
 }
 
 // layer fetches one layer and inflates it, the inflate in one of slots.
-func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer, slots chan struct{}, prog *progress) error {
+func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer, slots chan struct{}, prog *progress, ph *phases) error {
 	blob, err := os.OpenFile(l.blob, os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("temporary blob: %w", err)
@@ -346,6 +370,8 @@ func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer
 	}
 	prog.count(l.id, "Downloading", l.size, l.size, true)
 	prog.status(l.id, "Download complete")
+	ph.mark(&ph.fetched)
+	ph.bytes.Add(l.size)
 	select {
 	case slots <- struct{}{}:
 	case <-ctx.Done():
@@ -368,6 +394,7 @@ func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer
 		}
 		prog.count(l.id, "Extracting", l.size, l.size, true)
 		l.tarPath = l.blob
+		ph.mark(&ph.inflated)
 		close(l.inflated)
 		return nil
 	}
@@ -390,6 +417,7 @@ func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer
 	if err := os.Remove(l.blob); err == nil {
 		f.budget.Add(l.size)
 	}
+	ph.mark(&ph.inflated)
 	close(l.inflated)
 	return nil
 }
@@ -398,7 +426,7 @@ func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer
 // each new layer's tar as soon as it is inflated and checked (in order),
 // then manifest.json last, so that a pull that fails midway leaves Docker
 // an archive without a manifest, which it refuses, and nothing loaded.
-func (p *Puller) load(ctx context.Context, ref string, rawCfg []byte, imageID string, layers []*layer, have int, prog *progress) error {
+func (p *Puller) load(ctx context.Context, ref string, rawCfg []byte, imageID string, layers []*layer, have int, prog *progress, ph *phases) error {
 	pr, pw := io.Pipe()
 	type result struct {
 		err error
@@ -421,8 +449,10 @@ func (p *Puller) load(ctx context.Context, ref string, rawCfg []byte, imageID st
 		return err
 	}
 	pw.Close()
+	ph.mark(&ph.streamed)
 	select {
 	case r := <-res:
+		ph.mark(&ph.loaded)
 		return r.err
 	case <-ctx.Done():
 		return context.Cause(ctx)
