@@ -239,14 +239,16 @@ func TestFastPullRangeRefusedAndCorruptBlob(t *testing.T) {
 	}
 }
 
-// Two tasks of one image at once: one pull, each task sees it complete.
+// Two tasks of one image at once: one pull, each task sees it complete;
+// the layers inflated by the shim make the image Docker's pull makes.
 func TestFastPullTwoTasksOnePull(t *testing.T) {
 	t.Parallel()
 	reg := testenv.StartRegistry(t)
 	reg.Push(t, bigImage(t, 8<<20, 1<<20), "tandem/twice:v1")
 	px := startRegProxy(t, reg.Addr)
 	ref := px.addr + "/tandem/twice:v1"
-	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull", "--image-fast-pull-loopback")
+	// Its layers inflated here, on every core (--image-fast-pull-inflate).
+	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull", "--image-fast-pull-loopback", "--image-fast-pull-inflate")
 	a := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	b := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	for _, id := range []string{a.ID, b.ID} {
@@ -260,6 +262,24 @@ func TestFastPullTwoTasksOnePull(t *testing.T) {
 	}
 	if n := strings.Count(shimLog(t, h), "image pulled by the fast path"); n != 1 {
 		t.Fatalf("%d fast pulls, want 1", n)
+	}
+	fast := imageID(t, ref)
+	ctx := context.Background()
+	for _, n := range h.names {
+		_, _ = testenv.Docker(ctx, "rm", "-f", n)
+	}
+	if _, err := testenv.Docker(ctx, "rmi", ref); err != nil {
+		t.Fatal(err)
+	}
+	cfg := t.TempDir()
+	if _, err := testenv.Docker(ctx, "--config", cfg, "login", "-u", reg.Username, "-p", reg.Password, px.addr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := testenv.Docker(ctx, "--config", cfg, "pull", ref); err != nil {
+		t.Fatal(err)
+	}
+	if docker := imageID(t, ref); docker != fast {
+		t.Fatalf("fast path (inflated here) %s, docker pull %s", fast, docker)
 	}
 }
 

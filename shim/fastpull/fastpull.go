@@ -50,6 +50,11 @@ type Config struct {
 	Inflaters int
 	// CertsDir is Docker's per-registry TLS dir (/etc/docker/certs.d).
 	CertsDir string
+	// Inflate inflates layers here, on every core, and hands Docker the
+	// plain tars; off, Docker gets the checked blobs as they came and
+	// inflates them in its load (as in its own pull), which writes a
+	// third of the bytes into its tmp.
+	Inflate bool
 	// Loopback takes the fast path for registries on this machine too.
 	// Off, they are Docker's: with no link to beat, the load's extra
 	// write of every layer made the fast path slower there (1.68x Docker's

@@ -219,8 +219,8 @@ func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.Registr
 	for _, l := range todo {
 		prog.status(l.id, "Pulling fs layer")
 	}
-	if len(todo) == 1 {
-		todo[0].pass = true
+	for _, l := range todo {
+		l.pass = len(todo) == 1 || !p.cfg.Inflate
 	}
 	repoURL := fmt.Sprintf("%s://%s/v2/%s/blobs/", reg.Scheme(), reg.RegistryStr(), tag.Context().RepositoryStr())
 	slots := make(chan struct{}, p.cfg.Inflaters)
