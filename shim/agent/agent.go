@@ -94,7 +94,7 @@ type Config struct {
 	Task task.Config
 	// FastPull is the fast image pull (shim/fastpull): ranged parallel
 	// fetch, parallel inflate, Docker's load; Docker's pull behind it.
-	// Off unless asked for (fastpull.Defaults says why).
+	// Its zero value is off; Defaults has it on (fastpull.Config says why).
 	FastPull fastpull.Config
 	// IsolatedNetwork is the bridge network (no inter-container traffic)
 	// that bridge-mode tasks join; "": Docker's default bridge.
