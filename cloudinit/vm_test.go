@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"io"
 	"os"
 	"os/exec"
@@ -64,7 +66,10 @@ func TestUserDataValidCloudConfig(t *testing.T) {
 	if kept, _ := keep.UserData(); strings.Contains(kept, dataRootBin) {
 		t.Fatal("--keep-docker-data-root still moves it")
 	}
-	inst := cc.WriteFiles[0].Content
+	if cc.WriteFiles[0].Path != installBin || cc.WriteFiles[0].Encoding != "gz+b64" {
+		t.Fatalf("installer file: %+v", cc.WriteFiles[0])
+	}
+	inst := gunzipBase64(t, cc.WriteFiles[0].Content)
 	shellcheck(t, inst, "bash")
 	for _, want := range []string{"DSTACK_SHIM_HOME=\"/root/.dstack\"", "DSTACK_RUNNER_DOWNLOAD_URL=\"https://example.com/tandem/0.1.0/dstack-runner-linux-amd64\"", "HF_HOME=\"/data/hf\""} {
 		if !strings.Contains(cc.WriteFiles[1].Content, want) {
@@ -201,5 +206,84 @@ func TestInstallerFailsLoudly(t *testing.T) {
 	shellcheck(t, inst, "bash")
 	if !strings.Contains(inst, "apt-get -q -y install docker.io") || !strings.Contains(inst, "APT::Update::Error-Mode=any") {
 		t.Fatalf("--install-docker:\n%s", inst)
+	}
+}
+
+// The installer sets up Docker's pulls: pigz (unpigz) installed where
+// apt-get is, and max-concurrent-downloads 8 in daemon.json unless the
+// operator set one; its daemon.json edit keeps the rest and never
+// writes over a file it cannot read.
+func TestInstallerSetsUpDockerPulls(t *testing.T) {
+	v := sampleVM()
+	inst, err := v.installer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(inst, "apt-get -q -y install pigz") || strings.Index(inst, "install pigz") > strings.Index(inst, "systemctl enable --now dstack-shim.service") {
+		t.Fatalf("installer does not install pigz before the shim starts:\n%s", inst)
+	}
+	v.InstallDocker = true
+	if withDocker, _ := v.installer(); !strings.Contains(withDocker, "apt-get -q -y install docker.io pigz") {
+		t.Fatal("--install-docker does not install pigz with Docker")
+	}
+	_, rest, ok := strings.Cut(inst, "python3 - /etc/docker/daemon.json <<'PY' || pulls=$?\n")
+	py, _, ok2 := strings.Cut(rest, "\nPY\n")
+	if !ok || !ok2 {
+		t.Fatalf("no daemon.json edit in the installer:\n%s", inst)
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("python3 not installed")
+	}
+	edit := func(path string) int {
+		cmd := exec.Command("python3", "-", path)
+		cmd.Stdin = strings.NewReader(py)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatalf("%v %s", err, out)
+		}
+		return 0
+	}
+	dir := t.TempDir()
+	for _, c := range []struct {
+		name, before, after string
+		rc                  int
+	}{
+		{"absent", "", `{"max-concurrent-downloads":8}`, 0},
+		{"other settings kept", `{"live-restore": true, "data-root": "/opt/d"}`, `{"data-root":"/opt/d","live-restore":true,"max-concurrent-downloads":8}`, 0},
+		{"the operator's value kept", `{"max-concurrent-downloads": 3}`, `{"max-concurrent-downloads": 3}`, 3},
+		{"unreadable left alone", `{"live-restore": tru`, `{"live-restore": tru`, 1},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(c.name, " ", "-")+".json")
+		if c.before != "" {
+			if err := os.WriteFile(p, []byte(c.before), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if rc := edit(p); rc != c.rc {
+			t.Fatalf("%s: exit %d, want %d", c.name, rc, c.rc)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := string(b)
+		if c.rc == 0 {
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatalf("%s: %v %s", c.name, err, b)
+			}
+			nb, _ := json.Marshal(m)
+			got = string(nb)
+		}
+		if got != c.after {
+			t.Fatalf("%s: daemon.json %s, want %s", c.name, got, c.after)
+		}
+		if _, err := os.Stat(p + ".tandem"); err == nil {
+			t.Fatalf("%s: temporary file left", c.name)
+		}
 	}
 }

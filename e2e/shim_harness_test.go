@@ -38,6 +38,7 @@ type shimHarness struct {
 	cmd    *exec.Cmd
 	exited chan error
 	home   string
+	log    string // the shim's stderr
 	runner string
 	image  string
 	client *shimclient.Client
@@ -79,7 +80,7 @@ func startShimTB(t testing.TB, runner string, env []string, args ...string) *shi
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &shimHarness{t: t, runner: runner, cmd: cmd, exited: make(chan error, 1), home: home, image: img, client: c}
+	h := &shimHarness{t: t, runner: runner, cmd: cmd, exited: make(chan error, 1), home: home, log: logf.Name(), image: img, client: c}
 	go func() { h.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()

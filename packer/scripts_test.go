@@ -160,7 +160,7 @@ func TestCPUFlavour(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	mustCall(t, calls, "apt-get install -y -qq --no-install-recommends ca-certificates curl gnupg jq ufw")
+	mustCall(t, calls, "apt-get install -y -qq --no-install-recommends ca-certificates curl gnupg jq ufw pigz")
 	mustCall(t, calls, "apt-get install -y -qq --no-install-recommends docker.io")
 	mustCall(t, calls, "systemctl mask apt-daily.timer apt-daily-upgrade.timer apt-daily.service apt-daily-upgrade.service")
 	mustCall(t, calls, "systemctl enable tandem-docker-data-root.service")
@@ -184,7 +184,7 @@ func TestCPUFlavour(t *testing.T) {
 			t.Fatalf("the ephemeral port range is set: %s", l)
 		}
 	}
-	if d := files["_etc_docker_daemon.json"]; !strings.Contains(d, `"live-restore": true`) {
+	if d := files["_etc_docker_daemon.json"]; !strings.Contains(d, `"live-restore": true`) || !strings.Contains(d, `"max-concurrent-downloads": 8`) {
 		t.Fatalf("daemon.json: %s", d)
 	}
 	if u := files["_etc_systemd_system_tandem-docker-data-root.service"]; !strings.Contains(u, "Before=docker.service") {

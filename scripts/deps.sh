@@ -7,8 +7,11 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-DEMO_PACKAGES="docker.io busybox-static gcc libc6-dev ca-certificates"
-PACKAGES="$DEMO_PACKAGES docker-registry openssh-client openssh-server rsync git fdisk cloud-init packer debootstrap shellcheck apache2-utils e2fsprogs util-linux iproute2 sudo gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd prometheus jq qemu-system-x86 qemu-utils genisoimage xorriso socat"
+# pigz: Docker unpacks a pulled layer with unpigz when it is on the PATH
+# (several cores instead of Go's one), as our images and cloud-init set up
+# hosts. nftables: the cold registry's link shaping (e2e/testenv/netns.go).
+DEMO_PACKAGES="docker.io busybox-static gcc libc6-dev ca-certificates pigz"
+PACKAGES="$DEMO_PACKAGES nftables docker-registry openssh-client openssh-server rsync git fdisk cloud-init packer debootstrap shellcheck apache2-utils e2fsprogs util-linux iproute2 sudo gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static systemd prometheus jq qemu-system-x86 qemu-utils genisoimage xorriso socat"
 STATICCHECK_VERSION="${STATICCHECK_VERSION:-v0.8.2}"
 
 log() { printf 'deps: %s\n' "$*" >&2; }

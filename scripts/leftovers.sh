@@ -18,10 +18,21 @@ if [ -n "$mounts" ]; then
 	echo "$mounts" >&2
 	exit 1
 fi
+# Nor a cold registry's network namespace, veth, or Docker trust of its CA
+# (testenv.NewNetns, StartColdRegistry): each would pin an address and a
+# certs.d entry per run.
+netns=$(ip netns list 2>/dev/null | awk '$1 ~ /^tandem-ns-/ {print $1}' || true)
+veths=$(ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^tcr[0-9a-f]+[hn](@|$)/ {print $2}' || true)
+certs=$(ls -d /etc/docker/certs.d/10.213.* 2>/dev/null || true)
+if [ -n "$netns$veths$certs" ]; then
+	echo "leftovers: cold registry namespaces, veths or certs.d entries are still there (ip netns del, ip link del, rm -r each):" >&2
+	printf '%s\n' "$netns" "$veths" "$certs" | sed '/^$/d' >&2
+	exit 1
+fi
 # Nor an image pulled from a test's registry (testenv.RemoveImagesFrom):
 # each run would leave one more in the engine.
 if command -v docker >/dev/null 2>&1; then
-	images=$(docker images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep -E '^127\.0\.0\.1:[0-9]+/' || true)
+	images=$(docker images --format '{{.Repository}}:{{.Tag}}' 2>/dev/null | grep -E '^(127\.0\.0\.1|10\.213\.[0-9]+\.2):[0-9]+/' || true)
 	if [ -n "$images" ]; then
 		echo "leftovers: images pulled from test registries are still there (docker rmi each):" >&2
 		echo "$images" >&2

@@ -13,7 +13,16 @@ import (
 // so a fill that failed half-way leaves nothing that looks made.
 func machineCache(t testing.TB, name string, fill func(dir string)) string {
 	t.Helper()
-	dir := filepath.Join(os.TempDir(), name)
+	return machineCacheIn(t, os.TempDir(), name, fill)
+}
+
+// machineCacheIn is machineCache under base instead of the temp dir.
+func machineCacheIn(t testing.TB, base, name string, fill func(dir string)) string {
+	t.Helper()
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(base, name)
 	f, err := os.OpenFile(dir+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		t.Fatalf("%s lock: %v", name, err)
@@ -26,7 +35,7 @@ func machineCache(t testing.TB, name string, fill func(dir string)) string {
 	if _, err := os.Stat(dir); err == nil {
 		return dir
 	}
-	tmp, err := os.MkdirTemp(os.TempDir(), name+".fill-")
+	tmp, err := os.MkdirTemp(base, name+".fill-")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/tandem-run/tandem/shim/authkeys"
 	"github.com/tandem-run/tandem/shim/component"
 	"github.com/tandem-run/tandem/shim/dockerrt"
+	"github.com/tandem-run/tandem/shim/fastpull"
 	"github.com/tandem-run/tandem/shim/gpu"
 	"github.com/tandem-run/tandem/shim/metrics"
 	"github.com/tandem-run/tandem/shim/netiso"
@@ -94,6 +95,10 @@ type Config struct {
 	// adds what only it knows (home, network, volumes, GPU vendor) to its
 	// own copy. Zero fields take task.Defaults().
 	Task task.Config
+	// FastPull is the fast image pull (shim/fastpull): ranged parallel
+	// fetch, parallel inflate, Docker's load; Docker's pull behind it.
+	// Its zero value is off; Defaults has it on (fastpull.Config says why).
+	FastPull fastpull.Config
 	// IsolatedNetwork is the bridge network (no inter-container traffic)
 	// that bridge-mode tasks join; "": Docker's default bridge.
 	IsolatedNetwork string
@@ -112,6 +117,7 @@ func Defaults() Config {
 		RunnerDirSize:      runnerdir.DefaultSize,
 		Nice:               DefaultNice,
 		SubmitWait:         DefaultSubmitWait,
+		FastPull:           fastpull.Defaults(),
 	}
 }
 
@@ -307,13 +313,29 @@ func (a *agent) startEngine(context.Context) error {
 	dirs.Warm(filepath.Join(a.cfg.Home, "runners"))
 	a.OnStop(dirs.Close)
 	a.log.Info("each task's processes and threads are bounded", "pids_limit", a.tcfg.PidsLimit)
-	a.engine = task.New(a.tcfg, a.rt, a.locks, &authkeys.Editor{}, a.log)
+	a.engine = task.New(a.tcfg, a.pullRuntime(), a.locks, &authkeys.Editor{}, a.log)
 	a.OnStop(func() {
 		a.engine.Shutdown()
 		a.engine.Sync() // records on disk before the process goes
 		a.log.Info("dstack-shim stopped; containers keep running")
 	})
 	return nil
+}
+
+// pullRuntime is the engine's runtime: Docker, its pulls through the fast
+// path when that is on (its temporary dir under the shim's home).
+func (a *agent) pullRuntime() task.Runtime {
+	fc := a.cfg.FastPull
+	if !fc.Enabled {
+		return a.rt
+	}
+	fc.TempDir = cmp.Or(fc.TempDir, filepath.Join(a.cfg.Home, "image-pull"))
+	if err := os.MkdirAll(fc.TempDir, 0o700); err != nil {
+		a.log.Warn("fast image pull off: no temporary dir", "dir", fc.TempDir, "err", err)
+		return a.rt
+	}
+	a.log.Info("image pulls take the fast path first", "temp_dir", fc.TempDir, "conns", fc.WithDefaults().Conns)
+	return fastpull.Runtime{Runtime: a.rt, Puller: fastpull.New(fc, a.rt.Client(), a.log), Forget: a.rt.ForgetImage}
 }
 
 // startRecovery restores the tasks in the background, once Docker answers

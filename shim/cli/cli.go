@@ -19,6 +19,7 @@ import (
 	"github.com/tandem-run/tandem/common/logging"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/agent"
+	"github.com/tandem-run/tandem/shim/fastpull"
 	"github.com/tandem-run/tandem/shim/netiso"
 	"github.com/tandem-run/tandem/shim/task"
 )
@@ -136,8 +137,15 @@ func config(c *cli.Context) (agent.Config, error) {
 		MetricsAddress:       c.String("metrics-address"),
 		PidsLimit:            c.Int64("pids-limit"),
 		RunnerDirSize:        c.Int64("runner-dir-size"),
-		Nice:                 c.Int("shim-nice"),
-		IsolatedNetwork:      c.String("task-network"),
+		FastPull: fastpull.Config{
+			Enabled:   c.Bool("image-fast-pull"),
+			Conns:     c.Int("image-fast-pull-conns"),
+			ChunkSize: c.Int64("image-fast-pull-chunk-size"),
+			Loopback:  c.Bool("image-fast-pull-loopback"),
+			Inflate:   c.Bool("image-fast-pull-inflate"),
+		},
+		Nice:            c.Int("shim-nice"),
+		IsolatedNetwork: c.String("task-network"),
 	}, nil
 }
 
@@ -221,6 +229,11 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "host-root", Value: d.HostRoot, Hidden: true, EnvVars: []string{"TANDEM_SHIM_HOST_ROOT"}, Usage: "where the host's files are read (AMD GPUs' sysfs, accounts): a fixture tree in tests"},
 		&cli.StringFlag{Name: "gcp-disk-by-id", Value: d.GCPDiskByID, Hidden: true, Usage: "GCP disk links (tests point it at fixtures)"},
 		&cli.DurationFlag{Name: "pull-stall-timeout", Value: task.Defaults().PullStallTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_STALL_TIMEOUT"}, Usage: "fail an image pull when no byte moved for this long"},
+		&cli.BoolFlag{Name: "image-fast-pull", Value: fastpull.Defaults().Enabled, EnvVars: []string{"TANDEM_SHIM_FAST_PULL"}, Usage: "pull images over ranged parallel connections, inflate layers on every core and load them into Docker (Docker's pull when that cannot be done as Docker would)"},
+		&cli.IntFlag{Name: "image-fast-pull-conns", Value: fastpull.Defaults().Conns, EnvVars: []string{"TANDEM_SHIM_FAST_PULL_CONNS"}, Usage: "connections one fast image pull opens at most"},
+		&cli.Int64Flag{Name: "image-fast-pull-chunk-size", Value: fastpull.Defaults().ChunkSize, Hidden: true, EnvVars: []string{"TANDEM_SHIM_FAST_PULL_CHUNK_SIZE"}, Usage: "bytes one ranged request of a fast pull asks for (tests make it small)"},
+		&cli.BoolFlag{Name: "image-fast-pull-inflate", EnvVars: []string{"TANDEM_SHIM_FAST_PULL_INFLATE"}, Usage: "inflate a fast pull's layers on every core before Docker loads them (else Docker inflates them in its load)"},
+		&cli.BoolFlag{Name: "image-fast-pull-loopback", Hidden: true, EnvVars: []string{"TANDEM_SHIM_FAST_PULL_LOOPBACK"}, Usage: "take the fast pull for registries on this machine too (tests; Docker's pull is faster there)"},
 		&cli.DurationFlag{Name: "pull-timeout", Value: task.Defaults().PullTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_TIMEOUT"}, Usage: "overall cap on one image pull (0: none)"},
 	}
 }

@@ -91,6 +91,10 @@ func (r *Runtime) Pull(ctx context.Context, ref string, auth task.RegistryAuth) 
 	return pullStream{ReadCloser: rc, done: func() { r.images.forget(ref) }}, nil
 }
 
+// ForgetImage drops what ImagePresent shares for ref: a pull of it that
+// did not go through Pull (the fast path's load) just ended.
+func (r *Runtime) ForgetImage(ref string) { r.images.forget(ref) }
+
 // pullStream is a pull's progress stream. Once it is closed, an image
 // check asks Docker afresh instead of joining one that started before the
 // pull ended (and may have found the image missing).
