@@ -25,6 +25,7 @@ import (
 	"github.com/tandem-run/tandem/shim/component"
 	"github.com/tandem-run/tandem/shim/dockerrt"
 	"github.com/tandem-run/tandem/shim/gpu"
+	"github.com/tandem-run/tandem/shim/imagegc"
 	"github.com/tandem-run/tandem/shim/metrics"
 	"github.com/tandem-run/tandem/shim/netiso"
 	"github.com/tandem-run/tandem/shim/portfwd"
@@ -91,6 +92,10 @@ type Config struct {
 	// adds what only it knows (home, network, volumes, GPU vendor) to its
 	// own copy. Zero fields take task.Defaults().
 	Task task.Config
+	// ImageGC frees Docker's disk past its thresholds (nil: off), every
+	// ImageGCInterval.
+	ImageGC         *imagegc.Policy
+	ImageGCInterval time.Duration
 	// IsolatedNetwork is the bridge network (no inter-container traffic)
 	// that bridge-mode tasks join; "": Docker's default bridge.
 	IsolatedNetwork string
@@ -167,6 +172,7 @@ type agent struct {
 	mx                   *metrics.Metrics
 	engine               *task.Engine
 	ready                chan struct{} // closed once recovery is done
+	dockerRoot           string        // Docker's data root, known once recovery is done
 	ln                   net.Listener
 	hs                   *http.Server
 	serveErr             chan error // Serve's return; served says wait took it
@@ -321,6 +327,9 @@ func (a *agent) startRecovery(ctx context.Context) error {
 	go func() {
 		defer close(a.ready)
 		diskPath, cdiDirs, answered := dockerFacts(ctx, a.rt, a.log)
+		if answered {
+			a.dockerRoot = diskPath
+		}
 		// Logs how Docker reaches the GPUs, or why it cannot; through CDI,
 		// whether its specs name them.
 		if answered && a.vendor == api.GPUVendorNVIDIA && a.engine.LearnGPUAccess() {
@@ -339,11 +348,33 @@ func (a *agent) startRecovery(ctx context.Context) error {
 	go func() {
 		select {
 		case <-a.ready:
+			a.startImageGC(ctx)
 			a.engine.ReconcileLoop(ctx, a.cfg.ReconcileInterval)
 		case <-ctx.Done():
 		}
 	}()
 	return nil
+}
+
+// startImageGC runs image GC on Docker's data root in the background,
+// when it is on and Docker said where that is.
+func (a *agent) startImageGC(ctx context.Context) {
+	if a.cfg.ImageGC == nil {
+		return
+	}
+	if a.dockerRoot == "" {
+		a.log.Warn("image GC is off: Docker did not say where its data root is")
+		return
+	}
+	gc := &imagegc.Collector{Policy: *a.cfg.ImageGC, Disk: imagegc.Statfs{}, Engine: imagegc.Docker{API: a.rt.Client()},
+		Path: a.dockerRoot, Tasks: a.engine.ImageNames, Log: a.log}
+	every := cmp.Or(a.cfg.ImageGCInterval, time.Minute)
+	a.log.Info("image GC", "path", a.dockerRoot, "high_percent", gc.Policy.HighPercent, "low_percent", gc.Policy.LowPercent, "kept", gc.Policy.Keep, "every", every)
+	t := time.NewTicker(every)
+	go func() {
+		defer t.Stop()
+		gc.Run(ctx, t.C)
+	}()
 }
 
 // pidsLimit is the flag's value: 0 picks DefaultPidsLimit for this
