@@ -92,6 +92,7 @@ func config(c *cli.Context) (agent.Config, error) {
 	if c.Bool("image-gc") {
 		p := imagegc.DefaultPolicy()
 		p.HighPercent, p.LowPercent, p.Keep = c.Int("image-gc-high-threshold"), c.Int("image-gc-low-threshold"), c.StringSlice("image-gc-keep")
+		p.MinAge = c.Duration("image-gc-min-age")
 		if err := p.Validate(); err != nil {
 			return agent.Config{}, fmt.Errorf("--image-gc-*: %w", err)
 		}
@@ -233,5 +234,6 @@ func Flags() []cli.Flag {
 		&cli.IntFlag{Name: "image-gc-low-threshold", Value: imagegc.DefaultPolicy().LowPercent, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_LOW_THRESHOLD"}, Usage: "image GC frees down to this, percent"},
 		&cli.StringSliceFlag{Name: "image-gc-keep", EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_KEEP"}, Usage: "images image GC never removes (references or IDs; pre-pulled ones), repeatable or comma-separated"},
 		&cli.DurationFlag{Name: "image-gc-interval", Value: time.Minute, Hidden: true, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_INTERVAL"}, Usage: "how often image GC looks at the disk"},
+		&cli.DurationFlag{Name: "image-gc-min-age", Value: imagegc.DefaultPolicy().MinAge, Hidden: true, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_MIN_AGE"}, Usage: "image GC leaves an image first seen less than this ago"},
 	}
 }
