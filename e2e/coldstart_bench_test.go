@@ -95,7 +95,9 @@ func measureColdStart(b *testing.B) *coldStartResult {
 	if k := os.Getenv("TANDEM_BENCH_COLD_IMAGE"); k != "" {
 		kind = testenv.ColdImageKind(k)
 	}
-	img := testenv.BuildColdImage(b, kind)
+	// Salted: no other image on this machine (another run's, a test's
+	// pull of the same cold image) holds any of its layers.
+	img := testenv.BuildColdImage(b, kind).Salted(b, randomID("salt"))
 	reg := testenv.StartColdRegistry(b, testenv.ColdOptions{Auth: testenv.AuthToken, Uncapped: os.Getenv("TANDEM_BENCH_COLD_UNCAPPED") == "1"})
 	ref := reg.AddImage(b, img, "tandem/cold:v1")
 	cfg := reg.DockerConfig(b)
