@@ -105,7 +105,7 @@ bench: SHELL := /bin/bash
 bench: deps build
 	set -o pipefail; { ./scripts/bench-machine.sh && \
 	  go test -run '^$$' -bench . -benchmem ./shim/gpu && \
-	  TANDEM_BIN=$(BIN) go test -timeout 60m -run '^$$' -bench . -benchtime 20x -count 1 ./e2e/; } 2>&1 | tee $(BENCH_LOG)
+	  TANDEM_BIN=$(BIN) go test -timeout 90m -run '^$$' -bench . -benchtime 20x -count 1 ./e2e/; } 2>&1 | tee $(BENCH_LOG)
 	$(MAKE) --no-print-directory bench-table
 
 ## bench-table: docs/figures.md's table from BENCH_LOG, dated, with the

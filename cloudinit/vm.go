@@ -175,6 +175,9 @@ WatchdogSec=60
 TimeoutStartSec=300
 User=root
 EnvironmentFile=` + l.EnvFile() + `
+# The images a Packer build pulled into the machine image: image GC keeps
+# them (packer/scripts/50-prepull.sh writes it; none: no file).
+EnvironmentFile=-` + filepath.Join(filepath.Dir(l.EnvFile()), "prepulled.env") + `
 ExecStart=` + l.ShimBin() + `
 Restart=always
 RestartSec=3

@@ -18,12 +18,15 @@ import (
 
 // The cold registry harness (testenv.StartColdRegistry) itself: each auth
 // kind pulls through the host's Docker (TLS trusted via certs.d) and
-// refuses a pull without credentials; the small cold image runs and has
-// the ID its config digest gives.
+// refuses a pull without credentials; the small cold image (salted) runs
+// and has the ID its config digest gives.
 func TestColdRegistryAuthKinds(t *testing.T) {
-	img := testenv.BuildColdImage(t, testenv.ColdSmall)
+	cold := testenv.BuildColdImage(t, testenv.ColdSmall)
 	for _, kind := range []testenv.AuthKind{testenv.AuthNone, testenv.AuthBasic, testenv.AuthToken} {
 		t.Run(kind.String(), func(t *testing.T) {
+			// Salted: a layer of its own at the bottom, so every layer is
+			// this pull's (the ID is the salted config's).
+			img := cold.Salted(t, randomID(kind.String()))
 			reg := testenv.StartColdRegistry(t, testenv.ColdOptions{Auth: kind})
 			ref := reg.AddImage(t, img, "tandem/cold:v1")
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -88,7 +88,7 @@ func run(t *testing.T, env map[string]string, scripts ...string) (calls []string
 	// The files the assertions read, copied out.
 	body.WriteString(`for f in /etc/apt/apt.conf.d/99-tandem-no-periodic /etc/sysctl.d/90-tandem.conf /etc/docker/daemon.json \
   /etc/systemd/system/nvidia-fabricmanager.service.d/tandem.conf /usr/local/lib/tandem/has-nvswitch \
-  /etc/systemd/system/nvidia-cdi-refresh.service /etc/systemd/system/tandem-docker-data-root.service; do
+  /etc/systemd/system/nvidia-cdi-refresh.service /etc/systemd/system/tandem-docker-data-root.service /etc/dstack/prepulled.env; do
   [ -f "$f" ] && cp "$f" "/record/$(echo "$f" | tr / _)"
 done
 # has-nvswitch against fixture PCI trees: an HGX board, then GPUs alone.
@@ -306,5 +306,9 @@ func TestPrepull(t *testing.T) {
 	}
 	if d := files["_etc_docker_daemon.json"]; strings.Contains(d, "insecure-registries") || !strings.Contains(d, `"live-restore": true`) {
 		t.Fatalf("daemon.json after the build: %s", d)
+	}
+	// Image GC keeps what the image was built with.
+	if e := files["_etc_dstack_prepulled.env"]; e != "TANDEM_SHIM_IMAGE_GC_KEEP=10.0.2.2:5000/tandem/busybox:1,nvcr.io/nvidia/pytorch:25.01-py3\n" {
+		t.Fatalf("prepulled.env: %q", e)
 	}
 }

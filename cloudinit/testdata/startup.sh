@@ -150,6 +150,9 @@ WatchdogSec=60
 TimeoutStartSec=300
 User=root
 EnvironmentFile=/etc/dstack/shim.env
+# The images a Packer build pulled into the machine image: image GC keeps
+# them (packer/scripts/50-prepull.sh writes it; none: no file).
+EnvironmentFile=-/etc/dstack/prepulled.env
 ExecStart=/usr/local/bin/dstack-shim
 Restart=always
 RestartSec=3

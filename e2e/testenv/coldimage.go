@@ -3,6 +3,7 @@ package testenv
 import (
 	"archive/tar"
 	"bufio"
+	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
@@ -202,8 +203,20 @@ func buildColdImage(dir string, kind ColdImageKind) (*ColdImage, error) {
 			return nil, err
 		}
 	}
+	if err := img.assemble(); err != nil {
+		return nil, err
+	}
+	b, err := json.MarshalIndent(img, "", " ")
+	if err != nil {
+		return nil, err
+	}
+	return img, os.WriteFile(filepath.Join(dir, "image.json"), b, 0o644)
+}
+
+// assemble makes the config and manifest of i's layers.
+func (i *ColdImage) assemble() error {
 	var diffIDs []string
-	for _, l := range img.Layers {
+	for _, l := range i.Layers {
 		diffIDs = append(diffIDs, l.DiffID)
 	}
 	arch := runtime.GOARCH
@@ -211,13 +224,13 @@ func buildColdImage(dir string, kind ColdImageKind) (*ColdImage, error) {
 		"architecture": arch, "os": "linux", "created": "2026-01-01T00:00:00Z",
 		"config":  map[string]any{"Env": []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, "Cmd": []string{"/bin/sh"}},
 		"rootfs":  map[string]any{"type": "layers", "diff_ids": diffIDs},
-		"history": []map[string]any{{"created": "2026-01-01T00:00:00Z", "created_by": "tandem cold image " + string(kind)}},
+		"history": []map[string]any{{"created": "2026-01-01T00:00:00Z", "created_by": "tandem cold image " + string(i.Kind)}},
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	img.Config = cfg
-	img.ConfigDigest = digestOf(cfg)
+	i.Config = cfg
+	i.ConfigDigest = digestOf(cfg)
 	type desc struct {
 		MediaType string `json:"mediaType"`
 		Size      int64  `json:"size"`
@@ -229,20 +242,75 @@ func buildColdImage(dir string, kind ColdImageKind) (*ColdImage, error) {
 		Config        desc   `json:"config"`
 		Layers        []desc `json:"layers"`
 	}{2, "application/vnd.docker.distribution.manifest.v2+json",
-		desc{"application/vnd.docker.container.image.v1+json", int64(len(cfg)), img.ConfigDigest}, nil}
-	for _, l := range img.Layers {
+		desc{"application/vnd.docker.container.image.v1+json", int64(len(cfg)), i.ConfigDigest}, nil}
+	for _, l := range i.Layers {
 		m.Layers = append(m.Layers, desc{"application/vnd.docker.image.rootfs.diff.tar.gzip", l.Size, l.Digest})
 	}
-	img.Manifest, err = json.MarshalIndent(m, "", "   ")
+	i.Manifest, err = json.MarshalIndent(m, "", "   ")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	img.ManifestDigest = digestOf(img.Manifest)
-	b, err := json.MarshalIndent(img, "", " ")
+	i.ManifestDigest = digestOf(i.Manifest)
+	return nil
+}
+
+// Salted is i with one more layer at the bottom: one small file holding
+// salt. Every layer's chain ID (what Docker's layer store keys them by)
+// is then this image's own, so no other image in Docker's store (another
+// run's, another test's pull of the same cold image) holds any of them
+// and a pull must fetch and unpack every one; the config, its digest (the
+// image ID) and the manifest are the salted image's. Its layer's files go
+// under a temp dir of t.
+func (i *ColdImage) Salted(t testing.TB, salt string) *ColdImage {
+	t.Helper()
+	dir := t.TempDir()
+	l, err := buildSaltLayer(dir, salt)
 	if err != nil {
-		return nil, err
+		t.Fatalf("salt layer: %v", err)
 	}
-	return img, os.WriteFile(filepath.Join(dir, "image.json"), b, 0o644)
+	s := &ColdImage{Kind: i.Kind, Layers: append([]ColdLayer{l}, i.Layers...)}
+	if err := s.assemble(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func buildSaltLayer(dir, salt string) (ColdLayer, error) {
+	l := ColdLayer{Tar: filepath.Join(dir, "salt.tar"), Gz: filepath.Join(dir, "salt.tar.gz")}
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	hdrs := []*tar.Header{
+		{Name: "etc/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: time.Unix(0, 0)},
+		{Name: "etc/tandem-cold-salt", Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(salt)), ModTime: time.Unix(0, 0)},
+	}
+	for _, h := range hdrs {
+		if err := tw.WriteHeader(h); err != nil {
+			return l, err
+		}
+	}
+	if _, err := tw.Write([]byte(salt)); err != nil {
+		return l, err
+	}
+	if err := tw.Close(); err != nil {
+		return l, err
+	}
+	var gb bytes.Buffer
+	zw := gzip.NewWriter(&gb)
+	if _, err := zw.Write(tb.Bytes()); err != nil {
+		return l, err
+	}
+	if err := zw.Close(); err != nil {
+		return l, err
+	}
+	if err := os.WriteFile(l.Tar, tb.Bytes(), 0o644); err != nil {
+		return l, err
+	}
+	if err := os.WriteFile(l.Gz, gb.Bytes(), 0o644); err != nil {
+		return l, err
+	}
+	l.DiffID, l.Digest = digestOf(tb.Bytes()), digestOf(gb.Bytes())
+	l.RawSize, l.Size = int64(tb.Len()), int64(gb.Len())
+	return l, nil
 }
 
 func digestOf(b []byte) string {

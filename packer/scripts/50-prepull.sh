@@ -36,5 +36,10 @@ if [ -n "$insecure" ]; then
   mv "$daemon.prepull" "$daemon"
   systemctl restart docker
 fi
+# The shim's image GC never removes what the image was built with (the
+# unit's optional second EnvironmentFile; urfave/cli splits on commas).
+mkdir -p /etc/dstack
+# shellcheck disable=SC2086 # one word per image
+printf 'TANDEM_SHIM_IMAGE_GC_KEEP=%s\n' "$(printf '%s,' $PREPULL_IMAGES | sed 's/,$//')" >/etc/dstack/prepulled.env
 # What the image carries, for the build log.
 docker image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}'

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -26,6 +27,7 @@ import (
 	"github.com/tandem-run/tandem/shim/dockerrt"
 	"github.com/tandem-run/tandem/shim/fastpull"
 	"github.com/tandem-run/tandem/shim/gpu"
+	"github.com/tandem-run/tandem/shim/imagegc"
 	"github.com/tandem-run/tandem/shim/metrics"
 	"github.com/tandem-run/tandem/shim/netiso"
 	"github.com/tandem-run/tandem/shim/portfwd"
@@ -99,6 +101,10 @@ type Config struct {
 	// fetch, parallel inflate, Docker's load; Docker's pull behind it.
 	// Its zero value is off; Defaults has it on (fastpull.Config says why).
 	FastPull fastpull.Config
+	// ImageGC frees Docker's disk past its thresholds (nil: off), every
+	// ImageGCInterval.
+	ImageGC         *imagegc.Policy
+	ImageGCInterval time.Duration
 	// IsolatedNetwork is the bridge network (no inter-container traffic)
 	// that bridge-mode tasks join; "": Docker's default bridge.
 	IsolatedNetwork string
@@ -169,9 +175,12 @@ func Run(ctx context.Context, cfg Config) error {
 // agent is the running shim. Its fields are set by the start steps, in
 // order; OnStop registers what undoes each.
 type agent struct {
-	cfg  Config
-	tcfg task.Config // the engine's, with what only the agent knows added
-	log  *slog.Logger
+	cfg Config
+	// ledger: imageLedger's, made once.
+	ledger     *imagegc.Ledger
+	ledgerOnce sync.Once
+	tcfg       task.Config // the engine's, with what only the agent knows added
+	log        *slog.Logger
 
 	runnerComp, shimComp *component.Manager
 	rt                   *dockerrt.Runtime
@@ -182,6 +191,7 @@ type agent struct {
 	mx                   *metrics.Metrics
 	engine               *task.Engine
 	ready                chan struct{} // closed once recovery is done
+	dockerRoot           string        // Docker's data root, known once recovery is done
 	ln                   net.Listener
 	hs                   *http.Server
 	serveErr             chan error // Serve's return; served says wait took it
@@ -334,6 +344,7 @@ func (a *agent) pullRuntime() task.Runtime {
 		a.log.Warn("fast image pull off: no temporary dir", "dir", fc.TempDir, "err", err)
 		return a.rt
 	}
+	fc.Loaded = a.imageLedger().Add
 	a.log.Info("image pulls take the fast path first", "temp_dir", fc.TempDir, "conns", fc.WithDefaults().Conns)
 	return fastpull.Runtime{Runtime: a.rt, Puller: fastpull.New(fc, a.rt.Client(), a.log), Forget: a.rt.ForgetImage}
 }
@@ -355,6 +366,9 @@ func (a *agent) startRecovery(ctx context.Context) error {
 	go func() {
 		defer close(a.ready)
 		diskPath, cdiDirs, answered := dockerFacts(ctx, a.rt, a.log)
+		if answered {
+			a.dockerRoot = diskPath
+		}
 		// Logs how Docker reaches the GPUs, or why it cannot; through CDI,
 		// whether its specs name them.
 		if answered && a.vendor == api.GPUVendorNVIDIA && a.engine.LearnGPUAccess() {
@@ -373,11 +387,40 @@ func (a *agent) startRecovery(ctx context.Context) error {
 	go func() {
 		select {
 		case <-a.ready:
+			a.startImageGC(ctx)
 			a.engine.ReconcileLoop(ctx, a.cfg.ReconcileInterval)
 		case <-ctx.Done():
 		}
 	}()
 	return nil
+}
+
+// startImageGC runs image GC on Docker's data root in the background,
+// when it is on and Docker said where that is.
+// imageLedger is the shim's record of the images it loaded into Docker
+// itself, which its image GC may remove beside pulled ones.
+func (a *agent) imageLedger() *imagegc.Ledger {
+	a.ledgerOnce.Do(func() { a.ledger = &imagegc.Ledger{Path: filepath.Join(a.cfg.Home, "images-loaded")} })
+	return a.ledger
+}
+
+func (a *agent) startImageGC(ctx context.Context) {
+	if a.cfg.ImageGC == nil {
+		return
+	}
+	if a.dockerRoot == "" {
+		a.log.Warn("image GC is off: Docker did not say where its data root is")
+		return
+	}
+	gc := &imagegc.Collector{Policy: *a.cfg.ImageGC, Disk: imagegc.Statfs{}, Engine: imagegc.Docker{API: a.rt.Client()},
+		Path: a.dockerRoot, Tasks: a.engine.ImageNames, Ours: a.imageLedger().IDs, Log: a.log}
+	every := cmp.Or(a.cfg.ImageGCInterval, time.Minute)
+	a.log.Info("image GC", "path", a.dockerRoot, "high_percent", gc.Policy.HighPercent, "low_percent", gc.Policy.LowPercent, "kept", gc.Policy.Keep, "every", every)
+	t := time.NewTicker(every)
+	go func() {
+		defer t.Stop()
+		gc.Run(ctx, t.C)
+	}()
 }
 
 // pidsLimit is the flag's value: 0 picks DefaultPidsLimit for this

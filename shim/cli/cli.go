@@ -20,6 +20,7 @@ import (
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/shim/agent"
 	"github.com/tandem-run/tandem/shim/fastpull"
+	"github.com/tandem-run/tandem/shim/imagegc"
 	"github.com/tandem-run/tandem/shim/netiso"
 	"github.com/tandem-run/tandem/shim/task"
 )
@@ -95,6 +96,19 @@ func config(c *cli.Context) (agent.Config, error) {
 	if c.Duration("pull-stall-timeout") <= 0 {
 		return agent.Config{}, fmt.Errorf("--pull-stall-timeout must be positive")
 	}
+	var gcPolicy *imagegc.Policy
+	if c.Bool("image-gc") {
+		p := imagegc.DefaultPolicy()
+		p.HighPercent, p.LowPercent, p.Keep = c.Int("image-gc-high-threshold"), c.Int("image-gc-low-threshold"), c.StringSlice("image-gc-keep")
+		p.MinAge = c.Duration("image-gc-min-age")
+		if err := p.Validate(); err != nil {
+			return agent.Config{}, fmt.Errorf("--image-gc-*: %w", err)
+		}
+		if c.Duration("image-gc-interval") <= 0 {
+			return agent.Config{}, fmt.Errorf("--image-gc-interval must be positive")
+		}
+		gcPolicy = &p
+	}
 	if n := c.Int("shim-nice"); n < -20 || n > 19 {
 		return agent.Config{}, fmt.Errorf("--shim-nice %d: a nice value is -20 to 19", n)
 	}
@@ -146,6 +160,8 @@ func config(c *cli.Context) (agent.Config, error) {
 		},
 		Nice:            c.Int("shim-nice"),
 		IsolatedNetwork: c.String("task-network"),
+		ImageGC:         gcPolicy,
+		ImageGCInterval: c.Duration("image-gc-interval"),
 	}, nil
 }
 
@@ -235,5 +251,11 @@ func Flags() []cli.Flag {
 		&cli.BoolFlag{Name: "image-fast-pull-inflate", EnvVars: []string{"TANDEM_SHIM_FAST_PULL_INFLATE"}, Usage: "inflate a fast pull's layers on every core before Docker loads them (else Docker inflates them in its load)"},
 		&cli.BoolFlag{Name: "image-fast-pull-loopback", Hidden: true, EnvVars: []string{"TANDEM_SHIM_FAST_PULL_LOOPBACK"}, Usage: "take the fast pull for registries on this machine too (tests; Docker's pull is faster there)"},
 		&cli.DurationFlag{Name: "pull-timeout", Value: task.Defaults().PullTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_TIMEOUT"}, Usage: "overall cap on one image pull (0: none)"},
+		&cli.BoolFlag{Name: "image-gc", Value: true, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC"}, Usage: "remove unused images, least recently used first, when Docker's disk fills past --image-gc-high-threshold (--image-gc=false: never)"},
+		&cli.IntFlag{Name: "image-gc-high-threshold", Value: imagegc.DefaultPolicy().HighPercent, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_HIGH_THRESHOLD"}, Usage: "image GC starts when Docker's data root filesystem is this full, percent"},
+		&cli.IntFlag{Name: "image-gc-low-threshold", Value: imagegc.DefaultPolicy().LowPercent, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_LOW_THRESHOLD"}, Usage: "image GC frees down to this, percent"},
+		&cli.StringSliceFlag{Name: "image-gc-keep", EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_KEEP"}, Usage: "images image GC never removes (references or IDs; pre-pulled ones), repeatable or comma-separated"},
+		&cli.DurationFlag{Name: "image-gc-interval", Value: time.Minute, Hidden: true, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_INTERVAL"}, Usage: "how often image GC looks at the disk"},
+		&cli.DurationFlag{Name: "image-gc-min-age", Value: imagegc.DefaultPolicy().MinAge, Hidden: true, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC_MIN_AGE"}, Usage: "image GC leaves an image first seen less than this ago"},
 	}
 }

@@ -40,6 +40,10 @@ type Config struct {
 	// TempDir holds a pull's blobs while it runs (the shim's home
 	// image-pull); each pull's own dir is removed when it ends.
 	TempDir string
+	// Loaded, when set, is told the ID of every image this path loaded
+	// into Docker (the image GC's ledger: such an image has no
+	// RepoDigests, yet the shim may remove it).
+	Loaded func(imageID string) error `json:"-"`
 	// Conns bounds one pull's open connections, all its blobs together.
 	Conns int
 	// ChunkSize is one ranged request's size.

@@ -250,6 +250,11 @@ func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.Registr
 	if got.ID != imageID {
 		return fmt.Errorf("after the load %s is %s, not %s", ref, got.ID, imageID)
 	}
+	if p.cfg.Loaded != nil {
+		if err := p.cfg.Loaded(imageID); err != nil {
+			p.log.Warn("image loaded but not recorded as the shim's: image GC leaves it", "image", imageID, "err", err)
+		}
+	}
 	for _, l := range todo {
 		prog.status(l.id, "Pull complete")
 	}

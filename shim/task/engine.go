@@ -374,6 +374,7 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 		delete(e.tasks, cfg.ID)
 		e.mu.Unlock()
 		cancel()
+		t.markSettled() // a submit awaiting it answers at once
 		e.wg.Done()
 	}
 	// Its runner dir's room is taken first: with none, nothing is written.

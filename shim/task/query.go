@@ -96,6 +96,23 @@ func (e *Engine) List() []api.TaskListItem {
 	return out
 }
 
+// ImageNames are the images of the tasks not yet terminated: image GC
+// keeps them (one pulled and not yet a container has no container to
+// protect it).
+func (e *Engine) ImageNames() []string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	var out []string
+	for _, t := range e.tasks {
+		t.mu.Lock() // lock order: Engine.mu, then task.mu
+		if t.status != api.TaskTerminated {
+			out = append(out, t.cfg.ImageName)
+		}
+		t.mu.Unlock()
+	}
+	return out
+}
+
 // GPUIDs returns the GPUs a task holds (for metrics filtering).
 func (e *Engine) GPUIDs(id string) ([]string, error) {
 	t, ok := e.lookup(id)
