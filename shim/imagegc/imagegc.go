@@ -106,7 +106,7 @@ type Collector struct {
 	// loaded on the host by anyone else may exist nowhere else.
 	Ours func() (map[string]bool, error)
 	Now  func() time.Time
-	Log   *slog.Logger
+	Log  *slog.Logger
 
 	mu        sync.Mutex
 	firstSeen map[string]time.Time
