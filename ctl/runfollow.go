@@ -294,6 +294,9 @@ func Describe(r Result) string {
 			return fmt.Sprintf("job %s: %s: %s", r.State, r.Reason, msg)
 		}
 		return fmt.Sprintf("job %s: %s", r.State, r.Reason)
+	case strings.TrimSpace(r.Message) != "":
+		// A multi-node run's node that died: the message says which.
+		return fmt.Sprintf("job %s: %s", r.State, strings.TrimSpace(r.Message))
 	}
 	return "job " + string(r.State)
 }

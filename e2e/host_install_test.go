@@ -29,7 +29,7 @@ func TestTandemHostInstall(t *testing.T) {
 	_, shimPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	_, runnerPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
 	_, sshPort, _ := net.SplitHostPort(testenv.FreeAddr(t))
-	target := []string{"--ssh", sshd.User + "@" + sshd.Addr, "-i", sshd.ClientKey, "--known-hosts", sshd.KnownHosts}
+	target := []string{"--ssh", sshd.User + "@" + sshd.Addr, "--identity", sshd.ClientKey, "--known-hosts", sshd.KnownHosts}
 	hostArgs := append(append([]string{}, target...), "--prefix", prefix, "--shim-http-port", shimPort,
 		"--runner-http-port", runnerPort, "--runner-ssh-port", sshPort)
 	install := func(shimBin string) (string, string) {
@@ -65,7 +65,7 @@ func TestTandemHostInstall(t *testing.T) {
 		t.Fatalf("env file (%v):\n%s", fi.Mode(), env)
 	}
 	shim := "127.0.0.1:" + shimPort
-	run, rout, rerr := tandemIn(t, dir, nil, append(append([]string{"run"}, target...), "--shim", shim, "--image", img, "--", "/bin/sh", "-c", "echo through-the-installed-shim")...)
+	run, rout, rerr := tandemIn(t, dir, nil, append(append([]string{"run", "--rm"}, target...), "--shim", shim, "--image", img, "--", "/bin/sh", "-c", "echo through-the-installed-shim")...)
 	if err := run.Run(); err != nil || !strings.Contains(rout.String(), "through-the-installed-shim") {
 		t.Fatalf("run through the installed shim: %v\n%s\n%s", err, rout, rerr)
 	}

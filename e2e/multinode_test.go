@@ -84,7 +84,7 @@ func newCluster(t *testing.T) *cluster {
 // host's client key (TestMultiNode authorizes it on both).
 func (c *cluster) run(t *testing.T, script string, extra ...string) (*exec.Cmd, *bytes.Buffer, *bytes.Buffer) {
 	t.Helper()
-	args := []string{"run", "--nodes", "2", "-i", c.hosts[0].SSHD.ClientKey, "--known-hosts", filepath.Join(c.dir, "known_hosts"),
+	args := []string{"run", "--nodes", "2", "--identity", c.hosts[0].SSHD.ClientKey, "--known-hosts", filepath.Join(c.dir, "known_hosts"),
 		"--image", mpiImage, "--code", c.code, "--no-ssh-config"}
 	for _, h := range c.hosts {
 		args = append(args, "--ssh", "root@"+h.UplinkIP+":22")

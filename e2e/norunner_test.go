@@ -89,7 +89,7 @@ func TestShimTakesARelativeRunnerPath(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	run, out, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--no-ssh-config", testenv.Busybox(t), "echo", "ran")
+	run, out, errb := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--no-ssh-config", testenv.Busybox(t), "echo", "ran")
 	if err := run.Run(); err != nil || out.String() != "ran\n" {
 		log, _ := os.ReadFile(filepath.Join(home, "shim.log"))
 		t.Fatalf("a job on a shim given a relative runner path: %v %q\n%s\nshim log:\n%s", err, out, errb, tailStr(string(log), 2000))

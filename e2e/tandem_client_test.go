@@ -275,7 +275,7 @@ func TestTandemCtrlCDuringStalledPull(t *testing.T) {
 	gateAddr, _ := blobGate(t, reg.Addr)
 	h, shim, _ := realStack(t)
 	dir := t.TempDir()
-	cmd, out, errb := tandemIn(t, dir, []string{"TANDEM_REGISTRY_PASSWORD=" + reg.Password}, "run", "--shim", shim,
+	cmd, out, errb := tandemIn(t, dir, []string{"TANDEM_REGISTRY_PASSWORD=" + reg.Password}, "run", "--rm", "--shim", shim,
 		"--image", gateAddr+"/tandem/held:v1", "--registry-username", reg.Username, "--", "true")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -27,7 +27,7 @@ func TestTandemRunSurvivesAFrozenShim(t *testing.T) {
 
 	// 1: frozen as soon as the task is submitted, while tandem waits for it
 	// to run (one failed call ended the run before).
-	cmd, out1, errb1 := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo ran-after-freeze")
+	cmd, out1, errb1 := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--", "/bin/sh", "-c", "echo ran-after-freeze")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestTandemRunSurvivesAFrozenShim(t *testing.T) {
 
 	// 2: frozen while the job runs; the job ends meanwhile, and tandem's
 	// cleanup waits for the shim.
-	cmd, _, errb := tandem(t, "run", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",
+	cmd, _, errb := tandem(t, "run", "--rm", "--shim", shim, "--runner-port", rport, "--image", h.image, "--",
 		"/bin/sh", "-c", "echo started; sleep 3; echo finished; exit 3")
 	var err error
 	cmd.Stdout = nil
