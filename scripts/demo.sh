@@ -42,6 +42,11 @@ shim_pid=$!
 cleanup() {
 	kill "$shim_pid" 2>/dev/null || true
 	wait "$shim_pid" 2>/dev/null || true
+	# The machine as found: no task container of this demo's shim stays
+	# (an interrupted run's included).
+	for c in $(docker ps -aq --filter "label=run.tandem.shim.home=$home" 2>/dev/null); do
+		docker rm -f "$c" >/dev/null 2>&1 || true
+	done
 	# Runner dirs are filesystems of their own, mounted until their task is
 	# removed: detach what an interrupted run left, then remove the home.
 	awk -v p="$home/" 'index($5, p) == 1 {print $5}' /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" || true; done
@@ -63,7 +68,7 @@ echo "demo: ports: dstack-shim's API on 127.0.0.1:$SHIM_PORT; while the job runs
 bin/tandem info --shim "127.0.0.1:$SHIM_PORT"
 echo
 # shellcheck disable=SC2016 # expanded inside the job, not here
-bin/tandem run --shim "127.0.0.1:$SHIM_PORT" --runner-port "$RUNNER_PORT" --image "$IMAGE" --no-ssh-config --env GREETING=hello -- \
+bin/tandem run --rm --shim "127.0.0.1:$SHIM_PORT" --runner-port "$RUNNER_PORT" --image "$IMAGE" --no-ssh-config --env GREETING=hello -- \
 	/bin/sh -c '
 echo "$GREETING from $(hostname) in $DSTACK_WORKING_DIR (run $DSTACK_RUN_NAME)"
 echo "CPUs:   $(nproc)"
