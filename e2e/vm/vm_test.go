@@ -132,7 +132,7 @@ func tandem(ctx context.Context, s stack, v *testenv.VM, args ...string) (string
 }
 
 func sshFlags(v *testenv.VM) []string {
-	return []string{"--ssh", v.SSHTarget(), "-i", v.ClientKey, "--known-hosts", v.KnownHosts}
+	return []string{"--ssh", v.SSHTarget(), "--identity", v.ClientKey, "--known-hosts", v.KnownHosts}
 }
 
 // TestCloudInitVM: a stock Debian 12 VM whose only user-data is `tandem
@@ -158,7 +158,9 @@ func TestCloudInitVM(t *testing.T) {
 
 	loadImage(t, ctx, v, image)
 	start := time.Now()
-	out, errb, err := tandem(ctx, s, v, append([]string{"run"}, append(sshFlags(v), "--image", image, "--", "/bin/sh", "-c", "echo job ran on $(cat /proc/sys/kernel/hostname)")...)...)
+	// On the host network the job's hostname is the VM's (on the bridge,
+	// the default, it is its container's, as docker run's).
+	out, errb, err := tandem(ctx, s, v, append([]string{"run", "--rm", "--network", "host"}, append(sshFlags(v), "--image", image, "--", "/bin/sh", "-c", "echo job ran on $(cat /proc/sys/kernel/hostname)")...)...)
 	if err != nil || !strings.Contains(out, "job ran on tandem-vm") {
 		t.Fatalf("tandem run --ssh: %v\n%s\n%s", err, out, errb)
 	}
