@@ -241,7 +241,7 @@ func TestCloudInitVMFailures(t *testing.T) {
 		}
 		t.Logf("tandem info: %s", strings.TrimSpace(out))
 		// A task submitted anyway fails, and is removed without Docker.
-		out, errb, err = tandem(ctx, s, v, append([]string{"run"}, append(sshFlags(v), "--image", "busybox", "--", "true")...)...)
+		out, errb, err = tandem(ctx, s, v, append([]string{"run", "--rm"}, append(sshFlags(v), "--image", "busybox", "--", "true")...)...)
 		if err == nil || !strings.Contains(out+errb, "Cannot connect to the Docker daemon") {
 			t.Fatalf("a job on a host without Docker: %v\n%s\n%s", err, out, errb)
 		}
