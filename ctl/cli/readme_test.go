@@ -8,23 +8,22 @@ import (
 	"testing"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/tandem-run/tandem/internal/doclinks"
 )
 
 // TestREADMECommandsExist: every `bin/tandem ...` line of the shell blocks
-// of README.md and of every doc under docs/ names a real command, and
+// of README.md, CONTRIBUTING.md and every doc under docs/ names a real command, and
 // every flag it shows is one of that command's (or a global one): no doc
 // can promise a command line the binary refuses.
 func TestREADMECommandsExist(t *testing.T) {
 	root := filepath.Join("..", "..")
-	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	docs, err := doclinks.Docs(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(docs) == 0 {
-		t.Fatal("no docs/*.md found")
-	}
 	app := App()
-	for _, path := range append([]string{filepath.Join(root, "README.md")}, docs...) {
+	for _, path := range docs {
 		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)

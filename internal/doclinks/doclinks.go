@@ -27,6 +27,20 @@ func (b Broken) String() string {
 	return fmt.Sprintf("%s:%d: %s: %s", b.File, b.Line, b.Target, b.Reason)
 }
 
+// Docs lists the project's documents under root: README.md,
+// CONTRIBUTING.md and every docs/*.md. It fails when docs/ holds none, so
+// a check run from the wrong directory cannot pass for nothing.
+func Docs(root string) ([]string, error) {
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		return nil, fmt.Errorf("docs under %s: %w", root, err)
+	}
+	if len(docs) == 0 {
+		return nil, fmt.Errorf("no docs/*.md under %s", root)
+	}
+	return append([]string{filepath.Join(root, "README.md"), filepath.Join(root, "CONTRIBUTING.md")}, docs...), nil
+}
+
 // Check reads each markdown file and returns every relative link in it that
 // does not resolve. Links with a scheme (https:, mailto:) are not checked.
 func Check(files []string) ([]Broken, error) {
