@@ -99,6 +99,9 @@ type Result struct {
 	Interrupted bool
 	// Detached: the job runs on; nothing was cleaned up.
 	Detached bool
+	// Kept: the run ended and left its task, stopped (RunOptions.Keep, and
+	// the task got a container: see End).
+	Kept bool
 }
 
 // endedWith takes the job's end from its final state event.
@@ -560,13 +563,20 @@ func (r *Run) Remove(ctx context.Context, now bool) error {
 }
 
 // End ends the run's task: stopped and kept with Keep, else removed (see
-// Remove).
+// Remove). A task that never got a container (its pull or create failed,
+// or the run ended before) is removed even with Keep, as docker run
+// leaves nothing when its create fails: the run has printed why, and a
+// row with no container, logs or exit code to keep would only hold its
+// name.
 func (r *Run) End(ctx context.Context, now bool) error {
-	if r.o.Keep {
+	if r.keeps() {
 		return terminate(ctx, r.o.Clock, r.shim, r.id, stopGrace(now))
 	}
 	return r.Remove(ctx, now)
 }
+
+// keeps says whether End leaves the task: Keep, and it got a container.
+func (r *Run) keeps() bool { return r.o.Keep && r.info.ContainerID != "" }
 
 // stopGrace is the seconds a run's job gets to stop when its task is
 // removed: 5, or none when the run is ended now (an interrupt, a kill).
@@ -580,10 +590,10 @@ func stopGrace(now bool) uint {
 // Execute takes the run's steps in order and, unless it detaches, ends the
 // task (End) whatever happened; an end that fails is reported as an
 // EventTaskLeft.
-func (r *Run) Execute(ctx context.Context) (Result, error) {
+func (r *Run) Execute(ctx context.Context) (res Result, err error) {
 	ctx, cancel := r.begin(ctx)
 	defer cancel(nil)
-	res := Result{TaskID: r.id, Name: r.name}
+	res = Result{TaskID: r.id, Name: r.name}
 	if err := r.Submit(ctx); err != nil {
 		if res.Interrupted = interrupted(ctx); res.Interrupted {
 			return res, ErrInterrupted
@@ -597,6 +607,7 @@ func (r *Run) Execute(ctx context.Context) (Result, error) {
 		if res.Detached {
 			return
 		}
+		res.Kept = r.keeps()
 		if err := r.End(context.WithoutCancel(ctx), killNow || res.Interrupted); err != nil {
 			r.o.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.o.Shim, Err: err})
 		}
@@ -620,7 +631,6 @@ func (r *Run) Execute(ctx context.Context) (Result, error) {
 		res.Detached, res.State = true, api.JobRunning
 		return res, nil
 	}
-	var err error
 	res, killNow, err = r.Follow(ctx)
 	return res, err
 }

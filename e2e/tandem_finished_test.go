@@ -142,3 +142,33 @@ func tandemAt(t *testing.T, dir, shim string) func(args ...string) (string, stri
 		return outcome(tandemIn(t, dir, nil, append(args[:1:1], append([]string{"--shim", shim}, args[1:]...)...)...))
 	}
 }
+
+// TestTandemRunWithoutContainerLeavesNothing: a run whose task never got a
+// container (its image does not pull) is removed even without --rm, as
+// docker run leaves nothing when its create fails: it says why, ps -a has
+// no row for it, the shim holds no task of that name, and the name is free
+// for the next run. A run that got its container is kept
+// (TestTandemFinishedTasks).
+func TestTandemRunWithoutContainerLeavesNothing(t *testing.T) {
+	h, shim, _ := realStack(t)
+	run := tandemAt(t, t.TempDir(), shim)
+	_, errOut, code := run("run", "--name", "never-ran", "--image", "no-such-image:v1", "--", "true")
+	if code != 125 || !strings.Contains(errOut, "pullImage error") {
+		t.Fatalf("run of an image that does not pull: %d %s", code, errOut)
+	}
+	if out, _, _ := run("ps", "-a"); strings.Contains(out, "never-ran") {
+		t.Fatalf("ps -a shows the run that never got a container:\n%s", out)
+	}
+	items, err := h.client.ListTasks(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, it := range items {
+		if i, err := h.client.GetTask(context.Background(), it.ID); err == nil && i.Tandem != nil && i.Tandem.Name == "never-ran" {
+			t.Fatalf("the shim still holds the task: %+v", i)
+		}
+	}
+	if out, errOut, code := run("run", "--rm", "--name", "never-ran", "--image", h.image, "--", "echo", "second"); code != 0 || !strings.Contains(out, "second") {
+		t.Fatalf("the name was not free again: %d %q %s", code, out, errOut)
+	}
+}
