@@ -47,14 +47,6 @@ func runnerOf(ctx context.Context, ref string, o TaskOptions, what string) (api.
 	return info, r, addr, err
 }
 
-// DisplayName is how people see a task: its name, else its short id.
-func DisplayName(info api.TaskInfoResponse) string {
-	if n := TaskName(info); n != "" {
-		return n
-	}
-	return ShortID(info.ID)
-}
-
 // LogsOptions say how much of a task's output Logs prints.
 type LogsOptions struct {
 	// Follow streams from the task's runner until the job's output ends;
@@ -450,13 +442,6 @@ func StopTask(ctx context.Context, shim *shimclient.Client, info api.TaskInfoRes
 		return fmt.Errorf("%s %s", DisplayName(info), err)
 	}
 	return nil
-}
-
-// JobEnded says whether the shim knows the task's job ended (its runner
-// may still linger for the logs to be collected): such a task is removed
-// without --force.
-func JobEnded(info api.TaskInfoResponse) bool {
-	return info.Tandem != nil && info.Tandem.Job != nil && info.Tandem.Job.State.Final()
 }
 
 // JobStatus asks a running task's runner how its job stands (the last job

@@ -87,52 +87,6 @@ type RunOptions struct {
 	Clock Clock
 }
 
-// Result is how a run ended.
-type Result struct {
-	TaskID     string
-	Name       string
-	State      api.JobState
-	ExitStatus *int
-	Reason     api.TerminationReason
-	Message    string
-	// Interrupted: the user's signal ended the run.
-	Interrupted bool
-	// Detached: the job runs on; nothing was cleaned up.
-	Detached bool
-}
-
-// endedWith takes the job's end from its final state event.
-func (r *Result) endedWith(ev api.JobStateEvent) {
-	r.State, r.ExitStatus, r.Reason, r.Message = ev.State, ev.ExitStatus, ev.TerminationReason, ev.TerminationMessage
-}
-
-// Exit codes of tandem itself, docker run's where docker has one.
-const (
-	ExitFailure     = 125 // tandem could not run the job: shim, pull, flags
-	ExitInterrupted = 130 // the user's Ctrl-C (or SIGTERM) ended the run
-	ExitMaxDuration = 124 // --max-duration ended the job (as timeout(1))
-	ExitStopped     = 143 // someone else stopped the task (tandem stop, the server)
-)
-
-// ExitCode maps the result to a process exit code: the job's status when
-// it ran (128+N when killed by signal N, as the runner reports), else one
-// of the Exit* codes.
-func (r Result) ExitCode() int {
-	switch {
-	case r.ExitStatus != nil:
-		return *r.ExitStatus
-	case r.State == api.JobDone:
-		return 0
-	case r.Interrupted:
-		return ExitInterrupted
-	case r.Reason == api.ReasonMaxDurationExceeded:
-		return ExitMaxDuration
-	case r.State == api.JobTerminated:
-		return ExitStopped
-	}
-	return ExitFailure
-}
-
 func newID() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -277,26 +276,4 @@ func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, st *
 		}
 		_, _ = out.Write(b)
 	}
-}
-
-// Describe renders a result in one line for people.
-func Describe(r Result) string {
-	switch {
-	case r.State == api.JobDone:
-		return "job done"
-	case r.ExitStatus != nil && strings.TrimSpace(r.Message) != "":
-		return fmt.Sprintf("job failed: exit status %d: %s", *r.ExitStatus, strings.TrimSpace(r.Message))
-	case r.ExitStatus != nil:
-		return fmt.Sprintf("job failed: exit status %d", *r.ExitStatus)
-	case r.Reason != "":
-		msg := strings.TrimSpace(r.Message)
-		if msg != "" {
-			return fmt.Sprintf("job %s: %s: %s", r.State, r.Reason, msg)
-		}
-		return fmt.Sprintf("job %s: %s", r.State, r.Reason)
-	case strings.TrimSpace(r.Message) != "":
-		// A multi-node run's node that died: the message says which.
-		return fmt.Sprintf("job %s: %s", r.State, strings.TrimSpace(r.Message))
-	}
-	return "job " + string(r.State)
 }

@@ -58,15 +58,6 @@ func Tasks(ctx context.Context, shim *shimclient.Client) ([]api.TaskInfoResponse
 	return res, nil
 }
 
-// TaskName is the task's name as the shim knows it ("" for a shim that
-// does not say).
-func TaskName(t api.TaskInfoResponse) string {
-	if t.Tandem != nil {
-		return t.Tandem.Name
-	}
-	return ""
-}
-
 // ErrNoTask means a reference matched no task.
 var ErrNoTask = errors.New("no such task")
 
@@ -133,9 +124,6 @@ func Resolve(ctx context.Context, shim *shimclient.Client, ref string) (api.Task
 	}
 	return Match(tasks, ref)
 }
-
-// Ports are where a task's runner answers on the host (0: not given).
-type Ports struct{ HTTP, SSH int }
 
 // reportedPorts are where the task's runner answers as the shim says: its
 // task details, or for a shim without details (dstack's) the dstack
@@ -213,11 +201,3 @@ func hostOf(shim string) (string, error) {
 }
 
 func joinPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
-
-// ShortID is the 8-character id prefix people see.
-func ShortID(id string) string {
-	if len(id) > 8 {
-		return id[:8]
-	}
-	return id
-}

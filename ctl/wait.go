@@ -74,24 +74,3 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 		info = next
 	}
 }
-
-// endedWithTask takes the end of a task terminated before its job said
-// how it ended: the shim's reason, and a stopped job when someone stopped
-// it (a stop's terminate, seen before its remove: as a removed one).
-func (r *Result) endedWithTask(info api.TaskInfoResponse) {
-	r.Reason, r.Message = info.TerminationReason, info.TerminationMessage
-	if stoppedBySomeone(info.TerminationReason) {
-		r.State = api.JobTerminated
-	}
-}
-
-// stoppedBySomeone says whether a task ended with reason because someone
-// stopped it (a user, the server or its policies), not because it failed.
-func stoppedBySomeone(reason api.TerminationReason) bool {
-	switch reason {
-	case api.ReasonTerminatedByUser, api.ReasonAbortedByUser, api.ReasonTerminatedByServer, api.ReasonScaledDown,
-		api.ReasonInactivityDurationExceeded, api.ReasonTerminatedByUtilization:
-		return true
-	}
-	return false
-}
