@@ -40,12 +40,6 @@ type HostOptions struct {
 	Clock Clock
 }
 
-func (o HostOptions) status(format string, args ...any) {
-	if o.Progress != nil {
-		o.Progress(Event{Kind: EventInfo, Text: fmt.Sprintf(format, args...)})
-	}
-}
-
 // host is a connected machine with how to run commands as root there.
 type host struct {
 	t        *Tunnel
@@ -303,7 +297,7 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 	if err := h.canRun(shimBin); err != nil {
 		return rep, fmt.Errorf("%s: %w", o.Target.Target, err)
 	}
-	o.status("host %s: %s, Docker %s, %s", o.Target.Target, h.arch, h.docker, map[bool]string{true: "systemd", false: "no systemd (supervisor script)"}[h.useSystemd(o.Layout)])
+	say(o.Progress).status("host %s: %s, Docker %s, %s", o.Target.Target, h.arch, h.docker, map[bool]string{true: "systemd", false: "no systemd (supervisor script)"}[h.useSystemd(o.Layout)])
 	l := o.Layout
 	for _, b := range []struct{ local, dst string }{{runnerBin, l.RunnerBin()}, {shimBin, l.ShimBin()}} {
 		changed, err := h.upload(ctx, b.local, b.dst)
@@ -418,7 +412,7 @@ func (h *host) superviseStart(ctx context.Context, l cloudinit.Layout, scriptCha
 
 // waitShim polls the shim's healthcheck through the tunnel.
 func waitShim(ctx context.Context, clk Clock, t *Tunnel, port int, limit time.Duration) (api.HealthcheckResponse, error) {
-	c, err := newShimClient(joinPort("127.0.0.1", port), t.Dial, "")
+	c, err := localShim(t, port, clk)
 	if err != nil {
 		return api.HealthcheckResponse{}, err
 	}
@@ -427,13 +421,19 @@ func waitShim(ctx context.Context, clk Clock, t *Tunnel, port int, limit time.Du
 		hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
 		var err error
-		hc, err = c.Healthcheck(hctx)
+		hc, err = c.shim.Healthcheck(hctx)
 		if err == nil && hc.Service != api.ServiceShim {
 			err = fmt.Errorf("answered as %q", hc.Service)
 		}
 		return err == nil, err
 	})
 	return hc, err
+}
+
+// localShim is a client of the shim on the host's own loopback, port
+// port, through the tunnel t.
+func localShim(t *Tunnel, port int, clk Clock) (*Client, error) {
+	return NewClient(Config{Shim: joinPort("127.0.0.1", port), Dial: t.Dial, Clock: clk})
 }
 
 // UninstallHost stops the shim and removes what InstallHost wrote. The
@@ -452,9 +452,9 @@ func UninstallHost(ctx context.Context, o HostOptions) error {
 	if port == 0 {
 		port = api.ShimHTTPPort
 	}
-	if c, err := newShimClient(joinPort("127.0.0.1", port), h.t.Dial, ""); err == nil {
+	if c, err := localShim(h.t, port, h.clock); err == nil {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		items, lerr := c.ListTasks(cctx)
+		items, lerr := c.shim.ListTasks(cctx)
 		cancel()
 		var live []string
 		for _, it := range items {

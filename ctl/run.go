@@ -11,7 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"path"
 	"slices"
 	"strings"
@@ -20,16 +19,14 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
-	"github.com/tandem-run/tandem/api/shimclient"
 )
 
-// RunOptions describe one run.
+// RunOptions describe one run: its task and its job. Where it runs (the
+// shim, its runner's port, the dialer, the clock, what it reports to) is
+// its Client's Config.
 type RunOptions struct {
-	Shim       string // shim address, host:port
-	ShimToken  string // bearer token for a shim started with --api-token
-	RunnerPort int    // the runner's HTTP port on the host; 0: as the shim reports
-	Name       string
-	Image      string
+	Name  string
+	Image string
 	// RegistryUsername and RegistryPassword authenticate the image pull.
 	RegistryUsername, RegistryPassword string
 	GPUs                               int // -1 all, 0 none
@@ -71,9 +68,6 @@ type RunOptions struct {
 	// to its runner as it comes (docker run -i; a Tandem runner only); nil:
 	// an input that ends at once (docker run without -i).
 	Stdin io.Reader
-	// Dial, when set, opens agent connections (e.g. a Tunnel's Dial); Shim
-	// and runner addresses are then as seen from the far end.
-	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Started, when set, is called once the job runs (e.g. to write the
 	// task's SSH config entry).
 	Started func(info api.TaskInfoResponse)
@@ -81,10 +75,6 @@ type RunOptions struct {
 	// Workers receives the other nodes' job output in a multi-node run
 	// (nil: it is not shown).
 	Workers io.Writer
-	// Progress receives the run's steps (progress.go); nil: none are shown.
-	Progress func(Event)
-	// Clock is what waits run on (nil: the real one).
-	Clock Clock
 }
 
 func newID() string {
@@ -102,7 +92,7 @@ type Run struct {
 	*stopper // Stop
 
 	o      RunOptions
-	shim   *shimclient.Client
+	c      *Client
 	id     string
 	name   string
 	info   api.TaskInfoResponse // as WaitTask last saw it
@@ -136,19 +126,15 @@ func (p *runnerProbe) result(ctx context.Context) (*runnerclient.Client, error) 
 	return p.r, p.err
 }
 
-// NewRun checks o and returns its run, not started yet.
-func NewRun(o RunOptions) (*Run, error) {
+// NewRun checks o and returns its run on c's shim, not started yet.
+func NewRun(c *Client, o RunOptions) (*Run, error) {
 	if err := checkCommand(o); err != nil {
 		return nil, err
 	}
 	if o.Network == "" {
 		o.Network = "host"
 	}
-	if err := checkRun(o); err != nil {
-		return nil, err
-	}
-	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
-	if err != nil {
+	if err := checkRun(o, c.say); err != nil {
 		return nil, err
 	}
 	id := newID()
@@ -156,7 +142,7 @@ func NewRun(o RunOptions) (*Run, error) {
 	if err := checkJobBody(jobBody(o, id, name)); err != nil {
 		return nil, err
 	}
-	return &Run{stopper: newStopper(), o: o, shim: shim, id: id, name: name}, nil
+	return &Run{stopper: newStopper(), o: o, c: c, id: id, name: name}, nil
 }
 
 // checkJobBody refuses, before anything is made, a job whose submit the
@@ -194,15 +180,16 @@ func checkJobBody(body api.SubmitBody) error {
 
 // checkRun refuses, before anything is made, what the runner would
 // refuse once the task runs: a working dir that is not absolute (or ~,
-// ~/...: the login's home), a code directory it would not take.
-func checkRun(o RunOptions) error {
+// ~/...: the login's home), a code directory it would not take (what it
+// leaves out is said to s).
+func checkRun(o RunOptions, s say) error {
 	if wd := o.WorkDir; wd != "" && !path.IsAbs(wd) && wd != "~" && !strings.HasPrefix(wd, "~/") {
 		return fmt.Errorf("--workdir %q: must be absolute (or ~/...: the login's home)", wd)
 	}
 	if o.Stdin != nil && o.Detach {
 		return errors.New("--interactive and --detach do not go together: a detached job's input would have no one to send it")
 	}
-	return checkCode(o)
+	return checkCode(o, s)
 }
 
 // ErrNameInUse means a run's --name is a task's of the shim already.
@@ -227,12 +214,12 @@ var ErrPortsHeld = errors.New("the runner's ports are held")
 //     a run -d of a short job returns as its job starts, and a second
 //     run -d right after it should find that job ended, not be refused
 //     for the few milliseconds it still ran.
-func checkShimRoom(ctx context.Context, clk Clock, shim *shimclient.Client, name, network string) error {
+func (c *Client) checkShimRoom(ctx context.Context, name, network string) error {
 	hostNet := network == "" || network == "host"
 	if name == "" && !hostNet {
 		return nil
 	}
-	tasks, err := Tasks(ctx, shim)
+	tasks, err := c.Tasks(ctx)
 	if err != nil {
 		return err
 	}
@@ -255,10 +242,10 @@ func checkShimRoom(ctx context.Context, clk Clock, shim *shimclient.Client, name
 		return nil
 	}
 	var holder api.TaskInfoResponse
-	_ = pollPaced(ctx, clk, taskPace, holderGrace, func() (bool, error) {
+	_ = pollPaced(ctx, c.clk, taskPace, holderGrace, func() (bool, error) {
 		kept := holders[:0]
 		for _, t := range holders {
-			info, err := shim.GetTask(ctx, t.ID)
+			info, err := c.shim.GetTask(ctx, t.ID)
 			switch {
 			case errors.Is(err, api.ErrNotFound):
 				continue // removed: no longer holds anything
@@ -326,15 +313,15 @@ func (r *Run) Name() string { return r.name }
 func (r *Run) Submit(ctx context.Context) error {
 	var gpuErr, roomErr, runnerErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { gpuErr = checkGPUs(ctx, r.shim, r.o.GPUs) })
-	wg.Go(func() { runnerErr = checkRunner(ctx, r.shim, r.o.Shim) })
-	wg.Go(func() { roomErr = checkShimRoom(ctx, r.o.Clock, r.shim, r.o.Name, r.o.Network) })
-	hc, err := helloShim(ctx, r.shim, r.o.Shim)
+	wg.Go(func() { gpuErr = r.c.checkGPUs(ctx, r.o.GPUs) })
+	wg.Go(func() { runnerErr = r.c.checkRunner(ctx) })
+	wg.Go(func() { roomErr = r.c.checkShimRoom(ctx, r.o.Name, r.o.Network) })
+	hc, err := r.c.hello(ctx)
 	wg.Wait()
 	if err != nil {
 		return err
 	}
-	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
+	r.c.say.status("shim %s (%s)", r.c.cfg.Shim, hc.Version)
 	r.tandemShim = hc.TandemVersion != ""
 	if err := cmp.Or(runnerErr, gpuErr, roomErr); err != nil {
 		return err
@@ -342,11 +329,11 @@ func (r *Run) Submit(ctx context.Context) error {
 	if !r.tandemShim {
 		for _, m := range r.o.Mounts {
 			if m.ReadOnly {
-				return fmt.Errorf("mount %s:%s:ro: the shim at %s is dstack's, which binds every instance mount read-write: drop :ro, or run on a Tandem shim", m.InstancePath, m.Path, r.o.Shim)
+				return fmt.Errorf("mount %s:%s:ro: the shim at %s is dstack's, which binds every instance mount read-write: drop :ro, or run on a Tandem shim", m.InstancePath, m.Path, r.c.cfg.Shim)
 			}
 		}
 	}
-	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))
+	return r.c.submitTask(ctx, taskConfig(r.o, r.id, r.name))
 }
 
 // WaitTask waits until the task runs with its ports known; a task that
@@ -367,14 +354,14 @@ func (r *Run) WaitTask(ctx context.Context) error {
 		r.probe = p
 		go func() {
 			defer close(p.done)
-			p.r, p.err = readyRunner(pctx, r.o.Clock, r.shim, r.o.Shim, info, r.o.Network, r.o.RunnerPort, r.o.Dial)
+			p.r, p.err = r.c.readyRunner(pctx, info, r.o.Network)
 		}()
 	}
-	info, err := waitTask(ctx, r.shim, r.id, r.o, seen)
+	info, err := r.c.waitTask(ctx, r.id, r.o.Image, seen)
 	if err == nil {
 		r.info = info
 		if info.Status == api.TaskTerminated {
-			err = taskEnded(ctx, r.shim, info, r.o.Network)
+			err = r.c.taskEnded(ctx, info, r.o.Network)
 		}
 	}
 	if err != nil && r.probe != nil {
@@ -394,14 +381,14 @@ func (r *Run) StartJob(ctx context.Context) error {
 		r.probe = nil
 		runner, err = p.result(ctx)
 	} else {
-		runner, err = readyRunner(ctx, r.o.Clock, r.shim, r.o.Shim, r.info, r.o.Network, r.o.RunnerPort, r.o.Dial)
+		runner, err = r.c.readyRunner(ctx, r.info, r.o.Network)
 	}
 	if err != nil {
 		return err
 	}
 	r.runner = runner
 	if r.o.Stdin != nil {
-		if err := stdinRunner(ctx, r.o.Clock, runner); err != nil {
+		if err := stdinRunner(ctx, r.c.clk, runner); err != nil {
 			return err
 		}
 	}
@@ -425,7 +412,7 @@ func (r *Run) StartJob(ctx context.Context) error {
 		}
 	}
 	body := jobBody(r.o, r.id, r.name)
-	if err := imageJob(ctx, r.shim, r.id, r.o, &body); err != nil {
+	if err := r.c.imageJob(ctx, r.id, r.o, &body); err != nil {
 		return err
 	}
 	if r.o.CodeDir == "" {
@@ -438,10 +425,10 @@ func (r *Run) StartJob(ctx context.Context) error {
 			err = submitError(err, r.o)
 		case started:
 			if told {
-				r.o.jobRunning(rr)
+				r.c.say.jobRunning(rr)
 			}
 		default:
-			err = startJob(ctx, runner, r.o) // dstack's runner: as it expects
+			err = startJob(ctx, runner, r.c.say) // dstack's runner: as it expects
 		}
 		if err != nil {
 			closeLogs()
@@ -452,7 +439,7 @@ func (r *Run) StartJob(ctx context.Context) error {
 			return err
 		}
 		openLogs()
-		if err := startJob(ctx, runner, r.o); err != nil {
+		if err := startJob(ctx, runner, r.c.say); err != nil {
 			closeLogs()
 			return err
 		}
@@ -479,7 +466,7 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 	if r.logs != nil {
 		open, r.logs = openedStream(r.logs), nil
 	}
-	res, killed, err = follow(ctx, r.runner, open, r.stops, r.o, res)
+	res, killed, err = follow(ctx, r.c, r.runner, open, r.stops, r.o.Out, res)
 	if err == nil || killed {
 		return res, killed, err
 	}
@@ -488,8 +475,8 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 	// shim may still say running for a while: its word is awaited.
 	var info api.TaskInfoResponse
 	var gerr error
-	_ = poll(ctx, r.o.Clock, 200*time.Millisecond, runnerGoneWait, func() (bool, error) {
-		info, gerr = retry(ctx, r.o.Clock, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.shim.GetTask(ctx, r.id) })
+	_ = poll(ctx, r.c.clk, 200*time.Millisecond, runnerGoneWait, func() (bool, error) {
+		info, gerr = retry(ctx, r.c.clk, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.c.shim.GetTask(ctx, r.id) })
 		return gerr != nil || info.Status == api.TaskTerminated, nil
 	})
 	switch {
@@ -510,14 +497,14 @@ const runnerGoneWait = 15 * time.Second
 // Remove terminates the task (with a 5 s grace, none when now) and
 // removes it; a task already gone is fine.
 func (r *Run) Remove(ctx context.Context, now bool) error {
-	return cleanup(ctx, r.o.Clock, r.shim, r.id, stopGrace(now), r.tandemShim)
+	return r.c.cleanup(ctx, r.id, stopGrace(now), r.tandemShim)
 }
 
 // End ends the run's task: stopped and kept with Keep, else removed (see
 // Remove).
 func (r *Run) End(ctx context.Context, now bool) error {
 	if r.o.Keep {
-		return terminate(ctx, r.o.Clock, r.shim, r.id, stopGrace(now))
+		return r.c.terminate(ctx, r.id, stopGrace(now))
 	}
 	return r.Remove(ctx, now)
 }
@@ -552,10 +539,12 @@ func (r *Run) Execute(ctx context.Context) (Result, error) {
 			return
 		}
 		if err := r.End(context.WithoutCancel(ctx), killNow || res.Interrupted); err != nil {
-			r.o.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.o.Shim, Err: err})
+			r.c.say.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.c.cfg.Shim, Err: err})
 		}
 	}()
-	fail := func(err error) (Result, error) { return failEarly(ctx, r.o, &res, err, "task "+ShortID(r.id)) }
+	fail := func(err error) (Result, error) {
+		return failEarly(ctx, r.c.say, r.o.Keep, &res, err, "task "+ShortID(r.id))
+	}
 	if err := r.WaitTask(ctx); err != nil {
 		var ended *TaskEndedError
 		if errors.As(err, &ended) {

@@ -14,28 +14,25 @@ import (
 	"github.com/tandem-run/tandem/api/runnerclient"
 )
 
-// follow streams raw output and waits for the job's end; the first signal
-// stops the job, the second returns at once (killed: the caller kills the
-// task).
-func follow(ctx context.Context, r *runnerclient.Client, open logOpener, stops <-chan struct{}, o RunOptions, res Result) (out Result, killed bool, err error) {
+// follow streams raw output to out and waits for the job's end; the
+// first stop request stops the job, ctx's end returns at once (killed: the
+// caller kills the task). What it has to say goes to c's Progress.
+func follow(ctx context.Context, c *Client, r *runnerclient.Client, open logOpener, stops <-chan struct{}, out io.Writer, res Result) (_ Result, killed bool, err error) {
 	stopped := false
-	var notes io.Writer
-	if o.Progress != nil {
-		notes = progressWriter{o}
-	}
 	if open == nil {
 		open = sinceOpener(r, time.Time{})
 	}
-	err = watchJobStream(ctx, o.Clock, r.PullStates, open, o.Out, notes, stops, &res, func() bool {
+	w := jobWatch{clk: c.clk, pull: r.PullStates, open: open, out: out, say: c.say, stops: stops, onStop: func() bool {
 		if !stopped {
 			stopped = true
-			o.emit(Event{Kind: EventStopping, Text: "stopping the job"})
+			c.say.emit(Event{Kind: EventStopping, Text: "stopping the job"})
 			_ = r.Stop(ctx)
 		}
 		return false
-	}, nil)
+	}}
+	err = w.run(ctx, &res)
 	if ctx.Err() != nil {
-		o.status("killing the job")
+		c.say.status("killing the job")
 		res.State, res.Interrupted = api.JobTerminated, true
 		return res, true, nil
 	}
@@ -45,12 +42,26 @@ func follow(ctx context.Context, r *runnerclient.Client, open logOpener, stops <
 	return res, false, err
 }
 
-// watchJob streams the job's raw output from since on to out and pulls its
-// states until the final one, which it records in res once every byte of
-// output was shown (or 10 s passed). Each stop request calls onStop; true
-// ends the watch there.
-func watchJob(ctx context.Context, clk Clock, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
-	return watchJobStream(ctx, clk, r.PullStates, sinceOpener(r, since), out, status, stops, res, onStop, nil)
+// jobWatch is one watch of a job: its raw output streamed to out, its
+// states asked for until the final one.
+type jobWatch struct {
+	clk Clock
+	// pull asks for the states: the run's own pull or an onlooker's peek.
+	pull statePuller
+	open logOpener // the output stream
+	out  io.Writer // the job's output
+	say  say       // what the watch has to say (a stream that did not open)
+	// stops are stop requests (nil: none); each calls onStop, and true
+	// ends the watch there.
+	stops  <-chan struct{}
+	onStop func() bool
+	// stream, when set, records how the output stream went.
+	stream *streamState
+}
+
+// pullWatch is the driver's watch of r's job, its output from since on.
+func pullWatch(clk Clock, r *runnerclient.Client, since time.Time, out io.Writer) jobWatch {
+	return jobWatch{clk: clk, pull: r.PullStates, open: sinceOpener(r, since), out: out}
 }
 
 // statePuller asks the runner for the job's states after a timestamp: the
@@ -94,11 +105,12 @@ func (d openedLogs) close() {
 	}
 }
 
-// watchJobStream is watchJob with the stream's opener and the state pull
-// (a driver's or an onlooker's), that also records in st (when not nil)
-// how the stream went.
-func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, st *streamState) error {
-	clk = clockOr(clk)
+// run streams the job's output and pulls its states until the final one,
+// which it records in res once every byte of output was shown (or
+// outputStall passed with none).
+func (w jobWatch) run(ctx context.Context, res *Result) error {
+	clk := clockOr(w.clk)
+	st := w.stream
 	if st == nil {
 		st = new(streamState)
 	}
@@ -113,7 +125,7 @@ func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOp
 	moved := make(chan struct{}, 1) // output arrived since the last look
 	go func() {
 		defer close(wsDone)
-		streamLogs(wsCtx, open, movedWriter{out, moved}, status, st)
+		streamLogs(wsCtx, w.open, movedWriter{w.out, moved}, w.say, st)
 	}()
 	// States only: the output comes from the stream above, and a pull of
 	// the logs would make the runner hold the job for them. A pull runs
@@ -137,7 +149,7 @@ func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOp
 		inflight = ch
 		after := ts
 		go func() {
-			p, err := pull(pullCtx, after)
+			p, err := w.pull(pullCtx, after)
 			ch <- pulled{p, err}
 		}()
 	}
@@ -148,8 +160,8 @@ func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOp
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-stops:
-			if onStop() {
+		case <-w.stops:
+			if w.onStop() {
 				return nil
 			}
 		case <-streamEnd:
@@ -247,12 +259,13 @@ type streamState struct {
 }
 
 // streamLogs copies the job's raw output (the stream open opens) to out
-// until it ends or ctx does; st (when not nil) records how it went.
-func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, st *streamState) {
+// until it ends or ctx does; st (when not nil) records how it went, and a
+// stream that did not open is said to s.
+func streamLogs(ctx context.Context, open logOpener, out io.Writer, s say, st *streamState) {
 	ls, err := open(ctx)
 	if err != nil {
-		if status != nil && ctx.Err() == nil {
-			fmt.Fprintf(status, "log stream: %v\n", err)
+		if ctx.Err() == nil {
+			s.status("log stream: %v", err)
 		}
 		return
 	}

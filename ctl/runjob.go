@@ -98,25 +98,25 @@ func submitError(err error, o RunOptions) error {
 	return fmt.Errorf("submit job: %w", err)
 }
 
-// startJob starts the submitted job.
-func startJob(ctx context.Context, r *runnerclient.Client, o RunOptions) error {
+// startJob starts the submitted job; s hears where it runs.
+func startJob(ctx context.Context, r *runnerclient.Client, s say) error {
 	rr, ok, err := r.Run(ctx)
 	if err != nil {
 		return fmt.Errorf("start job: %w", err)
 	}
 	if ok {
-		o.jobRunning(rr)
+		s.jobRunning(rr)
 	}
 	return nil
 }
 
 // jobRunning says where and as whom the job runs, as its runner told.
-func (o RunOptions) jobRunning(rr api.RunResponse) {
+func (s say) jobRunning(rr api.RunResponse) {
 	switch {
 	case rr.WorkingDir != "" && rr.Username != "":
-		o.status("job running in %s as %s", rr.WorkingDir, rr.Username)
+		s.status("job running in %s as %s", rr.WorkingDir, rr.Username)
 	case rr.WorkingDir != "": // a user the image's /etc/passwd does not name (FROM scratch)
-		o.status("job running in %s", rr.WorkingDir)
+		s.status("job running in %s", rr.WorkingDir)
 	}
 }
 
@@ -139,6 +139,6 @@ func stdinRunner(ctx context.Context, clk Clock, r *runnerclient.Client) error {
 // told and the job goes on (it reads end of file).
 func (r *Run) feedStdin(ctx context.Context, runner *runnerclient.Client) {
 	if err := runner.FeedStdin(ctx, r.o.Stdin); err != nil && ctx.Err() == nil {
-		r.o.status("the job's input was cut (it reads its end): %v", err)
+		r.c.say.status("the job's input was cut (it reads its end): %v", err)
 	}
 }
