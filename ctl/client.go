@@ -153,3 +153,11 @@ func hostOf(shim string) (string, error) {
 }
 
 func joinPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
+
+// SSHTarget is how to reach a machine over SSH, as the dstack server does:
+// a login on the host, tunnelling to the agents' local ports there.
+type SSHTarget struct {
+	Target     string // user@host[:port]
+	Identity   string // private key file ("" = ~/.ssh/id_ed25519, then id_rsa)
+	KnownHosts string // known_hosts file ("" = ~/.ssh/known_hosts)
+}

@@ -40,8 +40,8 @@ type HostOptions struct {
 	Clock Clock
 }
 
-// host is a connected machine with how to run commands as root there.
-type host struct {
+// remoteHost is a connected machine with how to run commands as root there.
+type remoteHost struct {
 	t        *Tunnel
 	clock    Clock
 	sudo     bool
@@ -56,7 +56,7 @@ type host struct {
 const hostPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH; "
 
 // run runs a shell command as root on the host.
-func (h *host) run(ctx context.Context, cmd string, stdin io.Reader) (string, error) {
+func (h *remoteHost) run(ctx context.Context, cmd string, stdin io.Reader) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute) // no command of ours takes longer
 	defer cancel()
 	cmd = hostPath + cmd
@@ -67,12 +67,12 @@ func (h *host) run(ctx context.Context, cmd string, stdin io.Reader) (string, er
 	return string(out), err
 }
 
-func connectHost(ctx context.Context, o HostOptions) (*host, error) {
+func connectHost(ctx context.Context, o HostOptions) (*remoteHost, error) {
 	t, err := DialSSH(ctx, o.Target)
 	if err != nil {
 		return nil, err
 	}
-	h := &host{t: t, clock: clockOr(o.Clock)}
+	h := &remoteHost{t: t, clock: clockOr(o.Clock)}
 	probe := `echo "arch=$(uname -m)"; echo "uid=$(id -u)"; echo "glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null)"
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then echo systemd=1; else echo systemd=0; fi
 if command -v docker >/dev/null 2>&1; then
@@ -92,7 +92,7 @@ if [ "$(id -u)" != 0 ]; then sudo -n true 2>/dev/null && echo sudo=1 || echo sud
 }
 
 // parseProbe reads the probe's key=value lines into h.
-func (h *host) parseProbe(out string) error {
+func (h *remoteHost) parseProbe(out string) error {
 	kv := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {
@@ -122,7 +122,7 @@ func (h *host) parseProbe(out string) error {
 // canRun refuses a host whose C library is older than the one the
 // (cgo-linked) binary was built against: the loader would refuse it at
 // every start, and systemd would restart it until it gave up.
-func (h *host) canRun(bin string) error {
+func (h *remoteHost) canRun(bin string) error {
 	need, err := glibcNeeded(bin)
 	if err != nil || need == "" {
 		return err // a static binary needs no C library
@@ -229,7 +229,7 @@ func (o HostOptions) binaries(arch string) (shim, runner string, err error) {
 
 // put writes content to dst on the host (mode), through dst.tandem-new and
 // a rename, and reports whether the file changed.
-func (h *host) put(ctx context.Context, dst string, mode string, content io.Reader, runVersion bool) (bool, error) {
+func (h *remoteHost) put(ctx context.Context, dst string, mode string, content io.Reader, runVersion bool) (bool, error) {
 	tmp := dst + ".tandem-new"
 	cmd := fmt.Sprintf("set -e; mkdir -p %s; cat > %s; chmod %s %s", shellQuote(path.Dir(dst)), shellQuote(tmp), mode, shellQuote(tmp))
 	if runVersion {
@@ -244,7 +244,7 @@ func (h *host) put(ctx context.Context, dst string, mode string, content io.Read
 }
 
 // upload copies a local binary unless the host has the same bytes.
-func (h *host) upload(ctx context.Context, local, dst string) (bool, error) {
+func (h *remoteHost) upload(ctx context.Context, local, dst string) (bool, error) {
 	sum, err := sha256File(local)
 	if err != nil {
 		return false, err
@@ -358,19 +358,19 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 	return rep, nil
 }
 
-func (h *host) requireDocker() error {
+func (h *remoteHost) requireDocker() error {
 	if !h.dockerOK {
 		return fmt.Errorf("has no working Docker (%s): install it first (Debian/Ubuntu: apt-get install docker.io) and re-run", h.dockerNo)
 	}
 	return nil
 }
 
-func (h *host) useSystemd(l cloudinit.Layout) bool { return h.systemd && l.Prefix == "" }
+func (h *remoteHost) useSystemd(l cloudinit.Layout) bool { return h.systemd && l.Prefix == "" }
 
 // superviseStart starts the supervisor when it is not running (a new
 // script replaces the old supervisor), or restarts only the shim when its
 // files changed. It reports whether a running shim was restarted.
-func (h *host) superviseStart(ctx context.Context, l cloudinit.Layout, scriptChanged, filesChanged bool) (bool, error) {
+func (h *remoteHost) superviseStart(ctx context.Context, l cloudinit.Layout, scriptChanged, filesChanged bool) (bool, error) {
 	run := shellQuote(l.RunDir())
 	alive, _ := h.run(ctx, fmt.Sprintf("p=$(cat %s/supervisor.pid 2>/dev/null) && kill -0 \"$p\" 2>/dev/null && echo alive", run), nil)
 	running := strings.Contains(alive, "alive")

@@ -119,12 +119,3 @@ func ParseUser(s string) (*api.JobUser, error) {
 	}
 	return u, nil
 }
-
-// quoteArgv is argv as a shell would read it back, for showing.
-func quoteArgv(argv []string) string {
-	q := make([]string, len(argv))
-	for i, a := range argv {
-		q[i] = shellQuote(a)
-	}
-	return strings.Join(q, " ")
-}

@@ -6,29 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync/atomic"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
 )
-
-// runnerOf resolves ref and returns the task and a client of its runner.
-func (c *Client) runnerOf(ctx context.Context, ref string, what string) (api.TaskInfoResponse, *runnerclient.Client, string, error) {
-	info, err := c.Resolve(ctx, ref)
-	if err != nil {
-		return info, nil, "", err
-	}
-	if info.Status != api.TaskRunning {
-		msg := fmt.Sprintf("task %s is %s", DisplayName(info), info.Status)
-		if info.Status == api.TaskTerminated {
-			msg += fmt.Sprintf(" (%s)", info.TerminationReason)
-		}
-		return info, nil, "", fmt.Errorf("%s; %s needs a running task", msg, what)
-	}
-	r, addr, err := c.runner(info)
-	return info, r, addr, err
-}
 
 // LogsOptions say how much of a task's output Logs prints.
 type LogsOptions struct {
@@ -238,16 +220,4 @@ func (c *Client) followLogs(ctx context.Context, ref string, since time.Time, w 
 	}
 	defer ls.Close()
 	return copyStream(w, ls)
-}
-
-// countingWriter is w that counts the bytes written to it.
-type countingWriter struct {
-	w io.Writer
-	n atomic.Int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n.Add(int64(n))
-	return n, err
 }

@@ -7,12 +7,9 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,62 +17,6 @@ import (
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
 )
-
-// RunOptions describe one run: its task and its job. Where it runs (the
-// shim, its runner's port, the dialer, the clock, what it reports to) is
-// its Client's Config.
-type RunOptions struct {
-	Name  string
-	Image string
-	// RegistryUsername and RegistryPassword authenticate the image pull.
-	RegistryUsername, RegistryPassword string
-	GPUs                               int // -1 all, 0 none
-	CPU                                float64
-	Memory                             int64
-	ShmSize                            int64
-	PidsLimit                          int64 // 0: the shim's
-	Env                                map[string]string
-	WorkDir                            string
-	CodeDir                            string
-	// CodeLimit is the largest code archive to send, checked before the
-	// task is made (0: api.MaxUpload, the runner's default; < 0: none).
-	CodeLimit int64
-	Mounts    []api.InstanceMountPoint
-	Network   string // host or bridge
-	// User is who the job runs as in the container (docker run -u): a
-	// name or uid, with :group or :gid; "": the image's.
-	User string
-	// Privileged runs the container privileged (dstack's privileged).
-	Privileged  bool
-	MaxDuration time.Duration
-	// SSHKeys are public keys authorized in the job container (tandem ssh).
-	SSHKeys []string
-	// Commands is the job's argv; none: the image's ENTRYPOINT and CMD
-	// (imagecmd.go).
-	Commands []string
-	// Entrypoint, when not nil, replaces the image's ENTRYPOINT with
-	// Commands its arguments, as docker run --entrypoint (the image's CMD
-	// unused); empty with no Commands is refused.
-	Entrypoint []string
-	// Detach returns once the job runs, leaving the task (tandem attach,
-	// logs, rm).
-	Detach bool
-	// Keep leaves the task once the run ends, stopped: its output, exit
-	// status and task row stay until it is removed (docker run without
-	// --rm). Without it the task is removed at the end (docker run --rm).
-	Keep bool
-	// Stdin, when set, is what the job reads on its standard input, sent
-	// to its runner as it comes (docker run -i; a Tandem runner only); nil:
-	// an input that ends at once (docker run without -i).
-	Stdin io.Reader
-	// Started, when set, is called once the job runs (e.g. to write the
-	// task's SSH config entry).
-	Started func(info api.TaskInfoResponse)
-	Out     io.Writer // job output
-	// Workers receives the other nodes' job output in a multi-node run
-	// (nil: it is not shown).
-	Workers io.Writer
-}
 
 func newID() string {
 	b := make([]byte, 16)
@@ -145,39 +86,6 @@ func NewRun(c *Client, o RunOptions) (*Run, error) {
 	return &Run{stopper: newStopper(), o: o, c: c, id: id, name: name}, nil
 }
 
-// checkJobBody refuses, before anything is made, a job whose submit the
-// runner would refuse as too large (413, once the task runs): its
-// commands and environment, with the largest named.
-func checkJobBody(body api.SubmitBody) error {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return fmt.Errorf("job: %w", err)
-	}
-	if len(b) <= api.MaxJSONBody {
-		return nil
-	}
-	type part struct {
-		what string
-		size int
-	}
-	var parts []part
-	for k, v := range body.JobSpec.Env {
-		parts = append(parts, part{"env " + k, len(k) + len(v)})
-	}
-	cmds := 0
-	for _, c := range body.JobSpec.Commands {
-		cmds += len(c)
-	}
-	parts = append(parts, part{"the command", cmds})
-	slices.SortFunc(parts, func(a, b part) int { return cmp.Compare(b.size, a.size) })
-	var big []string
-	for _, p := range parts[:min(len(parts), 3)] {
-		big = append(big, fmt.Sprintf("%s (%s)", p.what, BytesText(uint64(p.size))))
-	}
-	return fmt.Errorf("job: its commands and environment take %s as the runner's submit, which takes at most %s; pass large values as files (--code, --mount) (largest: %s)",
-		BytesText(uint64(len(b))), BytesText(api.MaxJSONBody), strings.Join(big, ", "))
-}
-
 // checkRun refuses, before anything is made, what the runner would
 // refuse once the task runs: a working dir that is not absolute (or ~,
 // ~/...: the login's home), a code directory it would not take (what it
@@ -190,102 +98,6 @@ func checkRun(o RunOptions, s say) error {
 		return errors.New("--interactive and --detach do not go together: a detached job's input would have no one to send it")
 	}
 	return checkCode(o, s)
-}
-
-// ErrNameInUse means a run's --name is a task's of the shim already.
-var ErrNameInUse = errors.New("name in use")
-
-// ErrPortsHeld means another task of the shim runs on the host network,
-// where a run's runner needs the same ports.
-var ErrPortsHeld = errors.New("the runner's ports are held")
-
-// checkShimRoom refuses, before anything is made, a run the shim's tasks
-// leave no room for:
-//   - a name given to a run that a task of the shim has, as docker refuses
-//     a container name in use until that container is removed: tandem
-//     stop NAME, attach NAME and the ssh config's Host entry each want one
-//     task per name. A run's own name (tandem-<id>) is not looked up: it
-//     is new.
-//   - a host-network run while another task of the shim runs on the host
-//     network and its job has not ended: its runner holds the runner's
-//     ports, and the new task's runner would wait for them (3 s) and fail.
-//     A task whose job ended is no obstacle: its runner is leaving. A
-//     holder is looked at again for up to holderGrace before the refusal:
-//     a run -d of a short job returns as its job starts, and a second
-//     run -d right after it should find that job ended, not be refused
-//     for the few milliseconds it still ran.
-func (c *Client) checkShimRoom(ctx context.Context, name, network string) error {
-	hostNet := network == "" || network == "host"
-	if name == "" && !hostNet {
-		return nil
-	}
-	tasks, err := c.Tasks(ctx)
-	if err != nil {
-		return err
-	}
-	for _, t := range tasks {
-		if name != "" && TaskName(t) == name {
-			return fmt.Errorf("%w: task %s is named %q (%s): remove it (tandem rm %s) or give another --name",
-				ErrNameInUse, ShortID(t.ID), name, t.Status, ShortID(t.ID))
-		}
-	}
-	if !hostNet {
-		return nil
-	}
-	var holders []api.TaskInfoResponse
-	for _, t := range tasks {
-		if holdsRunnerPorts(t) {
-			holders = append(holders, t)
-		}
-	}
-	if len(holders) == 0 {
-		return nil
-	}
-	var holder api.TaskInfoResponse
-	_ = pollPaced(ctx, c.clk, taskPace, holderGrace, func() (bool, error) {
-		kept := holders[:0]
-		for _, t := range holders {
-			info, err := c.shim.GetTask(ctx, t.ID)
-			switch {
-			case errors.Is(err, api.ErrNotFound):
-				continue // removed: no longer holds anything
-			case err == nil:
-				t = info
-			}
-			if holdsRunnerPorts(t) {
-				kept = append(kept, t)
-			}
-		}
-		holders = kept
-		if len(holders) > 0 {
-			holder = holders[0]
-		}
-		return len(holders) == 0, nil
-	})
-	if len(holders) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return withHint(HintBridgeNetwork, fmt.Errorf("%w: task %s runs on the host network (%s), and a host-network run's runner needs the same ports",
-		ErrPortsHeld, DisplayName(holder), holder.Status))
-}
-
-// holderGrace is how long a run looks again at a host-network task that
-// holds the runner's ports before it is refused for it.
-const holderGrace = time.Second
-
-// holdsRunnerPorts says whether t's runner holds the host's runner ports:
-// t runs on the host network, is not terminated and its job has not ended.
-func holdsRunnerPorts(t api.TaskInfoResponse) bool {
-	return t.Status != api.TaskTerminated && onHostNetwork(t) && !JobEnded(t)
-}
-
-// onHostNetwork says whether a task runs on the host network (a shim that
-// does not say, dstack's, runs its tasks there).
-func onHostNetwork(t api.TaskInfoResponse) bool {
-	return t.Tandem == nil || t.Tandem.NetworkMode == "" || t.Tandem.NetworkMode == "host"
 }
 
 // runName is a run's name: the one given, else tandem- and its id's start.
@@ -566,4 +378,13 @@ func (r *Run) Execute(ctx context.Context) (Result, error) {
 	var err error
 	res, killNow, err = r.Follow(ctx)
 	return res, err
+}
+
+// feedStdin sends the run's input to its job until the input ends (the
+// job then reads end of file) or the job no longer reads; a failure is
+// told and the job goes on (it reads end of file).
+func (r *Run) feedStdin(ctx context.Context, runner *runnerclient.Client) {
+	if err := runner.FeedStdin(ctx, r.o.Stdin); err != nil && ctx.Err() == nil {
+		r.c.say.status("the job's input was cut (it reads its end): %v", err)
+	}
 }

@@ -132,9 +132,6 @@ func (c *Client) hostPortsHolder(ctx context.Context, self string) (name string,
 	return "", true
 }
 
-// printableLines is msg trimmed, each line made printable.
-func printableLines(msg string) string { return api.PrintableLines(strings.TrimSpace(msg)) }
-
 // readyRunner is a client of the task's runner once it answers.
 // While it does not, the task is looked at once a second: a task that
 // ended (its runner could not start) is that error.
@@ -158,70 +155,6 @@ func (c *Client) readyRunner(ctx context.Context, info api.TaskInfoResponse, net
 	}
 	return r, nil
 }
-
-// cleanup terminates and removes a task, retrying transient failures for
-// cleanupPatience; a task already gone is fine.
-//
-// With behind (a Tandem shim), the remove is sent right behind the
-// terminate, not after its answer (a round trip saved over a long link):
-// that shim serves a task's calls one at a time, so it removes the task
-// once the stop ended, and a remove that got there first is refused (the
-// task still ran) and asked again once the terminate answered. dstack's
-// shim exits (log.Fatal "already locked!") when a task's terminate and
-// remove overlap: it is asked one call after the other.
-func (c *Client) cleanup(ctx context.Context, id string, timeout uint, behind bool) error {
-	var early chan error
-	if behind {
-		early = make(chan error, 1)
-		go func() {
-			t := time.NewTimer(removeBehind) // real time: an order, not a wait
-			defer t.Stop()
-			select {
-			case <-t.C:
-				early <- c.shim.RemoveTask(ctx, id)
-			case <-ctx.Done():
-				early <- ctx.Err()
-			}
-		}()
-	}
-	_, err := retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
-		return c.shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
-	})
-	removedEarly := false
-	if early != nil {
-		removed := <-early
-		removedEarly = removed == nil || errors.Is(removed, api.ErrNotFound)
-	}
-	if err != nil && !errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("terminate: %w", err)
-	}
-	if removedEarly {
-		return nil
-	}
-	_, err = retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, c.shim.RemoveTask(ctx, id) })
-	if err != nil && !errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("remove: %w", err)
-	}
-	return nil
-}
-
-// terminate stops a task and keeps it, retrying transient failures for
-// cleanupPatience; a task already gone is fine.
-func (c *Client) terminate(ctx context.Context, id string, timeout uint) error {
-	_, err := retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
-		return c.shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
-	})
-	if err != nil && !errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("terminate: %w", err)
-	}
-	return nil
-}
-
-// removeBehind is how long after the terminate the remove is sent: enough
-// for the terminate to reach the shim first when both leave together.
-const removeBehind = 2 * time.Millisecond
-
-func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
 
 // failEarly ends a run before its job ended: when the user interrupted it,
 // res says so and the error is ErrInterrupted (what is removed, named by
@@ -306,4 +239,100 @@ func waitRunner(ctx context.Context, clk Clock, r *runnerclient.Client, taskID s
 		}
 		return false, err
 	})
+}
+
+// ErrNameInUse means a run's --name is a task's of the shim already.
+var ErrNameInUse = errors.New("name in use")
+
+// ErrPortsHeld means another task of the shim runs on the host network,
+// where a run's runner needs the same ports.
+var ErrPortsHeld = errors.New("the runner's ports are held")
+
+// checkShimRoom refuses, before anything is made, a run the shim's tasks
+// leave no room for:
+//   - a name given to a run that a task of the shim has, as docker refuses
+//     a container name in use until that container is removed: tandem
+//     stop NAME, attach NAME and the ssh config's Host entry each want one
+//     task per name. A run's own name (tandem-<id>) is not looked up: it
+//     is new.
+//   - a host-network run while another task of the shim runs on the host
+//     network and its job has not ended: its runner holds the runner's
+//     ports, and the new task's runner would wait for them (3 s) and fail.
+//     A task whose job ended is no obstacle: its runner is leaving. A
+//     holder is looked at again for up to holderGrace before the refusal:
+//     a run -d of a short job returns as its job starts, and a second
+//     run -d right after it should find that job ended, not be refused
+//     for the few milliseconds it still ran.
+func (c *Client) checkShimRoom(ctx context.Context, name, network string) error {
+	hostNet := network == "" || network == "host"
+	if name == "" && !hostNet {
+		return nil
+	}
+	tasks, err := c.Tasks(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		if name != "" && TaskName(t) == name {
+			return fmt.Errorf("%w: task %s is named %q (%s): remove it (tandem rm %s) or give another --name",
+				ErrNameInUse, ShortID(t.ID), name, t.Status, ShortID(t.ID))
+		}
+	}
+	if !hostNet {
+		return nil
+	}
+	var holders []api.TaskInfoResponse
+	for _, t := range tasks {
+		if holdsRunnerPorts(t) {
+			holders = append(holders, t)
+		}
+	}
+	if len(holders) == 0 {
+		return nil
+	}
+	var holder api.TaskInfoResponse
+	_ = pollPaced(ctx, c.clk, taskPace, holderGrace, func() (bool, error) {
+		kept := holders[:0]
+		for _, t := range holders {
+			info, err := c.shim.GetTask(ctx, t.ID)
+			switch {
+			case errors.Is(err, api.ErrNotFound):
+				continue // removed: no longer holds anything
+			case err == nil:
+				t = info
+			}
+			if holdsRunnerPorts(t) {
+				kept = append(kept, t)
+			}
+		}
+		holders = kept
+		if len(holders) > 0 {
+			holder = holders[0]
+		}
+		return len(holders) == 0, nil
+	})
+	if len(holders) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return withHint(HintBridgeNetwork, fmt.Errorf("%w: task %s runs on the host network (%s), and a host-network run's runner needs the same ports",
+		ErrPortsHeld, DisplayName(holder), holder.Status))
+}
+
+// holderGrace is how long a run looks again at a host-network task that
+// holds the runner's ports before it is refused for it.
+const holderGrace = time.Second
+
+// holdsRunnerPorts says whether t's runner holds the host's runner ports:
+// t runs on the host network, is not terminated and its job has not ended.
+func holdsRunnerPorts(t api.TaskInfoResponse) bool {
+	return t.Status != api.TaskTerminated && onHostNetwork(t) && !JobEnded(t)
+}
+
+// onHostNetwork says whether a task runs on the host network (a shim that
+// does not say, dstack's, runs its tasks there).
+func onHostNetwork(t api.TaskInfoResponse) bool {
+	return t.Tandem == nil || t.Tandem.NetworkMode == "" || t.Tandem.NetworkMode == "host"
 }

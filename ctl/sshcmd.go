@@ -131,15 +131,6 @@ func (e SSHEndpoint) Options() [][2]string {
 	return opts
 }
 
-func shellQuote(s string) string {
-	if s != "" && strings.IndexFunc(s, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:%@+,", r))
-	}) < 0 {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
 // Endpoint returns the task's SSH endpoint: on the shim's host, through
 // the SSH host of c's config when there is one.
 func (c *Client) Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {

@@ -175,3 +175,82 @@ func lastJobState(ctx context.Context, r *runnerclient.Client) (api.JobStateEven
 	}
 	return p.JobStates[len(p.JobStates)-1], true
 }
+
+// runnerOf resolves ref and returns the task and a client of its runner.
+func (c *Client) runnerOf(ctx context.Context, ref string, what string) (api.TaskInfoResponse, *runnerclient.Client, string, error) {
+	info, err := c.Resolve(ctx, ref)
+	if err != nil {
+		return info, nil, "", err
+	}
+	if info.Status != api.TaskRunning {
+		msg := fmt.Sprintf("task %s is %s", DisplayName(info), info.Status)
+		if info.Status == api.TaskTerminated {
+			msg += fmt.Sprintf(" (%s)", info.TerminationReason)
+		}
+		return info, nil, "", fmt.Errorf("%s; %s needs a running task", msg, what)
+	}
+	r, addr, err := c.runner(info)
+	return info, r, addr, err
+}
+
+// cleanup terminates and removes a task, retrying transient failures for
+// cleanupPatience; a task already gone is fine.
+//
+// With behind (a Tandem shim), the remove is sent right behind the
+// terminate, not after its answer (a round trip saved over a long link):
+// that shim serves a task's calls one at a time, so it removes the task
+// once the stop ended, and a remove that got there first is refused (the
+// task still ran) and asked again once the terminate answered. dstack's
+// shim exits (log.Fatal "already locked!") when a task's terminate and
+// remove overlap: it is asked one call after the other.
+func (c *Client) cleanup(ctx context.Context, id string, timeout uint, behind bool) error {
+	var early chan error
+	if behind {
+		early = make(chan error, 1)
+		go func() {
+			t := time.NewTimer(removeBehind) // real time: an order, not a wait
+			defer t.Stop()
+			select {
+			case <-t.C:
+				early <- c.shim.RemoveTask(ctx, id)
+			case <-ctx.Done():
+				early <- ctx.Err()
+			}
+		}()
+	}
+	_, err := retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+		return c.shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
+	})
+	removedEarly := false
+	if early != nil {
+		removed := <-early
+		removedEarly = removed == nil || errors.Is(removed, api.ErrNotFound)
+	}
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("terminate: %w", err)
+	}
+	if removedEarly {
+		return nil
+	}
+	_, err = retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, c.shim.RemoveTask(ctx, id) })
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("remove: %w", err)
+	}
+	return nil
+}
+
+// terminate stops a task and keeps it, retrying transient failures for
+// cleanupPatience; a task already gone is fine.
+func (c *Client) terminate(ctx context.Context, id string, timeout uint) error {
+	_, err := retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+		return c.shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
+	})
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("terminate: %w", err)
+	}
+	return nil
+}
+
+// removeBehind is how long after the terminate the remove is sent: enough
+// for the terminate to reach the shim first when both leave together.
+const removeBehind = 2 * time.Millisecond
