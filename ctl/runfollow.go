@@ -114,46 +114,18 @@ func (w jobWatch) run(ctx context.Context, res *Result) error {
 	if st == nil {
 		st = new(streamState)
 	}
-	wsDone := make(chan struct{})
-	wsCtx, cancelWS := context.WithCancel(ctx)
-	defer func() {
-		// The stream ends with the watch: nothing is written to out, nor
-		// recorded in st, once it returned.
-		cancelWS()
-		<-wsDone
-	}()
-	moved := make(chan struct{}, 1) // output arrived since the last look
-	go func() {
-		defer close(wsDone)
-		streamLogs(wsCtx, w.open, movedWriter{w.out, moved}, w.say, st)
-	}()
+	wsDone, moved, stopStream := w.startStream(ctx, st)
+	defer stopStream()
 	// States only: the output comes from the stream above, and a pull of
 	// the logs would make the runner hold the job for them. A pull runs
 	// beside the watch: a stream that ends with the job's end state ends
 	// the watch at once, not after a pull under way (a round trip over a
 	// long link). The first is asked after a poll's wait: the stream shows
 	// the job's start and, from a Tandem runner, its end.
-	var ts int64
-	type pulled struct {
-		p   api.PullResponse
-		err error
-	}
 	pullCtx, cancelPull := context.WithCancel(ctx)
 	defer cancelPull()
-	var inflight chan pulled // the pull under way; nil: none
-	startPull := func() {
-		if inflight != nil {
-			return
-		}
-		ch := make(chan pulled, 1)
-		inflight = ch
-		after := ts
-		go func() {
-			p, err := w.pull(pullCtx, after)
-			ch <- pulled{p, err}
-		}()
-	}
-	streamEnd := (<-chan struct{})(wsDone)
+	pulls := statePulls{pull: w.pull}
+	streamEnd := wsDone
 	quick := 0 // looks left at the quick pace
 	next := clk.After(statePoll)
 	for {
@@ -175,16 +147,16 @@ func (w jobWatch) run(ctx context.Context, res *Result) error {
 				return nil
 			}
 			streamEnd, quick = nil, endLooks
-			startPull()
+			pulls.start(pullCtx)
 		case <-next:
 			next = nil
-			startPull()
-		case got := <-inflight:
-			inflight = nil
+			pulls.start(pullCtx)
+		case got := <-pulls.inflight:
+			pulls.inflight = nil
 			if got.err != nil {
 				return fmt.Errorf("pull job state: %w", got.err)
 			}
-			ts = got.p.LastUpdated
+			pulls.after = got.p.LastUpdated
 			if n := len(got.p.JobStates); n > 0 && got.p.JobStates[n-1].State.Final() {
 				res.endedWith(got.p.JobStates[n-1])
 				drainOutput(clk, wsDone, moved)
@@ -197,6 +169,52 @@ func (w jobWatch) run(ctx context.Context, res *Result) error {
 			next = clk.After(every)
 		}
 	}
+}
+
+// startStream streams the job's output to out beside the watch: done is
+// closed once the stream ended, moved says output arrived; stop ends the
+// stream and returns once nothing more is written to out, nor recorded in
+// st.
+func (w jobWatch) startStream(ctx context.Context, st *streamState) (done <-chan struct{}, moved <-chan struct{}, stop func()) {
+	wsDone := make(chan struct{})
+	wsCtx, cancel := context.WithCancel(ctx)
+	mv := make(chan struct{}, 1) // output arrived since the last look
+	go func() {
+		defer close(wsDone)
+		streamLogs(wsCtx, w.open, movedWriter{w.out, mv}, w.say, st)
+	}()
+	return wsDone, mv, func() {
+		cancel()
+		<-wsDone
+	}
+}
+
+// statePulls asks for the job's states, one pull at a time: inflight
+// delivers the pull under way (nil: none).
+type statePulls struct {
+	pull     statePuller
+	after    int64 // the timestamp the next pull asks from
+	inflight chan pulled
+}
+
+// pulled is one pull's answer.
+type pulled struct {
+	p   api.PullResponse
+	err error
+}
+
+// start asks for the states after s.after, unless a pull is under way.
+func (s *statePulls) start(ctx context.Context) {
+	if s.inflight != nil {
+		return
+	}
+	ch := make(chan pulled, 1)
+	s.inflight = ch
+	after := s.after
+	go func() {
+		p, err := s.pull(ctx, after)
+		ch <- pulled{p, err}
+	}()
 }
 
 // How often a run asks its runner for the job's states: statePoll while

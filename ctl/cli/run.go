@@ -200,7 +200,6 @@ func runNetwork(c *cli.Context) string {
 
 // runOptions is a one-node run of cmd on shim as the flags describe it.
 func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.RunOptions, error) {
-	var err error
 	o := ctl.RunOptions{Name: c.String("name"),
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 		Network: runNetwork(c), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"), Keep: !c.Bool("rm"),
@@ -221,31 +220,8 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	}
 	o.Workers = workers
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
-	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
+	if err := runLimits(c, &o); err != nil {
 		return o, bad(err.Error())
-	}
-	if o.Memory, err = parseSize(c.String("memory")); err != nil {
-		return o, bad("--memory: " + err.Error())
-	}
-	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
-		return o, bad("--shm-size: " + err.Error())
-	}
-	if o.CodeLimit, err = parseSize(c.String("code-limit")); err != nil {
-		return o, bad("--code-limit: " + err.Error())
-	}
-	if o.CodeLimit == 0 {
-		o.CodeLimit = -1 // no check
-	}
-	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
-		return o, bad("--pids-limit: want a positive count")
-	}
-	// Refused here, not read as "none" (a negative duration) or left to
-	// the shim's 400 after the run began.
-	if o.MaxDuration < 0 {
-		return o, bad(fmt.Sprintf("--max-duration %s: want a positive duration, e.g. 30m (0: none)", o.MaxDuration))
-	}
-	if c.Float64("cpu") < 0 {
-		return o, bad(fmt.Sprintf("--cpu %g: want a positive count of cores, e.g. 1.5 (0: no limit)", c.Float64("cpu")))
 	}
 	if err := parseEnv(wholeValues(c, "env"), o.Env, os.LookupEnv); err != nil {
 		return o, bad(err.Error())
@@ -289,6 +265,39 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		}
 	}
 	return o, nil
+}
+
+// runLimits reads the run's limits (GPUs, memory, /dev/shm, the code
+// archive, processes, duration, CPU) into o, refusing a bad one here,
+// not as "none" (a negative duration) or as the shim's 400 once the run
+// began.
+func runLimits(c *cli.Context, o *ctl.RunOptions) error {
+	var err error
+	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
+		return err
+	}
+	if o.Memory, err = parseSize(c.String("memory")); err != nil {
+		return fmt.Errorf("--memory: %w", err)
+	}
+	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
+		return fmt.Errorf("--shm-size: %w", err)
+	}
+	if o.CodeLimit, err = parseSize(c.String("code-limit")); err != nil {
+		return fmt.Errorf("--code-limit: %w", err)
+	}
+	if o.CodeLimit == 0 {
+		o.CodeLimit = -1 // no check
+	}
+	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
+		return errors.New("--pids-limit: want a positive count")
+	}
+	if o.MaxDuration < 0 {
+		return fmt.Errorf("--max-duration %s: want a positive duration, e.g. 30m (0: none)", o.MaxDuration)
+	}
+	if c.Float64("cpu") < 0 {
+		return fmt.Errorf("--cpu %g: want a positive count of cores, e.g. 1.5 (0: no limit)", c.Float64("cpu"))
+	}
+	return nil
 }
 
 // runProgress is where a run's events are shown. Status lines are for a
