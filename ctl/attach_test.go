@@ -66,7 +66,7 @@ func TestAttachShowsTheRestOfACutStreamFromTheShim(t *testing.T) {
 			whole, &logAsked)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		var out, status syncBuffer
-		res, err := Attach(ctx, "t1", TaskOptions{Shim: shim}, time.Time{}, &out, &status)
+		res, err := testClient(t, Config{Shim: shim, Progress: textTo(&status)}).Attach(ctx, "t1", time.Time{}, &out)
 		cancel()
 		if err != nil || res.ExitStatus == nil || *res.ExitStatus != 3 || out.String() != whole {
 			t.Errorf("stream cut after %q (closed %v): %v, exit %v, output %q (status %q)", sent, closed, err, res.ExitStatus, out.String(), status.String())
@@ -118,7 +118,7 @@ func TestAttachNeverShowsAnotherTasksRunner(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out, status syncBuffer
-	res, err := Attach(ctx, "t1", TaskOptions{Shim: shim}, time.Time{}, &out, &status)
+	res, err := testClient(t, Config{Shim: shim, Progress: textTo(&status)}).Attach(ctx, "t1", time.Time{}, &out)
 	if err != nil || res.ExitStatus == nil || *res.ExitStatus != 0 || out.String() != "my own output\n" {
 		t.Fatalf("attach: %v, exit %v, output %q (status %q)", err, res.ExitStatus, out.String(), status.String())
 	}
@@ -177,20 +177,20 @@ func TestAttachAndLogsOfATerminatedTaskShowItsKeptOutput(t *testing.T) {
 	info := runningTask("http://127.0.0.1:9", nil)
 	info.Status, info.TerminationReason, info.TerminationMessage = api.TaskTerminated, api.ReasonTerminatedByServer, "stopped by the server"
 	shim := oneTaskShim(t, info, "kept\n", nil)
-	o := TaskOptions{Shim: shim}
+	o := testClient(t, Config{Shim: shim})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var out syncBuffer
-	res, err := Attach(ctx, "t1", o, time.Time{}, &out, nil)
+	res, err := o.Attach(ctx, "t1", time.Time{}, &out)
 	if err != nil || out.String() != "kept\n" || res.ExitCode() != ExitStopped || res.Reason != api.ReasonTerminatedByServer {
 		t.Errorf("attach: %v, output %q, exit %d, reason %q", err, out.String(), res.ExitCode(), res.Reason)
 	}
 	var logs syncBuffer
-	if err := Logs(ctx, "t1", o, LogsOptions{Follow: true}, &logs); err != nil || logs.String() != "kept\n" {
+	if err := o.Logs(ctx, "t1", LogsOptions{Follow: true}, &logs); err != nil || logs.String() != "kept\n" {
 		t.Errorf("logs -f: %v, output %q", err, logs.String())
 	}
 	var since syncBuffer
-	err = Logs(ctx, "t1", o, LogsOptions{Since: time.Now().Add(-time.Minute)}, &since)
+	err = o.Logs(ctx, "t1", LogsOptions{Since: time.Now().Add(-time.Minute)}, &since)
 	if err == nil || !strings.Contains(err.Error(), "drop --since") || since.String() != "" {
 		t.Errorf("logs --since: %v, output %q", err, since.String())
 	}
@@ -235,8 +235,8 @@ func TestLogsSinceWithoutFollow(t *testing.T) {
 		shim := oneTaskShim(t, runningTask(runner.URL, &api.JobStateEvent{State: api.JobRunning, Timestamp: 1}), "", nil)
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		var all, tail syncBuffer
-		errAll := Logs(ctx, "t1", TaskOptions{Shim: shim}, LogsOptions{Since: since}, &all)
-		errTail := Logs(ctx, "t1", TaskOptions{Shim: shim}, LogsOptions{Since: since, Tail: 2, TailSet: true}, &tail)
+		errAll := testClient(t, Config{Shim: shim}).Logs(ctx, "t1", LogsOptions{Since: since}, &all)
+		errTail := testClient(t, Config{Shim: shim}).Logs(ctx, "t1", LogsOptions{Since: since, Tail: 2, TailSet: true}, &tail)
 		cancel()
 		runner.Close()
 		switch {

@@ -7,60 +7,12 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
-	"sync"
 
 	"golang.org/x/crypto/ssh"
 
 	"github.com/tandem-run/tandem/api"
-	"github.com/tandem-run/tandem/api/runnerclient"
-	"github.com/tandem-run/tandem/api/shimclient"
 )
-
-// Node is one host of a multi-node run.
-type Node struct {
-	Shim string // shim address (as seen from the far end with Dial)
-	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// Label names the node in messages (its SSH target or shim address).
-	Label string
-	// IP is the address the other nodes reach this one at; "" picks it from
-	// the addresses the shims report (a subnet all nodes share).
-	IP string
-	// Target is the address the node was dialed at, preferred when it lies
-	// on the shared network ("" when not an IP).
-	Target string
-}
-
-// clusterNode is a node during the run.
-type clusterNode struct {
-	Node
-	rank   int
-	shim   *shimclient.Client
-	id     string
-	name   string
-	info   api.TaskInfoResponse
-	runner *runnerclient.Client
-}
-
-func (n *clusterNode) String() string { return fmt.Sprintf("node %d (%s)", n.rank, n.Label) }
-
-// onEach runs f for every node at once and joins the errors.
-func onEach(nodes []*clusterNode, f func(n *clusterNode) error) error {
-	errs := make([]error, len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := f(n); err != nil {
-				errs[i] = fmt.Errorf("%s: %w", n, err)
-			}
-		}()
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
 
 // clusterKey is the job's SSH key pair, as the dstack server makes one per
 // multi-node replica: the private key in OpenSSH form, the public one as an
@@ -87,6 +39,7 @@ func clusterKey(comment string) (*api.SSHKey, error) {
 // node), as Run's does.
 type Cluster struct {
 	*stopper
+	c     *Client // the run's config; each node has its own client of it
 	o     RunOptions
 	runID string
 	name  string
@@ -97,9 +50,10 @@ type Cluster struct {
 	key  *api.SSHKey
 }
 
-// NewCluster checks o for a multi-node run on nodes and returns the run,
-// not started yet.
-func NewCluster(o RunOptions, nodes []Node) (*Cluster, error) {
+// NewCluster checks o for a multi-node run on nodes, each reached with
+// c's config (its Shim and Dial the node's), and returns the run, not
+// started yet.
+func NewCluster(c *Client, o RunOptions, nodes []Node) (*Cluster, error) {
 	switch {
 	case len(nodes) < 2:
 		return nil, errors.New("a multi-node run needs at least two nodes")
@@ -111,24 +65,25 @@ func NewCluster(o RunOptions, nodes []Node) (*Cluster, error) {
 		return nil, errors.New("a multi-node run uses host networking (the nodes reach each other at the hosts' addresses), as dstack's does")
 	}
 	o.Network = "host"
-	if err := checkRun(o); err != nil {
+	if err := checkRun(o, c.say); err != nil {
 		return nil, err
 	}
-	if p := o.Progress; p != nil { // several nodes report at once: no redrawing
-		o.Progress = func(e Event) { e.Concurrent = true; p(e) }
+	run := *c
+	if p := c.say; p != nil { // several nodes report at once: no redrawing
+		run.say = func(e Event) { e.Concurrent = true; p(e) }
 	}
-	c := &Cluster{stopper: newStopper(), o: o, runID: newID()}
-	c.name = runName(o.Name, c.runID)
-	if err := checkJobBody(jobBody(o, c.runID, c.name)); err != nil { // each node's adds only its addresses and key
+	cl := &Cluster{stopper: newStopper(), c: &run, o: o, runID: newID()}
+	cl.name = runName(o.Name, cl.runID)
+	if err := checkJobBody(jobBody(o, cl.runID, cl.name)); err != nil { // each node's adds only its addresses and key
 		return nil, err
 	}
 	for i, n := range nodes {
 		if n.Label == "" {
 			n.Label = n.Shim
 		}
-		c.cs = append(c.cs, &clusterNode{Node: n, rank: i, id: newID(), name: fmt.Sprintf("%s-%d", c.name, i)})
+		cl.cs = append(cl.cs, &clusterNode{Node: n, rank: i, id: newID(), name: fmt.Sprintf("%s-%d", cl.name, i)})
 	}
-	return c, nil
+	return cl, nil
 }
 
 // Execute runs one job on every node: host networking, the same commands
@@ -151,7 +106,9 @@ func (c *Cluster) Execute(ctx context.Context) (Result, error) {
 	// From the first submit on, every task is taken down at the end.
 	killNow := false
 	defer func() { c.removeAll(context.WithoutCancel(ctx), killNow || res.Interrupted) }()
-	fail := func(err error) (Result, error) { return failEarly(ctx, c.o, &res, err, "the run's tasks") }
+	fail := func(err error) (Result, error) {
+		return failEarly(ctx, c.c.say, c.o.Keep, &res, err, "the run's tasks")
+	}
 	if err := c.bringUp(ctx); err != nil {
 		return fail(err)
 	}
@@ -165,23 +122,23 @@ func (c *Cluster) Execute(ctx context.Context) (Result, error) {
 	if c.o.Started != nil {
 		c.o.Started(c.cs[0].info)
 	}
-	res, killNow = followCluster(ctx, c.cs, c.stops, c.o, res)
+	res, killNow = followCluster(ctx, c.c, c.cs, c.stops, c.o, res)
 	return res, nil
 }
 
 // connect checks that every node's shim answers.
 func (c *Cluster) connect(ctx context.Context) error {
 	return onEach(c.cs, func(n *clusterNode) error {
-		s, err := newShimClient(n.Shim, n.Dial, c.o.ShimToken)
+		nc, err := c.c.at(n.Shim, n.Dial)
 		if err != nil {
 			return err
 		}
-		n.shim = s
-		hc, err := helloShim(ctx, s, n.Shim)
+		n.c = nc
+		hc, err := nc.hello(ctx)
 		if err != nil {
 			return err
 		}
-		c.o.status("%s: shim %s (%s)", n, n.Shim, hc.Version)
+		c.c.say.status("%s: shim %s (%s)", n, n.Shim, hc.Version)
 		return nil
 	})
 }
@@ -192,7 +149,7 @@ func (c *Cluster) plan(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	c.o.status("nodes: %s (master %s)", strings.Join(ips, " "), ips[0])
+	c.c.say.status("nodes: %s (master %s)", strings.Join(ips, " "), ips[0])
 	key, err := clusterKey("tandem-" + c.runID[:8])
 	if err != nil {
 		return fmt.Errorf("job key: %w", err)
@@ -204,18 +161,18 @@ func (c *Cluster) plan(ctx context.Context) error {
 // bringUp submits every node's task and waits until its runner answers.
 func (c *Cluster) bringUp(ctx context.Context) error {
 	return onEach(c.cs, func(n *clusterNode) error {
-		if err := submitTask(ctx, c.o.Clock, n.shim, taskConfig(c.o, n.id, n.name)); err != nil {
+		if err := n.c.submitTask(ctx, taskConfig(c.o, n.id, n.name)); err != nil {
 			return err
 		}
-		info, err := waitTask(ctx, n.shim, n.id, c.o, nil)
+		info, err := n.c.waitTask(ctx, n.id, c.o.Image, nil)
 		if err != nil {
 			return err
 		}
 		if info.Status == api.TaskTerminated {
-			return taskEnded(ctx, n.shim, info, c.o.Network)
+			return n.c.taskEnded(ctx, info, c.o.Network)
 		}
 		n.info = info
-		n.runner, err = readyRunner(ctx, c.o.Clock, n.shim, n.Shim, info, c.o.Network, c.o.RunnerPort, n.Dial)
+		n.runner, err = n.c.readyRunner(ctx, info, c.o.Network)
 		return err
 	})
 }
@@ -226,17 +183,17 @@ func (c *Cluster) bringUp(ctx context.Context) error {
 func (c *Cluster) startJobs(ctx context.Context) error {
 	if err := onEach(c.cs, func(n *clusterNode) error {
 		b := clusterBody(c.o, c.runID, c.name, n, c.ips, c.gpus, c.key)
-		if err := imageJob(ctx, n.shim, n.id, c.o, &b); err != nil {
+		if err := n.c.imageJob(ctx, n.id, c.o, &b); err != nil {
 			return err
 		}
 		return prepareJob(ctx, n.runner, c.o, b)
 	}); err != nil {
 		return err
 	}
-	if err := onEach(c.cs[1:], func(n *clusterNode) error { return startJob(ctx, n.runner, RunOptions{}) }); err != nil {
+	if err := onEach(c.cs[1:], func(n *clusterNode) error { return startJob(ctx, n.runner, nil) }); err != nil {
 		return err
 	}
-	if err := startJob(ctx, c.cs[0].runner, c.o); err != nil {
+	if err := startJob(ctx, c.cs[0].runner, c.c.say); err != nil {
 		return fmt.Errorf("%s: %w", c.cs[0], err)
 	}
 	return nil
@@ -246,11 +203,11 @@ func (c *Cluster) startJobs(ctx context.Context) error {
 // node's task; one that cannot be removed is an EventTaskLeft.
 func (c *Cluster) removeAll(ctx context.Context, now bool) {
 	_ = onEach(c.cs, func(n *clusterNode) error {
-		if n.shim == nil {
+		if n.c == nil {
 			return nil
 		}
-		if err := cleanup(ctx, c.o.Clock, n.shim, n.id, stopGrace(now), false); err != nil {
-			c.o.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
+		if err := n.c.cleanup(ctx, n.id, stopGrace(now), false); err != nil {
+			c.c.say.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
 		}
 		return nil
 	})
@@ -268,7 +225,7 @@ func clusterFacts(ctx context.Context, cs []*clusterNode, gpus int) (ips []strin
 		fixed[i], targets[i], perNode[i] = n.IP, n.Target, max(gpus, 0)
 	}
 	err = onEach(cs, func(n *clusterNode) error {
-		h, err := n.shim.InstanceHost(ctx)
+		h, err := n.c.shim.InstanceHost(ctx)
 		switch {
 		case errors.Is(err, api.ErrNotFound):
 			// dstack's own shim: the address it was dialed at is all we know.

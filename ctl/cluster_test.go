@@ -178,8 +178,8 @@ func TestClusterFacts(t *testing.T) {
 		})
 	}
 	cs := []*clusterNode{
-		{rank: 0, shim: host(`{"hostname":"a","addresses":["172.17.0.1/16","10.0.0.2/24"],"gpu_count":8}`)},
-		{rank: 1, shim: host(`{"hostname":"b","addresses":["172.17.0.1/16","10.0.0.3/24"],"gpu_count":4}`)},
+		{rank: 0, c: onShim(host(`{"hostname":"a","addresses":["172.17.0.1/16","10.0.0.2/24"],"gpu_count":8}`), nil)},
+		{rank: 1, c: onShim(host(`{"hostname":"b","addresses":["172.17.0.1/16","10.0.0.3/24"],"gpu_count":4}`), nil)},
 	}
 	ips, gpus, err := clusterFacts(context.Background(), cs, -1)
 	if err != nil || fmt.Sprint(ips, gpus) != "[10.0.0.2 10.0.0.3] [8 4]" {
@@ -188,7 +188,7 @@ func TestClusterFacts(t *testing.T) {
 	if _, gpus, _ := clusterFacts(context.Background(), cs, 2); fmt.Sprint(gpus) != "[2 2]" {
 		t.Fatalf("--gpus 2: %v", gpus)
 	}
-	dstack := []*clusterNode{{rank: 0, shim: host(""), Node: Node{Target: "192.168.1.5"}}, {rank: 1, shim: host(""), Node: Node{Target: "192.168.1.6"}}}
+	dstack := []*clusterNode{{rank: 0, c: onShim(host(""), nil), Node: Node{Target: "192.168.1.5"}}, {rank: 1, c: onShim(host(""), nil), Node: Node{Target: "192.168.1.6"}}}
 	if ips, _, err := clusterFacts(context.Background(), dstack, 0); err != nil || fmt.Sprint(ips) != "[192.168.1.5 192.168.1.6]" {
 		t.Fatalf("dstack shims: %v %v", ips, err)
 	}

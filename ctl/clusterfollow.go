@@ -26,7 +26,7 @@ type nodeEnd struct {
 // followCluster streams the master's output (and the workers', prefixed)
 // and waits for the run's end: the master's, a worker's failure, or the
 // caller's Stop (every job is stopped) or ctx ending (every node is killed).
-func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}, o RunOptions, res Result) (Result, bool) {
+func followCluster(ctx context.Context, c *Client, cs []*clusterNode, stops <-chan struct{}, o RunOptions, res Result) (Result, bool) {
 	wctx, stopWatching := context.WithCancel(ctx)
 	defer stopWatching()
 	ends := make(chan nodeEnd, len(cs))
@@ -40,7 +40,7 @@ func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}
 		}
 		go func() {
 			var r Result
-			err := watchNode(wctx, o.Clock, n, out, &r)
+			err := watchNode(wctx, c.clk, n, out, &r)
 			if pw != nil {
 				pw.flush()
 			}
@@ -49,9 +49,9 @@ func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}
 	}
 	stopAll := func(why string) {
 		if why == "" {
-			o.emit(Event{Kind: EventStopping, Text: "interrupted: stopping every node"})
+			c.say.emit(Event{Kind: EventStopping, Text: "interrupted: stopping every node"})
 		} else {
-			o.status("%s: stopping every node", why)
+			c.say.status("%s: stopping every node", why)
 		}
 		_ = onEach(cs, func(n *clusterNode) error { return n.runner.Stop(context.WithoutCancel(ctx)) })
 	}
@@ -69,29 +69,29 @@ func followCluster(ctx context.Context, cs []*clusterNode, stops <-chan struct{}
 				first = &e
 				if pending > 0 {
 					stopAll(fmt.Sprintf("the master's job %s", strings.TrimPrefix(Describe(e.res), "job ")))
-					settle = clockOr(o.Clock).After(30 * time.Second)
+					settle = c.clk.After(30 * time.Second)
 				}
 			case e.err == nil && e.res.State == api.JobDone:
-				o.status("%s: job done", e.node)
+				c.say.status("%s: job done", e.node)
 			default:
 				first = &e
 				if pending > 0 {
 					stopAll(fmt.Sprintf("%s %s", e.node, nodeFailure(e)))
-					settle = clockOr(o.Clock).After(30 * time.Second)
+					settle = c.clk.After(30 * time.Second)
 				}
 			}
 		case <-stops:
 			if !res.Interrupted {
 				res.Interrupted = true
 				stopAll("")
-				settle = clockOr(o.Clock).After(30 * time.Second)
+				settle = c.clk.After(30 * time.Second)
 			}
 		case <-ctx.Done():
-			o.status("killing every node")
+			c.say.status("killing every node")
 			res.State, res.Interrupted = api.JobTerminated, true
 			return res, true
 		case <-settle:
-			o.status("%d node(s) did not stop in 30s; removing their tasks", pending)
+			c.say.status("%d node(s) did not stop in 30s; removing their tasks", pending)
 			pending = 0
 		}
 	}
@@ -128,7 +128,7 @@ func nodeFailure(e nodeEnd) string {
 func watchNode(ctx context.Context, clk Clock, n *clusterNode, out io.Writer, res *Result) error {
 	since := time.Time{}
 	for {
-		err := watchJob(ctx, clk, n.runner, since, out, nil, nil, res, nil)
+		err := pullWatch(clk, n.runner, since, out).run(ctx, res)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
@@ -148,7 +148,7 @@ const nodeGrace = 15 * time.Second
 func nodeFate(ctx context.Context, clk Clock, n *clusterNode, runnerErr error) error {
 	status := "unknown"
 	err := poll(ctx, clk, 500*time.Millisecond, nodeGrace, func() (bool, error) {
-		info, err := n.shim.GetTask(ctx, n.id)
+		info, err := n.c.shim.GetTask(ctx, n.id)
 		switch {
 		case errors.Is(err, api.ErrNotFound):
 			return true, errors.New("its task was removed")

@@ -66,8 +66,8 @@ const tarBlock = 512
 // checkCode refuses, before anything is made, a code directory that the
 // runner would refuse (over o.CodeLimit: the runner's own limit, by
 // default api.MaxUpload) or that is not one, and says which entries are
-// left out.
-func checkCode(o RunOptions) error {
+// left out (to tell).
+func checkCode(o RunOptions, tell say) error {
 	if o.CodeDir == "" {
 		return nil
 	}
@@ -90,7 +90,7 @@ func checkCode(o RunOptions) error {
 		if n > len(shown) {
 			more = fmt.Sprintf(" and %d more", n-len(shown))
 		}
-		o.status("code: left out what is not a file, directory or link (sockets, devices, named pipes): %s%s",
+		tell.status("code: left out what is not a file, directory or link (sockets, devices, named pipes): %s%s",
 			strings.Join(shown, ", "), more)
 	}
 	return nil

@@ -76,8 +76,8 @@ func TestCodeLeavesOutWhatIsNotCode(t *testing.T) {
 		t.Fatalf("archive holds %q, want %q", got, want)
 	}
 	var said []string
-	o := RunOptions{CodeDir: dir, Progress: func(e Event) { said = append(said, e.Text) }}
-	if err := checkCode(o); err != nil {
+	o := RunOptions{CodeDir: dir}
+	if err := checkCode(o, func(e Event) { said = append(said, e.Text) }); err != nil {
 		t.Fatal(err)
 	}
 	if len(said) != 1 || !strings.HasSuffix(said[0], "(sockets, devices, named pipes): pipe, sub/.git/fsmonitor--daemon.ipc") {
@@ -108,31 +108,31 @@ func TestCodeTooLargeIsRefusedFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	err = checkCode(RunOptions{CodeDir: dir})
+	err = checkCode(RunOptions{CodeDir: dir}, nil)
 	if err == nil || !strings.Contains(err.Error(), "256MiB as an archive; a runner takes at most 256MiB unless") ||
 		!strings.Contains(err.Error(), "largest files: data/weights.bin (256MiB), train.py (1B)") {
 		t.Fatalf("%v", err)
 	}
 	// A runner whose limit was raised, and no check at all.
-	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: 1 << 30}); err != nil {
+	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: 1 << 30}, nil); err != nil {
 		t.Fatalf("under a raised limit: %v", err)
 	}
-	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: -1}); err != nil {
+	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: -1}, nil); err != nil {
 		t.Fatalf("with no check: %v", err)
 	}
-	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: 1 << 20}); err == nil || !strings.Contains(err.Error(), "at most 1MiB") {
+	if err := checkCode(RunOptions{CodeDir: dir, CodeLimit: 1 << 20}, nil); err == nil || !strings.Contains(err.Error(), "at most 1MiB") {
 		t.Fatalf("under a lowered limit: %v", err)
 	}
 	if err := os.Truncate(big, api.MaxUpload-64<<10); err != nil {
 		t.Fatal(err)
 	}
-	if err := checkCode(RunOptions{CodeDir: dir}); err != nil {
+	if err := checkCode(RunOptions{CodeDir: dir}, nil); err != nil {
 		t.Fatalf("a directory under the limit: %v", err)
 	}
-	if err := checkCode(RunOptions{CodeDir: filepath.Join(dir, "train.py")}); err == nil || !strings.Contains(err.Error(), "not a directory") {
+	if err := checkCode(RunOptions{CodeDir: filepath.Join(dir, "train.py")}, nil); err == nil || !strings.Contains(err.Error(), "not a directory") {
 		t.Fatalf("a file as the code dir: %v", err)
 	}
-	if _, err := NewRun(RunOptions{CodeDir: filepath.Join(dir, "none"), Commands: []string{"true"}, Shim: "127.0.0.1:1"}); err == nil {
+	if _, err := NewRun(testClient(t, Config{Shim: "127.0.0.1:1"}), RunOptions{CodeDir: filepath.Join(dir, "none"), Commands: []string{"true"}}); err == nil {
 		t.Fatal("NewRun took a code dir that is not there")
 	}
 }
@@ -182,7 +182,7 @@ func TestCodeFileGrowingWhileSent(t *testing.T) {
 // A working dir the runner would refuse is refused before a task is made.
 func TestWorkDirCheckedFirst(t *testing.T) {
 	for wd, ok := range map[string]bool{"": true, "/workflow": true, "~": true, "~/src": true, "rel/dir": false, "~user/x": false, ".": false} {
-		_, err := NewRun(RunOptions{WorkDir: wd, Commands: []string{"true"}, Shim: "127.0.0.1:1"})
+		_, err := NewRun(testClient(t, Config{Shim: "127.0.0.1:1"}), RunOptions{WorkDir: wd, Commands: []string{"true"}})
 		if (err == nil) != ok {
 			t.Errorf("--workdir %q: %v", wd, err)
 		}

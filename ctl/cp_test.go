@@ -44,7 +44,7 @@ func TestLocalForSCP(t *testing.T) {
 // Both sides local, or both in tasks: refused before any shim is asked.
 func TestSCPCommandNeedsOneTask(t *testing.T) {
 	for _, args := range [][2]string{{"a", "b"}, {"t1:/x", "t2:/y"}} {
-		_, err := SCPCommand(context.Background(), SSHOptions{Shim: "127.0.0.1:1"}, args[0], args[1])
+		_, err := testClient(t, Config{Shim: "127.0.0.1:1"}).SCPCommand(context.Background(), SSHOptions{}, args[0], args[1])
 		if err == nil || !strings.Contains(err.Error(), "exactly one side") {
 			t.Errorf("%q: %v", args, err)
 		}
@@ -55,7 +55,7 @@ func TestSCPCommandNeedsOneTask(t *testing.T) {
 // asked otherwise.
 func TestTarStreamCommandNeedsOneTask(t *testing.T) {
 	for _, args := range [][2]string{{"-", "-"}, {"-", "./local"}, {"/tmp/x", "-"}} {
-		_, err := CopyCommand(context.Background(), SSHOptions{Shim: "127.0.0.1:1"}, args[0], args[1])
+		_, err := testClient(t, Config{Shim: "127.0.0.1:1"}).CopyCommand(context.Background(), SSHOptions{}, args[0], args[1])
 		if err == nil || !strings.Contains(err.Error(), "TASK:PATH") {
 			t.Errorf("%q: %v", args, err)
 		}

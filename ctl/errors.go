@@ -15,6 +15,9 @@ import (
 // job ran, or its context cancelled with this cause).
 var ErrInterrupted = errors.New("interrupted")
 
+// interrupted says whether ctx ended with ErrInterrupted as its cause.
+func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
+
 // Hint is what a caller can give to get past an error. The library names
 // no CLI flags; a front end says how its users give each one.
 type Hint int
@@ -132,3 +135,6 @@ func unreachableAs(addr string, dial func(ctx context.Context, network, addr str
 		return c, nil
 	}
 }
+
+// printableLines is msg trimmed, each line made printable.
+func printableLines(msg string) string { return api.PrintableLines(strings.TrimSpace(msg)) }

@@ -40,14 +40,8 @@ type HostOptions struct {
 	Clock Clock
 }
 
-func (o HostOptions) status(format string, args ...any) {
-	if o.Progress != nil {
-		o.Progress(Event{Kind: EventInfo, Text: fmt.Sprintf(format, args...)})
-	}
-}
-
-// host is a connected machine with how to run commands as root there.
-type host struct {
+// remoteHost is a connected machine with how to run commands as root there.
+type remoteHost struct {
 	t        *Tunnel
 	clock    Clock
 	sudo     bool
@@ -62,7 +56,7 @@ type host struct {
 const hostPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH; "
 
 // run runs a shell command as root on the host.
-func (h *host) run(ctx context.Context, cmd string, stdin io.Reader) (string, error) {
+func (h *remoteHost) run(ctx context.Context, cmd string, stdin io.Reader) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute) // no command of ours takes longer
 	defer cancel()
 	cmd = hostPath + cmd
@@ -73,12 +67,12 @@ func (h *host) run(ctx context.Context, cmd string, stdin io.Reader) (string, er
 	return string(out), err
 }
 
-func connectHost(ctx context.Context, o HostOptions) (*host, error) {
+func connectHost(ctx context.Context, o HostOptions) (*remoteHost, error) {
 	t, err := DialSSH(ctx, o.Target)
 	if err != nil {
 		return nil, err
 	}
-	h := &host{t: t, clock: clockOr(o.Clock)}
+	h := &remoteHost{t: t, clock: clockOr(o.Clock)}
 	probe := `echo "arch=$(uname -m)"; echo "uid=$(id -u)"; echo "glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null)"
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then echo systemd=1; else echo systemd=0; fi
 if command -v docker >/dev/null 2>&1; then
@@ -98,7 +92,7 @@ if [ "$(id -u)" != 0 ]; then sudo -n true 2>/dev/null && echo sudo=1 || echo sud
 }
 
 // parseProbe reads the probe's key=value lines into h.
-func (h *host) parseProbe(out string) error {
+func (h *remoteHost) parseProbe(out string) error {
 	kv := map[string]string{}
 	for _, line := range strings.Split(out, "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {
@@ -128,7 +122,7 @@ func (h *host) parseProbe(out string) error {
 // canRun refuses a host whose C library is older than the one the
 // (cgo-linked) binary was built against: the loader would refuse it at
 // every start, and systemd would restart it until it gave up.
-func (h *host) canRun(bin string) error {
+func (h *remoteHost) canRun(bin string) error {
 	need, err := glibcNeeded(bin)
 	if err != nil || need == "" {
 		return err // a static binary needs no C library
@@ -235,7 +229,7 @@ func (o HostOptions) binaries(arch string) (shim, runner string, err error) {
 
 // put writes content to dst on the host (mode), through dst.tandem-new and
 // a rename, and reports whether the file changed.
-func (h *host) put(ctx context.Context, dst string, mode string, content io.Reader, runVersion bool) (bool, error) {
+func (h *remoteHost) put(ctx context.Context, dst string, mode string, content io.Reader, runVersion bool) (bool, error) {
 	tmp := dst + ".tandem-new"
 	cmd := fmt.Sprintf("set -e; mkdir -p %s; cat > %s; chmod %s %s", shellQuote(path.Dir(dst)), shellQuote(tmp), mode, shellQuote(tmp))
 	if runVersion {
@@ -250,7 +244,7 @@ func (h *host) put(ctx context.Context, dst string, mode string, content io.Read
 }
 
 // upload copies a local binary unless the host has the same bytes.
-func (h *host) upload(ctx context.Context, local, dst string) (bool, error) {
+func (h *remoteHost) upload(ctx context.Context, local, dst string) (bool, error) {
 	sum, err := sha256File(local)
 	if err != nil {
 		return false, err
@@ -303,7 +297,7 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 	if err := h.canRun(shimBin); err != nil {
 		return rep, fmt.Errorf("%s: %w", o.Target.Target, err)
 	}
-	o.status("host %s: %s, Docker %s, %s", o.Target.Target, h.arch, h.docker, map[bool]string{true: "systemd", false: "no systemd (supervisor script)"}[h.useSystemd(o.Layout)])
+	say(o.Progress).status("host %s: %s, Docker %s, %s", o.Target.Target, h.arch, h.docker, map[bool]string{true: "systemd", false: "no systemd (supervisor script)"}[h.useSystemd(o.Layout)])
 	l := o.Layout
 	for _, b := range []struct{ local, dst string }{{runnerBin, l.RunnerBin()}, {shimBin, l.ShimBin()}} {
 		changed, err := h.upload(ctx, b.local, b.dst)
@@ -364,19 +358,19 @@ func InstallHost(ctx context.Context, o HostOptions) (HostReport, error) {
 	return rep, nil
 }
 
-func (h *host) requireDocker() error {
+func (h *remoteHost) requireDocker() error {
 	if !h.dockerOK {
 		return fmt.Errorf("has no working Docker (%s): install it first (Debian/Ubuntu: apt-get install docker.io) and re-run", h.dockerNo)
 	}
 	return nil
 }
 
-func (h *host) useSystemd(l cloudinit.Layout) bool { return h.systemd && l.Prefix == "" }
+func (h *remoteHost) useSystemd(l cloudinit.Layout) bool { return h.systemd && l.Prefix == "" }
 
 // superviseStart starts the supervisor when it is not running (a new
 // script replaces the old supervisor), or restarts only the shim when its
 // files changed. It reports whether a running shim was restarted.
-func (h *host) superviseStart(ctx context.Context, l cloudinit.Layout, scriptChanged, filesChanged bool) (bool, error) {
+func (h *remoteHost) superviseStart(ctx context.Context, l cloudinit.Layout, scriptChanged, filesChanged bool) (bool, error) {
 	run := shellQuote(l.RunDir())
 	alive, _ := h.run(ctx, fmt.Sprintf("p=$(cat %s/supervisor.pid 2>/dev/null) && kill -0 \"$p\" 2>/dev/null && echo alive", run), nil)
 	running := strings.Contains(alive, "alive")
@@ -418,7 +412,7 @@ func (h *host) superviseStart(ctx context.Context, l cloudinit.Layout, scriptCha
 
 // waitShim polls the shim's healthcheck through the tunnel.
 func waitShim(ctx context.Context, clk Clock, t *Tunnel, port int, limit time.Duration) (api.HealthcheckResponse, error) {
-	c, err := newShimClient(joinPort("127.0.0.1", port), t.Dial, "")
+	c, err := localShim(t, port, clk)
 	if err != nil {
 		return api.HealthcheckResponse{}, err
 	}
@@ -427,13 +421,19 @@ func waitShim(ctx context.Context, clk Clock, t *Tunnel, port int, limit time.Du
 		hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
 		var err error
-		hc, err = c.Healthcheck(hctx)
+		hc, err = c.shim.Healthcheck(hctx)
 		if err == nil && hc.Service != api.ServiceShim {
 			err = fmt.Errorf("answered as %q", hc.Service)
 		}
 		return err == nil, err
 	})
 	return hc, err
+}
+
+// localShim is a client of the shim on the host's own loopback, port
+// port, through the tunnel t.
+func localShim(t *Tunnel, port int, clk Clock) (*Client, error) {
+	return NewClient(Config{Shim: joinPort("127.0.0.1", port), Dial: t.Dial, Clock: clk})
 }
 
 // UninstallHost stops the shim and removes what InstallHost wrote. The
@@ -452,9 +452,9 @@ func UninstallHost(ctx context.Context, o HostOptions) error {
 	if port == 0 {
 		port = api.ShimHTTPPort
 	}
-	if c, err := newShimClient(joinPort("127.0.0.1", port), h.t.Dial, ""); err == nil {
+	if c, err := localShim(h.t, port, h.clock); err == nil {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		items, lerr := c.ListTasks(cctx)
+		items, lerr := c.shim.ListTasks(cctx)
 		cancel()
 		var live []string
 		for _, it := range items {

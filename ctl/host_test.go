@@ -22,7 +22,7 @@ func TestHostProbe(t *testing.T) {
 		{out: "arch=x86_64\nuid=0\ndocker_error=no docker command and no /var/run/docker.sock\n", arch: "amd64",
 			dockerErr: "install it first (Debian/Ubuntu: apt-get install docker.io)"},
 	} {
-		h := &host{}
+		h := &remoteHost{}
 		err := h.parseProbe(tc.out)
 		if tc.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.err) {
@@ -55,7 +55,7 @@ func TestGlibcCheck(t *testing.T) {
 	if err != nil || need == "" {
 		t.Fatalf("glibcNeeded(/bin/ls) = %q, %v", need, err)
 	}
-	h := &host{glibc: ""}
+	h := &remoteHost{glibc: ""}
 	if err := h.canRun("/bin/ls"); err == nil || !strings.Contains(err.Error(), "has no glibc") {
 		t.Fatalf("no glibc: %v", err)
 	}
@@ -67,7 +67,7 @@ func TestGlibcCheck(t *testing.T) {
 	if err := h.canRun("/bin/ls"); err != nil {
 		t.Fatal(err)
 	}
-	var probe host
+	var probe remoteHost
 	if err := probe.parseProbe("arch=x86_64\nuid=0\nglibc=glibc 2.31\nsystemd=1\n"); err != nil || probe.glibc != "2.31" {
 		t.Fatalf("probe: %+v %v", probe, err)
 	}

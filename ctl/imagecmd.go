@@ -14,7 +14,6 @@ import (
 	"strings"
 
 	"github.com/tandem-run/tandem/api"
-	"github.com/tandem-run/tandem/api/shimclient"
 )
 
 // ErrNoImageCommand means a run gave no command and its image has none
@@ -45,7 +44,7 @@ func checkCommand(o RunOptions) error {
 //
 // A run with a command and no entrypoint is left as it is (the command
 // replaces the image's ENTRYPOINT, as a dstack task's commands do).
-func imageJob(ctx context.Context, shim *shimclient.Client, taskID string, o RunOptions, body *api.SubmitBody) error {
+func (c *Client) imageJob(ctx context.Context, taskID string, o RunOptions, body *api.SubmitBody) error {
 	if o.Entrypoint != nil {
 		body.JobSpec.Commands = slices.Concat(o.Entrypoint, o.Commands)
 		return nil
@@ -53,8 +52,8 @@ func imageJob(ctx context.Context, shim *shimclient.Client, taskID string, o Run
 	if len(o.Commands) > 0 {
 		return nil
 	}
-	cfg, err := retry(ctx, o.Clock, waitPatience, func(ctx context.Context) (api.TaskImageConfig, error) {
-		return shim.TaskImageConfig(ctx, taskID)
+	cfg, err := retry(ctx, c.clk, waitPatience, func(ctx context.Context) (api.TaskImageConfig, error) {
+		return c.shim.TaskImageConfig(ctx, taskID)
 	})
 	switch {
 	case errors.Is(err, api.ErrNotFound):
@@ -81,7 +80,7 @@ func imageJob(ctx context.Context, shim *shimclient.Client, taskID string, o Run
 		}
 		body.JobSpec.User = u
 	}
-	o.status("running the image's command: %s", api.Printable(quoteArgv(argv)))
+	c.say.status("running the image's command: %s", api.Printable(quoteArgv(argv)))
 	return checkJobBody(*body)
 }
 
@@ -119,29 +118,4 @@ func ParseUser(s string) (*api.JobUser, error) {
 		}
 	}
 	return u, nil
-}
-
-// quoteArgv is argv as a shell would read it back, for showing.
-func quoteArgv(argv []string) string {
-	q := make([]string, len(argv))
-	for i, a := range argv {
-		q[i] = shellQuote(a)
-	}
-	return strings.Join(q, " ")
-}
-
-// checkRunner refuses, before anything is made, a run on a shim that has
-// no runner binary (its component not installed): every task's container
-// would fail to be made. A shim that does not say is left to decide.
-func checkRunner(ctx context.Context, shim *shimclient.Client, addr string) error {
-	comps, err := shim.Components(ctx)
-	if err != nil {
-		return nil
-	}
-	for _, c := range comps {
-		if c.Name == api.ComponentRunner && c.Status == api.ComponentNotInstalled {
-			return fmt.Errorf("the shim at %s has no dstack-runner, so no task can start there: start dstack-shim with --runner-binary-path PATH (a build's bin/dstack-runner; make shim does)", addr)
-		}
-	}
-	return nil
 }

@@ -42,7 +42,7 @@ func TestImageJobDecidesTheCommand(t *testing.T) {
 
 	o := RunOptions{Image: "img"}
 	b := body(o)
-	if err := imageJob(ctx, shim, "t1", o, &b); err != nil {
+	if err := onShim(shim, nil).imageJob(ctx, "t1", o, &b); err != nil {
 		t.Fatal(err)
 	}
 	u := b.JobSpec.User
@@ -55,7 +55,7 @@ func TestImageJobDecidesTheCommand(t *testing.T) {
 	b = body(o)
 	uid := 7
 	b.JobSpec.User = &api.JobUser{UID: &uid}
-	if err := imageJob(ctx, shim, "t1", o, &b); err != nil {
+	if err := onShim(shim, nil).imageJob(ctx, "t1", o, &b); err != nil {
 		t.Fatal(err)
 	}
 	if *b.JobSpec.WorkingDir != "/mine" || *b.JobSpec.User.UID != 7 || b.JobSpec.User.Username != nil {
@@ -72,7 +72,7 @@ func TestImageJobDecidesTheCommand(t *testing.T) {
 		{RunOptions{Entrypoint: []string{"/bin/true"}}, []string{"/bin/true"}},
 	} {
 		b := body(tc.o)
-		if err := imageJob(ctx, shim, "t1", tc.o, &b); err != nil || !slices.Equal(b.JobSpec.Commands, tc.want) || *b.JobSpec.WorkingDir != "/workflow" {
+		if err := onShim(shim, nil).imageJob(ctx, "t1", tc.o, &b); err != nil || !slices.Equal(b.JobSpec.Commands, tc.want) || *b.JobSpec.WorkingDir != "/workflow" {
 			t.Errorf("%+v: %q in %q, %v (want %q)", tc.o, b.JobSpec.Commands, *b.JobSpec.WorkingDir, err, tc.want)
 		}
 	}
@@ -82,12 +82,12 @@ func TestImageJobDecidesTheCommand(t *testing.T) {
 
 	o = RunOptions{Image: "bare:1"}
 	b = body(o)
-	err = imageJob(ctx, shim, "bare", o, &b)
+	err = onShim(shim, nil).imageJob(ctx, "bare", o, &b)
 	if !errors.Is(err, ErrNoImageCommand) || err.Error() != "no command: image bare:1 has no ENTRYPOINT or CMD: give the command to run" {
 		t.Fatalf("an image with neither: %v", err)
 	}
 	b = body(o)
-	if err := imageJob(ctx, shim, "other", o, &b); !errors.Is(err, ErrNoImageCommand) || !strings.Contains(err.Error(), "only Tandem's dstack-shim") {
+	if err := onShim(shim, nil).imageJob(ctx, "other", o, &b); !errors.Is(err, ErrNoImageCommand) || !strings.Contains(err.Error(), "only Tandem's dstack-shim") {
 		t.Fatalf("a shim without the route: %v", err)
 	}
 }

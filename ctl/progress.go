@@ -2,7 +2,6 @@ package ctl
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
@@ -50,24 +49,16 @@ type Event struct {
 	Concurrent bool
 }
 
-// emit hands e to o.Progress, if any.
-func (o RunOptions) emit(e Event) {
-	if o.Progress != nil {
-		o.Progress(e)
+// say is where a verb says what it does: a Config's Progress; nil says
+// nothing.
+type say func(Event)
+
+func (s say) emit(e Event) {
+	if s != nil {
+		s(e)
 	}
 }
 
-func (o RunOptions) status(format string, args ...any) {
-	o.emit(Event{Kind: EventInfo, Text: fmt.Sprintf(format, args...)})
-}
-
-// progressWriter turns lines written by helpers that take a writer into
-// EventInfo events.
-type progressWriter struct{ o RunOptions }
-
-func (w progressWriter) Write(p []byte) (int, error) {
-	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
-		w.o.emit(Event{Kind: EventInfo, Text: line})
-	}
-	return len(p), nil
+func (s say) status(format string, args ...any) {
+	s.emit(Event{Kind: EventInfo, Text: fmt.Sprintf(format, args...)})
 }

@@ -7,134 +7,16 @@ import (
 	"cmp"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"path"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
-	"github.com/tandem-run/tandem/api/shimclient"
 )
-
-// RunOptions describe one run.
-type RunOptions struct {
-	Shim       string // shim address, host:port
-	ShimToken  string // bearer token for a shim started with --api-token
-	RunnerPort int    // the runner's HTTP port on the host; 0: as the shim reports
-	Name       string
-	Image      string
-	// RegistryUsername and RegistryPassword authenticate the image pull.
-	RegistryUsername, RegistryPassword string
-	GPUs                               int // -1 all, 0 none
-	CPU                                float64
-	Memory                             int64
-	ShmSize                            int64
-	PidsLimit                          int64 // 0: the shim's
-	Env                                map[string]string
-	WorkDir                            string
-	CodeDir                            string
-	// CodeLimit is the largest code archive to send, checked before the
-	// task is made (0: api.MaxUpload, the runner's default; < 0: none).
-	CodeLimit int64
-	Mounts    []api.InstanceMountPoint
-	Network   string // host or bridge
-	// User is who the job runs as in the container (docker run -u): a
-	// name or uid, with :group or :gid; "": the image's.
-	User string
-	// Privileged runs the container privileged (dstack's privileged).
-	Privileged  bool
-	MaxDuration time.Duration
-	// SSHKeys are public keys authorized in the job container (tandem ssh).
-	SSHKeys []string
-	// Commands is the job's argv; none: the image's ENTRYPOINT and CMD
-	// (imagecmd.go).
-	Commands []string
-	// Entrypoint, when not nil, replaces the image's ENTRYPOINT with
-	// Commands its arguments, as docker run --entrypoint (the image's CMD
-	// unused); empty with no Commands is refused.
-	Entrypoint []string
-	// Detach returns once the job runs, leaving the task (tandem attach,
-	// logs, rm).
-	Detach bool
-	// Keep leaves the task once the run ends, stopped: its output, exit
-	// status and task row stay until it is removed (docker run without
-	// --rm). Without it the task is removed at the end (docker run --rm).
-	Keep bool
-	// Stdin, when set, is what the job reads on its standard input, sent
-	// to its runner as it comes (docker run -i; a Tandem runner only); nil:
-	// an input that ends at once (docker run without -i).
-	Stdin io.Reader
-	// Dial, when set, opens agent connections (e.g. a Tunnel's Dial); Shim
-	// and runner addresses are then as seen from the far end.
-	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	// Started, when set, is called once the job runs (e.g. to write the
-	// task's SSH config entry).
-	Started func(info api.TaskInfoResponse)
-	Out     io.Writer // job output
-	// Workers receives the other nodes' job output in a multi-node run
-	// (nil: it is not shown).
-	Workers io.Writer
-	// Progress receives the run's steps (progress.go); nil: none are shown.
-	Progress func(Event)
-	// Clock is what waits run on (nil: the real one).
-	Clock Clock
-}
-
-// Result is how a run ended.
-type Result struct {
-	TaskID     string
-	Name       string
-	State      api.JobState
-	ExitStatus *int
-	Reason     api.TerminationReason
-	Message    string
-	// Interrupted: the user's signal ended the run.
-	Interrupted bool
-	// Detached: the job runs on; nothing was cleaned up.
-	Detached bool
-	// Kept: the run ended and left its task, stopped (RunOptions.Keep, and
-	// the task got a container: see End).
-	Kept bool
-}
-
-// endedWith takes the job's end from its final state event.
-func (r *Result) endedWith(ev api.JobStateEvent) {
-	r.State, r.ExitStatus, r.Reason, r.Message = ev.State, ev.ExitStatus, ev.TerminationReason, ev.TerminationMessage
-}
-
-// Exit codes of tandem itself, docker run's where docker has one.
-const (
-	ExitFailure     = 125 // tandem could not run the job: shim, pull, flags
-	ExitInterrupted = 130 // the user's Ctrl-C (or SIGTERM) ended the run
-	ExitMaxDuration = 124 // --max-duration ended the job (as timeout(1))
-	ExitStopped     = 143 // someone else stopped the task (tandem stop, the server)
-)
-
-// ExitCode maps the result to a process exit code: the job's status when
-// it ran (128+N when killed by signal N, as the runner reports), else one
-// of the Exit* codes.
-func (r Result) ExitCode() int {
-	switch {
-	case r.ExitStatus != nil:
-		return *r.ExitStatus
-	case r.State == api.JobDone:
-		return 0
-	case r.Interrupted:
-		return ExitInterrupted
-	case r.Reason == api.ReasonMaxDurationExceeded:
-		return ExitMaxDuration
-	case r.State == api.JobTerminated:
-		return ExitStopped
-	}
-	return ExitFailure
-}
 
 func newID() string {
 	b := make([]byte, 16)
@@ -151,7 +33,7 @@ type Run struct {
 	*stopper // Stop
 
 	o      RunOptions
-	shim   *shimclient.Client
+	c      *Client
 	id     string
 	name   string
 	info   api.TaskInfoResponse // as WaitTask last saw it
@@ -185,19 +67,15 @@ func (p *runnerProbe) result(ctx context.Context) (*runnerclient.Client, error) 
 	return p.r, p.err
 }
 
-// NewRun checks o and returns its run, not started yet.
-func NewRun(o RunOptions) (*Run, error) {
+// NewRun checks o and returns its run on c's shim, not started yet.
+func NewRun(c *Client, o RunOptions) (*Run, error) {
 	if err := checkCommand(o); err != nil {
 		return nil, err
 	}
 	if o.Network == "" {
 		o.Network = "host"
 	}
-	if err := checkRun(o); err != nil {
-		return nil, err
-	}
-	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
-	if err != nil {
+	if err := checkRun(o, c.say); err != nil {
 		return nil, err
 	}
 	id := newID()
@@ -205,149 +83,21 @@ func NewRun(o RunOptions) (*Run, error) {
 	if err := checkJobBody(jobBody(o, id, name)); err != nil {
 		return nil, err
 	}
-	return &Run{stopper: newStopper(), o: o, shim: shim, id: id, name: name}, nil
-}
-
-// checkJobBody refuses, before anything is made, a job whose submit the
-// runner would refuse as too large (413, once the task runs): its
-// commands and environment, with the largest named.
-func checkJobBody(body api.SubmitBody) error {
-	b, err := json.Marshal(body)
-	if err != nil {
-		return fmt.Errorf("job: %w", err)
-	}
-	if len(b) <= api.MaxJSONBody {
-		return nil
-	}
-	type part struct {
-		what string
-		size int
-	}
-	var parts []part
-	for k, v := range body.JobSpec.Env {
-		parts = append(parts, part{"env " + k, len(k) + len(v)})
-	}
-	cmds := 0
-	for _, c := range body.JobSpec.Commands {
-		cmds += len(c)
-	}
-	parts = append(parts, part{"the command", cmds})
-	slices.SortFunc(parts, func(a, b part) int { return cmp.Compare(b.size, a.size) })
-	var big []string
-	for _, p := range parts[:min(len(parts), 3)] {
-		big = append(big, fmt.Sprintf("%s (%s)", p.what, BytesText(uint64(p.size))))
-	}
-	return fmt.Errorf("job: its commands and environment take %s as the runner's submit, which takes at most %s; pass large values as files (--code, --mount) (largest: %s)",
-		BytesText(uint64(len(b))), BytesText(api.MaxJSONBody), strings.Join(big, ", "))
+	return &Run{stopper: newStopper(), o: o, c: c, id: id, name: name}, nil
 }
 
 // checkRun refuses, before anything is made, what the runner would
 // refuse once the task runs: a working dir that is not absolute (or ~,
-// ~/...: the login's home), a code directory it would not take.
-func checkRun(o RunOptions) error {
+// ~/...: the login's home), a code directory it would not take (what it
+// leaves out is said to s).
+func checkRun(o RunOptions, s say) error {
 	if wd := o.WorkDir; wd != "" && !path.IsAbs(wd) && wd != "~" && !strings.HasPrefix(wd, "~/") {
 		return fmt.Errorf("--workdir %q: must be absolute (or ~/...: the login's home)", wd)
 	}
 	if o.Stdin != nil && o.Detach {
 		return errors.New("--interactive and --detach do not go together: a detached job's input would have no one to send it")
 	}
-	return checkCode(o)
-}
-
-// ErrNameInUse means a run's --name is a task's of the shim already.
-var ErrNameInUse = errors.New("name in use")
-
-// ErrPortsHeld means another task of the shim runs on the host network,
-// where a run's runner needs the same ports.
-var ErrPortsHeld = errors.New("the runner's ports are held")
-
-// checkShimRoom refuses, before anything is made, a run the shim's tasks
-// leave no room for:
-//   - a name given to a run that a task of the shim has, as docker refuses
-//     a container name in use until that container is removed: tandem
-//     stop NAME, attach NAME and the ssh config's Host entry each want one
-//     task per name. A run's own name (tandem-<id>) is not looked up: it
-//     is new.
-//   - a host-network run while another task of the shim runs on the host
-//     network and its job has not ended: its runner holds the runner's
-//     ports, and the new task's runner would wait for them (3 s) and fail.
-//     A task whose job ended is no obstacle: its runner is leaving. A
-//     holder is looked at again for up to holderGrace before the refusal:
-//     a run -d of a short job returns as its job starts, and a second
-//     run -d right after it should find that job ended, not be refused
-//     for the few milliseconds it still ran.
-func checkShimRoom(ctx context.Context, clk Clock, shim *shimclient.Client, name, network string) error {
-	hostNet := network == "" || network == "host"
-	if name == "" && !hostNet {
-		return nil
-	}
-	tasks, err := Tasks(ctx, shim)
-	if err != nil {
-		return err
-	}
-	for _, t := range tasks {
-		if name != "" && TaskName(t) == name {
-			return fmt.Errorf("%w: task %s is named %q (%s): remove it (tandem rm %s) or give another --name",
-				ErrNameInUse, ShortID(t.ID), name, t.Status, ShortID(t.ID))
-		}
-	}
-	if !hostNet {
-		return nil
-	}
-	var holders []api.TaskInfoResponse
-	for _, t := range tasks {
-		if holdsRunnerPorts(t) {
-			holders = append(holders, t)
-		}
-	}
-	if len(holders) == 0 {
-		return nil
-	}
-	var holder api.TaskInfoResponse
-	_ = pollPaced(ctx, clk, taskPace, holderGrace, func() (bool, error) {
-		kept := holders[:0]
-		for _, t := range holders {
-			info, err := shim.GetTask(ctx, t.ID)
-			switch {
-			case errors.Is(err, api.ErrNotFound):
-				continue // removed: no longer holds anything
-			case err == nil:
-				t = info
-			}
-			if holdsRunnerPorts(t) {
-				kept = append(kept, t)
-			}
-		}
-		holders = kept
-		if len(holders) > 0 {
-			holder = holders[0]
-		}
-		return len(holders) == 0, nil
-	})
-	if len(holders) == 0 {
-		return nil
-	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return withHint(HintBridgeNetwork, fmt.Errorf("%w: task %s runs on the host network (%s), and a host-network run's runner needs the same ports",
-		ErrPortsHeld, DisplayName(holder), holder.Status))
-}
-
-// holderGrace is how long a run looks again at a host-network task that
-// holds the runner's ports before it is refused for it.
-const holderGrace = time.Second
-
-// holdsRunnerPorts says whether t's runner holds the host's runner ports:
-// t runs on the host network, is not terminated and its job has not ended.
-func holdsRunnerPorts(t api.TaskInfoResponse) bool {
-	return t.Status != api.TaskTerminated && onHostNetwork(t) && !JobEnded(t)
-}
-
-// onHostNetwork says whether a task runs on the host network (a shim that
-// does not say, dstack's, runs its tasks there).
-func onHostNetwork(t api.TaskInfoResponse) bool {
-	return t.Tandem == nil || t.Tandem.NetworkMode == "" || t.Tandem.NetworkMode == "host"
+	return checkCode(o, s)
 }
 
 // runName is a run's name: the one given, else tandem- and its id's start.
@@ -375,15 +125,15 @@ func (r *Run) Name() string { return r.name }
 func (r *Run) Submit(ctx context.Context) error {
 	var gpuErr, roomErr, runnerErr error
 	var wg sync.WaitGroup
-	wg.Go(func() { gpuErr = checkGPUs(ctx, r.shim, r.o.GPUs) })
-	wg.Go(func() { runnerErr = checkRunner(ctx, r.shim, r.o.Shim) })
-	wg.Go(func() { roomErr = checkShimRoom(ctx, r.o.Clock, r.shim, r.o.Name, r.o.Network) })
-	hc, err := helloShim(ctx, r.shim, r.o.Shim)
+	wg.Go(func() { gpuErr = r.c.checkGPUs(ctx, r.o.GPUs) })
+	wg.Go(func() { runnerErr = r.c.checkRunner(ctx) })
+	wg.Go(func() { roomErr = r.c.checkShimRoom(ctx, r.o.Name, r.o.Network) })
+	hc, err := r.c.hello(ctx)
 	wg.Wait()
 	if err != nil {
 		return err
 	}
-	r.o.status("shim %s (%s)", r.o.Shim, hc.Version)
+	r.c.say.status("shim %s (%s)", r.c.cfg.Shim, hc.Version)
 	r.tandemShim = hc.TandemVersion != ""
 	if err := cmp.Or(runnerErr, gpuErr, roomErr); err != nil {
 		return err
@@ -391,11 +141,11 @@ func (r *Run) Submit(ctx context.Context) error {
 	if !r.tandemShim {
 		for _, m := range r.o.Mounts {
 			if m.ReadOnly {
-				return fmt.Errorf("mount %s:%s:ro: the shim at %s is dstack's, which binds every instance mount read-write: drop :ro, or run on a Tandem shim", m.InstancePath, m.Path, r.o.Shim)
+				return fmt.Errorf("mount %s:%s:ro: the shim at %s is dstack's, which binds every instance mount read-write: drop :ro, or run on a Tandem shim", m.InstancePath, m.Path, r.c.cfg.Shim)
 			}
 		}
 	}
-	return submitTask(ctx, r.o.Clock, r.shim, taskConfig(r.o, r.id, r.name))
+	return r.c.submitTask(ctx, taskConfig(r.o, r.id, r.name))
 }
 
 // WaitTask waits until the task runs with its ports known; a task that
@@ -416,14 +166,14 @@ func (r *Run) WaitTask(ctx context.Context) error {
 		r.probe = p
 		go func() {
 			defer close(p.done)
-			p.r, p.err = readyRunner(pctx, r.o.Clock, r.shim, r.o.Shim, info, r.o.Network, r.o.RunnerPort, r.o.Dial)
+			p.r, p.err = r.c.readyRunner(pctx, info, r.o.Network)
 		}()
 	}
-	info, err := waitTask(ctx, r.shim, r.id, r.o, seen)
+	info, err := r.c.waitTask(ctx, r.id, r.o.Image, seen)
 	if err == nil {
 		r.info = info
 		if info.Status == api.TaskTerminated {
-			err = taskEnded(ctx, r.shim, info, r.o.Network)
+			err = r.c.taskEnded(ctx, info, r.o.Network)
 		}
 	}
 	if err != nil && r.probe != nil {
@@ -443,14 +193,14 @@ func (r *Run) StartJob(ctx context.Context) error {
 		r.probe = nil
 		runner, err = p.result(ctx)
 	} else {
-		runner, err = readyRunner(ctx, r.o.Clock, r.shim, r.o.Shim, r.info, r.o.Network, r.o.RunnerPort, r.o.Dial)
+		runner, err = r.c.readyRunner(ctx, r.info, r.o.Network)
 	}
 	if err != nil {
 		return err
 	}
 	r.runner = runner
 	if r.o.Stdin != nil {
-		if err := stdinRunner(ctx, r.o.Clock, runner); err != nil {
+		if err := stdinRunner(ctx, r.c.clk, runner); err != nil {
 			return err
 		}
 	}
@@ -474,7 +224,7 @@ func (r *Run) StartJob(ctx context.Context) error {
 		}
 	}
 	body := jobBody(r.o, r.id, r.name)
-	if err := imageJob(ctx, r.shim, r.id, r.o, &body); err != nil {
+	if err := r.c.imageJob(ctx, r.id, r.o, &body); err != nil {
 		return err
 	}
 	if r.o.CodeDir == "" {
@@ -487,10 +237,10 @@ func (r *Run) StartJob(ctx context.Context) error {
 			err = submitError(err, r.o)
 		case started:
 			if told {
-				r.o.jobRunning(rr)
+				r.c.say.jobRunning(rr)
 			}
 		default:
-			err = startJob(ctx, runner, r.o) // dstack's runner: as it expects
+			err = startJob(ctx, runner, r.c.say) // dstack's runner: as it expects
 		}
 		if err != nil {
 			closeLogs()
@@ -501,7 +251,7 @@ func (r *Run) StartJob(ctx context.Context) error {
 			return err
 		}
 		openLogs()
-		if err := startJob(ctx, runner, r.o); err != nil {
+		if err := startJob(ctx, runner, r.c.say); err != nil {
 			closeLogs()
 			return err
 		}
@@ -528,7 +278,7 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 	if r.logs != nil {
 		open, r.logs = openedStream(r.logs), nil
 	}
-	res, killed, err = follow(ctx, r.runner, open, r.stops, r.o, res)
+	res, killed, err = follow(ctx, r.c, r.runner, open, r.stops, r.o.Out, res)
 	if err == nil || killed {
 		return res, killed, err
 	}
@@ -537,8 +287,8 @@ func (r *Run) Follow(ctx context.Context) (res Result, killed bool, err error) {
 	// shim may still say running for a while: its word is awaited.
 	var info api.TaskInfoResponse
 	var gerr error
-	_ = poll(ctx, r.o.Clock, 200*time.Millisecond, runnerGoneWait, func() (bool, error) {
-		info, gerr = retry(ctx, r.o.Clock, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.shim.GetTask(ctx, r.id) })
+	_ = poll(ctx, r.c.clk, 200*time.Millisecond, runnerGoneWait, func() (bool, error) {
+		info, gerr = retry(ctx, r.c.clk, 30*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return r.c.shim.GetTask(ctx, r.id) })
 		return gerr != nil || info.Status == api.TaskTerminated, nil
 	})
 	switch {
@@ -559,7 +309,7 @@ const runnerGoneWait = 15 * time.Second
 // Remove terminates the task (with a 5 s grace, none when now) and
 // removes it; a task already gone is fine.
 func (r *Run) Remove(ctx context.Context, now bool) error {
-	return cleanup(ctx, r.o.Clock, r.shim, r.id, stopGrace(now), r.tandemShim)
+	return r.c.cleanup(ctx, r.id, stopGrace(now), r.tandemShim)
 }
 
 // End ends the run's task: stopped and kept with Keep, else removed (see
@@ -570,7 +320,7 @@ func (r *Run) Remove(ctx context.Context, now bool) error {
 // name.
 func (r *Run) End(ctx context.Context, now bool) error {
 	if r.keeps() {
-		return terminate(ctx, r.o.Clock, r.shim, r.id, stopGrace(now))
+		return r.c.terminate(ctx, r.id, stopGrace(now))
 	}
 	return r.Remove(ctx, now)
 }
@@ -609,10 +359,12 @@ func (r *Run) Execute(ctx context.Context) (res Result, err error) {
 		}
 		res.Kept = r.keeps()
 		if err := r.End(context.WithoutCancel(ctx), killNow || res.Interrupted); err != nil {
-			r.o.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.o.Shim, Err: err})
+			r.c.say.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.c.cfg.Shim, Err: err})
 		}
 	}()
-	fail := func(err error) (Result, error) { return failEarly(ctx, r.o, &res, err, "task "+ShortID(r.id)) }
+	fail := func(err error) (Result, error) {
+		return failEarly(ctx, r.c.say, r.o.Keep, &res, err, "task "+ShortID(r.id))
+	}
 	if err := r.WaitTask(ctx); err != nil {
 		var ended *TaskEndedError
 		if errors.As(err, &ended) {
@@ -633,4 +385,13 @@ func (r *Run) Execute(ctx context.Context) (res Result, err error) {
 	}
 	res, killNow, err = r.Follow(ctx)
 	return res, err
+}
+
+// feedStdin sends the run's input to its job until the input ends (the
+// job then reads end of file) or the job no longer reads; a failure is
+// told and the job goes on (it reads end of file).
+func (r *Run) feedStdin(ctx context.Context, runner *runnerclient.Client) {
+	if err := runner.FeedStdin(ctx, r.o.Stdin); err != nil && ctx.Err() == nil {
+		r.c.say.status("the job's input was cut (it reads its end): %v", err)
+	}
 }

@@ -87,8 +87,8 @@ func TestFollowAwaitsTheShimsWordWhenTheRunnerIsGone(t *testing.T) {
 	defer shimSrv.Close()
 	gone := httptest.NewServer(http.NotFoundHandler())
 	gone.Close() // the runner's port: connection refused
-	o := RunOptions{Shim: shimSrv.URL, Commands: []string{"true"}, Out: io.Discard}
-	r, err := NewRun(o)
+	o := RunOptions{Commands: []string{"true"}, Out: io.Discard}
+	r, err := NewRun(testClient(t, Config{Shim: shimSrv.URL}), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,16 +134,16 @@ func TestTaskEndedSaysWhoHoldsTheRunnersPorts(t *testing.T) {
 		})
 	}
 	ctx := context.Background()
-	err := taskEnded(ctx, shimWith("h1"), ended, "host")
+	err := onShim(shimWith("h1"), nil).taskEnded(ctx, ended, "host")
 	if HintOf(err) != HintBridgeNetwork || !strings.Contains(err.Error(), "task train runs on the host network") {
 		t.Errorf("another host task: %v (hint %v)", err, HintOf(err))
 	}
-	err = taskEnded(ctx, shimWith(), ended, "host")
+	err = onShim(shimWith(), nil).taskEnded(ctx, ended, "host")
 	if HintOf(err) != HintPortsTaken || !strings.Contains(err.Error(), "another process on this host") {
 		t.Errorf("no task: %v (hint %v)", err, HintOf(err))
 	}
 	dead, _ := shimclient.New("127.0.0.1:1")
-	err = taskEnded(ctx, dead, ended, "host")
+	err = onShim(dead, nil).taskEnded(ctx, ended, "host")
 	if HintOf(err) != HintBridgeNetwork || !strings.Contains(err.Error(), "may hold") {
 		t.Errorf("unreadable list: %v (hint %v)", err, HintOf(err))
 	}
@@ -151,7 +151,7 @@ func TestTaskEndedSaysWhoHoldsTheRunnersPorts(t *testing.T) {
 	if !errors.As(err, &te) {
 		t.Errorf("not a TaskEndedError: %v", err)
 	}
-	if err := taskEnded(ctx, shimWith("h1"), ended, "bridge"); HintOf(err) != HintNone || strings.Contains(err.Error(), "\n") {
+	if err := onShim(shimWith("h1"), nil).taskEnded(ctx, ended, "bridge"); HintOf(err) != HintNone || strings.Contains(err.Error(), "\n") {
 		t.Errorf("bridge: %v", err)
 	}
 }
@@ -195,7 +195,7 @@ func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
 		"h2": `{"id":"h2","status":"running","tandem":{"name":"ended","network_mode":"host","job":{"state":"done","timestamp":5,"termination_reason":"done_by_runner","termination_message":""}}}`,
 	}
 	clk := &fakeClock{now: time.Unix(1000, 0)}
-	if err := checkShimRoom(ctx, clk, shimWith(harmless), "", "host"); err != nil || clk.waits != 0 {
+	if err := onShim(shimWith(harmless), clk).checkShimRoom(ctx, "", "host"); err != nil || clk.waits != 0 {
 		t.Fatalf("no holder: %v (%d waits)", err, clk.waits)
 	}
 	for name, holder := range map[string]string{
@@ -206,17 +206,17 @@ func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
 		tasks := maps.Clone(harmless)
 		tasks["h1"] = holder
 		clk := &fakeClock{now: time.Unix(1000, 0)}
-		err := checkShimRoom(ctx, clk, shimWith(tasks), "", "host")
+		err := onShim(shimWith(tasks), clk).checkShimRoom(ctx, "", "host")
 		if !errors.Is(err, ErrPortsHeld) || HintOf(err) != HintBridgeNetwork || !strings.Contains(err.Error(), "task "+name+" runs on the host network") {
 			t.Errorf("holder %s: %v (hint %v)", name, err, HintOf(err))
 		}
 		if waited := clk.Now().Sub(time.Unix(1000, 0)); waited < holderGrace || waited > holderGrace+time.Second {
 			t.Errorf("holder %s refused after %v, not after about %v", name, waited, holderGrace)
 		}
-		if err := checkShimRoom(ctx, nil, shimWith(tasks), "", "bridge"); err != nil {
+		if err := onShim(shimWith(tasks), nil).checkShimRoom(ctx, "", "bridge"); err != nil {
 			t.Errorf("bridge run beside %s: %v", name, err)
 		}
-		if err := checkShimRoom(ctx, nil, shimWith(tasks), "web", "bridge"); !errors.Is(err, ErrNameInUse) {
+		if err := onShim(shimWith(tasks), nil).checkShimRoom(ctx, "web", "bridge"); !errors.Is(err, ErrNameInUse) {
 			t.Errorf("name in use beside %s: %v", name, err)
 		}
 	}
@@ -247,7 +247,7 @@ func TestRunRefusesAHostRunWhileAnotherHoldsThePorts(t *testing.T) {
 			}
 			h(w, r)
 		})
-		if err := checkShimRoom(ctx, clk, hooked, "", "host"); err != nil {
+		if err := onShim(hooked, clk).checkShimRoom(ctx, "", "host"); err != nil {
 			t.Errorf("a holder whose %s: %v", what, err)
 		}
 		if clk.waits < 1 || clk.Now().Sub(time.Unix(1000, 0)) >= holderGrace {
@@ -266,21 +266,21 @@ func TestRunRefusesAJobTooLargeToSubmit(t *testing.T) {
 		env[fmt.Sprintf("B%d", i)] = big
 	}
 	env["SMALL"] = "1"
-	o := RunOptions{Shim: "127.0.0.1:1", Commands: []string{"true"}, Env: env}
-	_, err := NewRun(o)
+	o := RunOptions{Commands: []string{"true"}, Env: env}
+	local := testClient(t, Config{Shim: "127.0.0.1:1"})
+	_, err := NewRun(local, o)
 	if err == nil || !strings.Contains(err.Error(), "takes at most 1MiB") || !strings.Contains(err.Error(), "env B") || strings.Contains(err.Error(), "SMALL") {
 		t.Fatalf("too large: %v", err)
 	}
-	if _, err := NewCluster(o, []Node{{Shim: "127.0.0.1:1"}, {Shim: "127.0.0.1:2"}}); err == nil || !strings.Contains(err.Error(), "takes at most 1MiB") {
+	if _, err := NewCluster(local, o, []Node{{Shim: "127.0.0.1:1"}, {Shim: "127.0.0.1:2"}}); err == nil || !strings.Contains(err.Error(), "takes at most 1MiB") {
 		t.Fatalf("too large, multi-node: %v", err)
 	}
 	delete(env, "B0")
-	if _, err := NewRun(o); err != nil {
+	if _, err := NewRun(local, o); err != nil {
 		t.Fatalf("under the bound: %v", err)
 	}
 }
 
-// testShim is a client of a shim played by h, closed with the test.
 // testRunner is a client of a runner that h plays, closed with the test.
 func testRunner(t *testing.T, h http.HandlerFunc) *runnerclient.Client {
 	t.Helper()
@@ -293,6 +293,27 @@ func testRunner(t *testing.T, h http.HandlerFunc) *runnerclient.Client {
 	return r
 }
 
+// testClient is the client cfg makes.
+func testClient(t *testing.T, cfg Config) *Client {
+	t.Helper()
+	c, err := NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// onShim is a client whose shim connection is shim, its clock clk.
+func onShim(shim *shimclient.Client, clk Clock) *Client {
+	return &Client{clk: clockOr(clk), shim: shim}
+}
+
+// textTo is a Progress that writes each event's text to w, a line each.
+func textTo(w io.Writer) func(Event) {
+	return func(e Event) { fmt.Fprintln(w, e.Text) }
+}
+
+// testShim is a client of a shim played by h, closed with the test.
 func testShim(t *testing.T, h http.HandlerFunc) *shimclient.Client {
 	t.Helper()
 	srv := httptest.NewServer(h)
@@ -343,7 +364,7 @@ func TestCleanupRemovesRightBehindTheTerminate(t *testing.T) {
 				http.NotFound(w, r)
 			}
 		})
-		if err := cleanup(context.Background(), nil, shim, "t1", 5, true); err != nil {
+		if err := onShim(shim, nil).cleanup(context.Background(), "t1", 5, true); err != nil {
 			t.Fatalf("serial %v: %v", serial, err)
 		}
 		// Which handler a busy machine enters first is the scheduler's
@@ -383,7 +404,7 @@ func TestCleanupNeverOverlapsOnDstacksShim(t *testing.T) {
 			http.NotFound(w, r)
 		}
 	})
-	if err := cleanup(context.Background(), nil, shim, "t1", 5, false); err != nil || overlapped.Load() || removes.Load() != 1 {
+	if err := onShim(shim, nil).cleanup(context.Background(), "t1", 5, false); err != nil || overlapped.Load() || removes.Load() != 1 {
 		t.Fatalf("cleanup: %v; overlapped %v; %d removes", err, overlapped.Load(), removes.Load())
 	}
 }
@@ -397,7 +418,7 @@ func TestWaitOnAStoppedTaskIs143(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = w.Write([]byte(`{"id":"t1","status":"terminated","termination_reason":"` + reason + `","termination_message":""}`))
 		})
-		res, err := Wait(context.Background(), "t1", TaskOptions{Shim: strings.TrimPrefix(shim.BaseURL(), "http://")})
+		res, err := testClient(t, Config{Shim: strings.TrimPrefix(shim.BaseURL(), "http://")}).Wait(context.Background(), "t1")
 		if err != nil || res.ExitCode() != want {
 			t.Errorf("%s: exit %d (%v), want %d", reason, res.ExitCode(), err, want)
 		}
@@ -462,12 +483,12 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 			mu.Unlock()
 		})
 		var said []string
-		o := RunOptions{Shim: "127.0.0.1:1", Commands: []string{"true"}, Out: io.Discard,
-			Progress: func(e Event) { said = append(said, e.Text) }}
+		o := RunOptions{Commands: []string{"true"}, Out: io.Discard}
+		cfg := Config{Shim: "127.0.0.1:1", Progress: func(e Event) { said = append(said, e.Text) }}
 		if tc.code {
 			o.CodeDir = t.TempDir()
 		}
-		if err := runWithRunner(t, o, runner).StartJob(context.Background()); err != nil {
+		if err := runWithRunner(t, cfg, o, runner).StartJob(context.Background()); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		mu.Lock()
@@ -482,10 +503,11 @@ func TestStartJobSubmitsAndRunsInOneCallWhenTheRunnerCan(t *testing.T) {
 	}
 }
 
-// runWithRunner is a run of o whose runner is runner, found ready.
-func runWithRunner(t *testing.T, o RunOptions, runner *runnerclient.Client) *Run {
+// runWithRunner is a run of o, on the client cfg makes, whose runner is
+// runner, found ready.
+func runWithRunner(t *testing.T, cfg Config, o RunOptions, runner *runnerclient.Client) *Run {
 	t.Helper()
-	r, err := NewRun(o)
+	r, err := NewRun(testClient(t, cfg), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -524,9 +546,9 @@ func TestInteractiveNeedsTandemsRunner(t *testing.T) {
 				http.NotFound(w, req)
 			}
 		})
-		o := RunOptions{Shim: "127.0.0.1:1", Commands: []string{"cat"}, Out: io.Discard, Stdin: strings.NewReader("input")}
+		o := RunOptions{Commands: []string{"cat"}, Out: io.Discard, Stdin: strings.NewReader("input")}
 		ctx, cancel := context.WithCancel(context.Background())
-		err := runWithRunner(t, o, runner).StartJob(ctx)
+		err := runWithRunner(t, Config{Shim: "127.0.0.1:1"}, o, runner).StartJob(ctx)
 		cancel()
 		mu.Lock()
 		got := slices.Clone(modes)
@@ -541,7 +563,7 @@ func TestInteractiveNeedsTandemsRunner(t *testing.T) {
 			t.Fatalf("Tandem's runner: %v, submits with stdin %q; want one with %q", err, got, api.StdinStream)
 		}
 	}
-	if _, err := NewRun(RunOptions{Shim: "127.0.0.1:1", Commands: []string{"cat"}, Stdin: strings.NewReader(""), Detach: true}); err == nil {
+	if _, err := NewRun(testClient(t, Config{Shim: "127.0.0.1:1"}), RunOptions{Commands: []string{"cat"}, Stdin: strings.NewReader(""), Detach: true}); err == nil {
 		t.Fatal("--interactive with --detach was not refused")
 	}
 }

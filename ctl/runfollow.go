@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -15,28 +14,25 @@ import (
 	"github.com/tandem-run/tandem/api/runnerclient"
 )
 
-// follow streams raw output and waits for the job's end; the first signal
-// stops the job, the second returns at once (killed: the caller kills the
-// task).
-func follow(ctx context.Context, r *runnerclient.Client, open logOpener, stops <-chan struct{}, o RunOptions, res Result) (out Result, killed bool, err error) {
+// follow streams raw output to out and waits for the job's end; the
+// first stop request stops the job, ctx's end returns at once (killed: the
+// caller kills the task). What it has to say goes to c's Progress.
+func follow(ctx context.Context, c *Client, r *runnerclient.Client, open logOpener, stops <-chan struct{}, out io.Writer, res Result) (_ Result, killed bool, err error) {
 	stopped := false
-	var notes io.Writer
-	if o.Progress != nil {
-		notes = progressWriter{o}
-	}
 	if open == nil {
 		open = sinceOpener(r, time.Time{})
 	}
-	err = watchJobStream(ctx, o.Clock, r.PullStates, open, o.Out, notes, stops, &res, func() bool {
+	w := jobWatch{clk: c.clk, pull: r.PullStates, open: open, out: out, say: c.say, stops: stops, onStop: func() bool {
 		if !stopped {
 			stopped = true
-			o.emit(Event{Kind: EventStopping, Text: "stopping the job"})
+			c.say.emit(Event{Kind: EventStopping, Text: "stopping the job"})
 			_ = r.Stop(ctx)
 		}
 		return false
-	}, nil)
+	}}
+	err = w.run(ctx, &res)
 	if ctx.Err() != nil {
-		o.status("killing the job")
+		c.say.status("killing the job")
 		res.State, res.Interrupted = api.JobTerminated, true
 		return res, true, nil
 	}
@@ -46,12 +42,26 @@ func follow(ctx context.Context, r *runnerclient.Client, open logOpener, stops <
 	return res, false, err
 }
 
-// watchJob streams the job's raw output from since on to out and pulls its
-// states until the final one, which it records in res once every byte of
-// output was shown (or 10 s passed). Each stop request calls onStop; true
-// ends the watch there.
-func watchJob(ctx context.Context, clk Clock, r *runnerclient.Client, since time.Time, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool) error {
-	return watchJobStream(ctx, clk, r.PullStates, sinceOpener(r, since), out, status, stops, res, onStop, nil)
+// jobWatch is one watch of a job: its raw output streamed to out, its
+// states asked for until the final one.
+type jobWatch struct {
+	clk Clock
+	// pull asks for the states: the run's own pull or an onlooker's peek.
+	pull statePuller
+	open logOpener // the output stream
+	out  io.Writer // the job's output
+	say  say       // what the watch has to say (a stream that did not open)
+	// stops are stop requests (nil: none); each calls onStop, and true
+	// ends the watch there.
+	stops  <-chan struct{}
+	onStop func() bool
+	// stream, when set, records how the output stream went.
+	stream *streamState
+}
+
+// pullWatch is the driver's watch of r's job, its output from since on.
+func pullWatch(clk Clock, r *runnerclient.Client, since time.Time, out io.Writer) jobWatch {
+	return jobWatch{clk: clk, pull: r.PullStates, open: sinceOpener(r, since), out: out}
 }
 
 // statePuller asks the runner for the job's states after a timestamp: the
@@ -95,62 +105,35 @@ func (d openedLogs) close() {
 	}
 }
 
-// watchJobStream is watchJob with the stream's opener and the state pull
-// (a driver's or an onlooker's), that also records in st (when not nil)
-// how the stream went.
-func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOpener, out, status io.Writer, stops <-chan struct{}, res *Result, onStop func() bool, st *streamState) error {
-	clk = clockOr(clk)
+// run streams the job's output and pulls its states until the final one,
+// which it records in res once every byte of output was shown (or
+// outputStall passed with none).
+func (w jobWatch) run(ctx context.Context, res *Result) error {
+	clk := clockOr(w.clk)
+	st := w.stream
 	if st == nil {
 		st = new(streamState)
 	}
-	wsDone := make(chan struct{})
-	wsCtx, cancelWS := context.WithCancel(ctx)
-	defer func() {
-		// The stream ends with the watch: nothing is written to out, nor
-		// recorded in st, once it returned.
-		cancelWS()
-		<-wsDone
-	}()
-	moved := make(chan struct{}, 1) // output arrived since the last look
-	go func() {
-		defer close(wsDone)
-		streamLogs(wsCtx, open, movedWriter{out, moved}, status, st)
-	}()
+	wsDone, moved, stopStream := w.startStream(ctx, st)
+	defer stopStream()
 	// States only: the output comes from the stream above, and a pull of
 	// the logs would make the runner hold the job for them. A pull runs
 	// beside the watch: a stream that ends with the job's end state ends
 	// the watch at once, not after a pull under way (a round trip over a
 	// long link). The first is asked after a poll's wait: the stream shows
 	// the job's start and, from a Tandem runner, its end.
-	var ts int64
-	type pulled struct {
-		p   api.PullResponse
-		err error
-	}
 	pullCtx, cancelPull := context.WithCancel(ctx)
 	defer cancelPull()
-	var inflight chan pulled // the pull under way; nil: none
-	startPull := func() {
-		if inflight != nil {
-			return
-		}
-		ch := make(chan pulled, 1)
-		inflight = ch
-		after := ts
-		go func() {
-			p, err := pull(pullCtx, after)
-			ch <- pulled{p, err}
-		}()
-	}
-	streamEnd := (<-chan struct{})(wsDone)
+	pulls := statePulls{pull: w.pull}
+	streamEnd := wsDone
 	quick := 0 // looks left at the quick pace
 	next := clk.After(statePoll)
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-stops:
-			if onStop() {
+		case <-w.stops:
+			if w.onStop() {
 				return nil
 			}
 		case <-streamEnd:
@@ -164,16 +147,16 @@ func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOp
 				return nil
 			}
 			streamEnd, quick = nil, endLooks
-			startPull()
+			pulls.start(pullCtx)
 		case <-next:
 			next = nil
-			startPull()
-		case got := <-inflight:
-			inflight = nil
+			pulls.start(pullCtx)
+		case got := <-pulls.inflight:
+			pulls.inflight = nil
 			if got.err != nil {
 				return fmt.Errorf("pull job state: %w", got.err)
 			}
-			ts = got.p.LastUpdated
+			pulls.after = got.p.LastUpdated
 			if n := len(got.p.JobStates); n > 0 && got.p.JobStates[n-1].State.Final() {
 				res.endedWith(got.p.JobStates[n-1])
 				drainOutput(clk, wsDone, moved)
@@ -186,6 +169,52 @@ func watchJobStream(ctx context.Context, clk Clock, pull statePuller, open logOp
 			next = clk.After(every)
 		}
 	}
+}
+
+// startStream streams the job's output to out beside the watch: done is
+// closed once the stream ended, moved says output arrived; stop ends the
+// stream and returns once nothing more is written to out, nor recorded in
+// st.
+func (w jobWatch) startStream(ctx context.Context, st *streamState) (done <-chan struct{}, moved <-chan struct{}, stop func()) {
+	wsDone := make(chan struct{})
+	wsCtx, cancel := context.WithCancel(ctx)
+	mv := make(chan struct{}, 1) // output arrived since the last look
+	go func() {
+		defer close(wsDone)
+		streamLogs(wsCtx, w.open, movedWriter{w.out, mv}, w.say, st)
+	}()
+	return wsDone, mv, func() {
+		cancel()
+		<-wsDone
+	}
+}
+
+// statePulls asks for the job's states, one pull at a time: inflight
+// delivers the pull under way (nil: none).
+type statePulls struct {
+	pull     statePuller
+	after    int64 // the timestamp the next pull asks from
+	inflight chan pulled
+}
+
+// pulled is one pull's answer.
+type pulled struct {
+	p   api.PullResponse
+	err error
+}
+
+// start asks for the states after s.after, unless a pull is under way.
+func (s *statePulls) start(ctx context.Context) {
+	if s.inflight != nil {
+		return
+	}
+	ch := make(chan pulled, 1)
+	s.inflight = ch
+	after := s.after
+	go func() {
+		p, err := s.pull(ctx, after)
+		ch <- pulled{p, err}
+	}()
 }
 
 // How often a run asks its runner for the job's states: statePoll while
@@ -248,12 +277,13 @@ type streamState struct {
 }
 
 // streamLogs copies the job's raw output (the stream open opens) to out
-// until it ends or ctx does; st (when not nil) records how it went.
-func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, st *streamState) {
+// until it ends or ctx does; st (when not nil) records how it went, and a
+// stream that did not open is said to s.
+func streamLogs(ctx context.Context, open logOpener, out io.Writer, s say, st *streamState) {
 	ls, err := open(ctx)
 	if err != nil {
-		if status != nil && ctx.Err() == nil {
-			fmt.Fprintf(status, "log stream: %v\n", err)
+		if ctx.Err() == nil {
+			s.status("log stream: %v", err)
 		}
 		return
 	}
@@ -277,26 +307,4 @@ func streamLogs(ctx context.Context, open logOpener, out, status io.Writer, st *
 		}
 		_, _ = out.Write(b)
 	}
-}
-
-// Describe renders a result in one line for people.
-func Describe(r Result) string {
-	switch {
-	case r.State == api.JobDone:
-		return "job done"
-	case r.ExitStatus != nil && strings.TrimSpace(r.Message) != "":
-		return fmt.Sprintf("job failed: exit status %d: %s", *r.ExitStatus, strings.TrimSpace(r.Message))
-	case r.ExitStatus != nil:
-		return fmt.Sprintf("job failed: exit status %d", *r.ExitStatus)
-	case r.Reason != "":
-		msg := strings.TrimSpace(r.Message)
-		if msg != "" {
-			return fmt.Sprintf("job %s: %s: %s", r.State, r.Reason, msg)
-		}
-		return fmt.Sprintf("job %s: %s", r.State, r.Reason)
-	case strings.TrimSpace(r.Message) != "":
-		// A multi-node run's node that died: the message says which.
-		return fmt.Sprintf("job %s: %s", r.State, strings.TrimSpace(r.Message))
-	}
-	return "job " + string(r.State)
 }

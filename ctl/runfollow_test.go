@@ -113,7 +113,7 @@ func TestRunSeesTheJobEndWhenItsOutputEnds(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // the watch waits at its slow pace
 		close(ended)
 	}()
-	err := watchJob(ctx, clk, r, time.Time{}, &out, nil, nil, &res, func() bool { return false })
+	err := pullWatch(clk, r, time.Time{}, &out).run(ctx, &res)
 	if err != nil {
 		t.Fatalf("watch: %v (after %d pulls)", err, pulls.Load())
 	}
@@ -205,7 +205,7 @@ func TestWatchEndsWithTheStreamsEndState(t *testing.T) {
 	defer cancel()
 	var out syncBuffer
 	var res Result
-	if err := watchJob(ctx, &quickOnlyClock{slow: statePoll}, r, time.Time{}, &out, nil, nil, &res, func() bool { return false }); err != nil {
+	if err := pullWatch(&quickOnlyClock{slow: statePoll}, r, time.Time{}, &out).run(ctx, &res); err != nil {
 		t.Fatal(err)
 	}
 	if res.ExitStatus == nil || *res.ExitStatus != 3 || out.String() != "hello\n" {

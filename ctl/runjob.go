@@ -3,10 +3,13 @@ package ctl
 // The job side of a run: its submit body, code and files, and its start.
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -98,25 +101,25 @@ func submitError(err error, o RunOptions) error {
 	return fmt.Errorf("submit job: %w", err)
 }
 
-// startJob starts the submitted job.
-func startJob(ctx context.Context, r *runnerclient.Client, o RunOptions) error {
+// startJob starts the submitted job; s hears where it runs.
+func startJob(ctx context.Context, r *runnerclient.Client, s say) error {
 	rr, ok, err := r.Run(ctx)
 	if err != nil {
 		return fmt.Errorf("start job: %w", err)
 	}
 	if ok {
-		o.jobRunning(rr)
+		s.jobRunning(rr)
 	}
 	return nil
 }
 
 // jobRunning says where and as whom the job runs, as its runner told.
-func (o RunOptions) jobRunning(rr api.RunResponse) {
+func (s say) jobRunning(rr api.RunResponse) {
 	switch {
 	case rr.WorkingDir != "" && rr.Username != "":
-		o.status("job running in %s as %s", rr.WorkingDir, rr.Username)
+		s.status("job running in %s as %s", rr.WorkingDir, rr.Username)
 	case rr.WorkingDir != "": // a user the image's /etc/passwd does not name (FROM scratch)
-		o.status("job running in %s", rr.WorkingDir)
+		s.status("job running in %s", rr.WorkingDir)
 	}
 }
 
@@ -134,11 +137,35 @@ func stdinRunner(ctx context.Context, clk Clock, r *runnerclient.Client) error {
 	return nil
 }
 
-// feedStdin sends the run's input to its job until the input ends (the
-// job then reads end of file) or the job no longer reads; a failure is
-// told and the job goes on (it reads end of file).
-func (r *Run) feedStdin(ctx context.Context, runner *runnerclient.Client) {
-	if err := runner.FeedStdin(ctx, r.o.Stdin); err != nil && ctx.Err() == nil {
-		r.o.status("the job's input was cut (it reads its end): %v", err)
+// checkJobBody refuses, before anything is made, a job whose submit the
+// runner would refuse as too large (413, once the task runs): its
+// commands and environment, with the largest named.
+func checkJobBody(body api.SubmitBody) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("job: %w", err)
 	}
+	if len(b) <= api.MaxJSONBody {
+		return nil
+	}
+	type part struct {
+		what string
+		size int
+	}
+	var parts []part
+	for k, v := range body.JobSpec.Env {
+		parts = append(parts, part{"env " + k, len(k) + len(v)})
+	}
+	cmds := 0
+	for _, c := range body.JobSpec.Commands {
+		cmds += len(c)
+	}
+	parts = append(parts, part{"the command", cmds})
+	slices.SortFunc(parts, func(a, b part) int { return cmp.Compare(b.size, a.size) })
+	var big []string
+	for _, p := range parts[:min(len(parts), 3)] {
+		big = append(big, fmt.Sprintf("%s (%s)", p.what, BytesText(uint64(p.size))))
+	}
+	return fmt.Errorf("job: its commands and environment take %s as the runner's submit, which takes at most %s; pass large values as files (--code, --mount) (largest: %s)",
+		BytesText(uint64(len(b))), BytesText(api.MaxJSONBody), strings.Join(big, ", "))
 }

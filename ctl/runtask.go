@@ -7,23 +7,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
-	"github.com/tandem-run/tandem/api/shimclient"
 )
 
 // checkGPUs refuses a run that asks for GPUs the host does not have (all
 // of none, or more than it has), as its shim counts them; a shim that does
 // not say (dstack's) is left to decide.
-func checkGPUs(ctx context.Context, shim *shimclient.Client, gpus int) error {
+func (c *Client) checkGPUs(ctx context.Context, gpus int) error {
 	if gpus == 0 {
 		return nil
 	}
-	h, err := shim.InstanceHost(ctx)
+	h, err := c.shim.InstanceHost(ctx)
 	if err != nil {
 		return nil
 	}
@@ -38,23 +36,39 @@ func checkGPUs(ctx context.Context, shim *shimclient.Client, gpus int) error {
 
 // submitTask submits cfg, again while the shim is slow or restarting (a
 // repeated submit of the same config is a no-op there).
-func submitTask(ctx context.Context, clk Clock, shim *shimclient.Client, cfg api.TaskConfig) error {
-	if _, err := retry(ctx, clk, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.SubmitTask(ctx, cfg) }); err != nil {
+func (c *Client) submitTask(ctx context.Context, cfg api.TaskConfig) error {
+	if _, err := retry(ctx, c.clk, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, c.shim.SubmitTask(ctx, cfg) }); err != nil {
 		return fmt.Errorf("the shim rejected the task: %w", err)
 	}
 	return nil
 }
 
-// helloShim checks that addr answers as a dstack-shim.
-func helloShim(ctx context.Context, shim *shimclient.Client, addr string) (api.HealthcheckResponse, error) {
-	hc, err := shim.Healthcheck(ctx)
+// hello checks that the shim's address answers as a dstack-shim.
+func (c *Client) hello(ctx context.Context) (api.HealthcheckResponse, error) {
+	hc, err := c.shim.Healthcheck(ctx)
 	if err != nil {
-		return hc, ShimUnreached(addr, err)
+		return hc, ShimUnreached(c.cfg.Shim, err)
 	}
 	if hc.Service != api.ServiceShim {
-		return hc, fmt.Errorf("%s answers as %q, not dstack-shim", addr, hc.Service)
+		return hc, fmt.Errorf("%s answers as %q, not dstack-shim", c.cfg.Shim, hc.Service)
 	}
 	return hc, nil
+}
+
+// checkRunner refuses, before anything is made, a run on a shim that has
+// no runner binary (its component not installed): every task's container
+// would fail to be made. A shim that does not say is left to decide.
+func (c *Client) checkRunner(ctx context.Context) error {
+	comps, err := c.shim.Components(ctx)
+	if err != nil {
+		return nil
+	}
+	for _, comp := range comps {
+		if comp.Name == api.ComponentRunner && comp.Status == api.ComponentNotInstalled {
+			return fmt.Errorf("the shim at %s has no dstack-runner, so no task can start there: start dstack-shim with --runner-binary-path PATH (a build's bin/dstack-runner; make shim does)", c.cfg.Shim)
+		}
+	}
+	return nil
 }
 
 // ShimUnreached says why addr did not answer a healthcheck as a shim: no
@@ -82,12 +96,12 @@ func taskConfig(o RunOptions, id, name string) api.TaskConfig {
 // could not bind the runner's ports on the host network it says who holds
 // them, as the shim's task list tells: another host-network task (named),
 // or, when none runs, a process that is no task of this shim.
-func taskEnded(ctx context.Context, shim *shimclient.Client, info api.TaskInfoResponse, network string) error {
+func (c *Client) taskEnded(ctx context.Context, info api.TaskInfoResponse, network string) error {
 	err := error(&TaskEndedError{Info: info})
 	if network == "bridge" || !strings.Contains(info.TerminationMessage, "address already in use") {
 		return err
 	}
-	holder, known := hostPortsHolder(ctx, shim, info.ID)
+	holder, known := c.hostPortsHolder(ctx, info.ID)
 	switch {
 	case !known:
 		return withHint(HintBridgeNetwork, fmt.Errorf("%w\nanother host-network task on this shim may hold the runner's ports (tandem ps)", err))
@@ -100,10 +114,10 @@ func taskEnded(ctx context.Context, shim *shimclient.Client, info api.TaskInfoRe
 // hostPortsHolder names a task of the shim other than self that runs on
 // the host network (the runner's ports are then its); known is false when
 // the shim's tasks could not be read.
-func hostPortsHolder(ctx context.Context, shim *shimclient.Client, self string) (name string, known bool) {
+func (c *Client) hostPortsHolder(ctx context.Context, self string) (name string, known bool) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	tasks, err := Tasks(ctx, shim)
+	tasks, err := c.Tasks(ctx)
 	if err != nil {
 		return "", false
 	}
@@ -118,24 +132,21 @@ func hostPortsHolder(ctx context.Context, shim *shimclient.Client, self string) 
 	return "", true
 }
 
-// printableLines is msg trimmed, each line made printable.
-func printableLines(msg string) string { return api.PrintableLines(strings.TrimSpace(msg)) }
-
 // readyRunner is a client of the task's runner once it answers.
 // While it does not, the task is looked at once a second: a task that
 // ended (its runner could not start) is that error.
-func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAddr string, info api.TaskInfoResponse, network string, port int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, error) {
-	r, addr, err := runnerFor(shimAddr, info, port, dial)
+func (c *Client) readyRunner(ctx context.Context, info api.TaskInfoResponse, network string) (*runnerclient.Client, error) {
+	r, addr, err := c.runner(info)
 	if err != nil {
 		return nil, err
 	}
 	ended := func(ctx context.Context) error {
-		if now, err := shim.GetTask(ctx, info.ID); err == nil && now.Status == api.TaskTerminated {
-			return taskEnded(ctx, shim, now, network)
+		if now, err := c.shim.GetTask(ctx, info.ID); err == nil && now.Status == api.TaskTerminated {
+			return c.taskEnded(ctx, now, network)
 		}
 		return nil
 	}
-	if err := waitRunner(ctx, clk, r, info.ID, ended); err != nil {
+	if err := waitRunner(ctx, c.clk, r, info.ID, ended); err != nil {
 		var te *TaskEndedError
 		if errors.As(err, &te) {
 			return nil, err
@@ -145,94 +156,31 @@ func readyRunner(ctx context.Context, clk Clock, shim *shimclient.Client, shimAd
 	return r, nil
 }
 
-// cleanup terminates and removes a task, retrying transient failures for
-// cleanupPatience; a task already gone is fine.
-//
-// With behind (a Tandem shim), the remove is sent right behind the
-// terminate, not after its answer (a round trip saved over a long link):
-// that shim serves a task's calls one at a time, so it removes the task
-// once the stop ended, and a remove that got there first is refused (the
-// task still ran) and asked again once the terminate answered. dstack's
-// shim exits (log.Fatal "already locked!") when a task's terminate and
-// remove overlap: it is asked one call after the other.
-func cleanup(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint, behind bool) error {
-	var early chan error
-	if behind {
-		early = make(chan error, 1)
-		go func() {
-			t := time.NewTimer(removeBehind) // real time: an order, not a wait
-			defer t.Stop()
-			select {
-			case <-t.C:
-				early <- shim.RemoveTask(ctx, id)
-			case <-ctx.Done():
-				early <- ctx.Err()
-			}
-		}()
-	}
-	_, err := retry(ctx, clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
-		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
-	})
-	removedEarly := false
-	if early != nil {
-		removed := <-early
-		removedEarly = removed == nil || errors.Is(removed, api.ErrNotFound)
-	}
-	if err != nil && !errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("terminate: %w", err)
-	}
-	if removedEarly {
-		return nil
-	}
-	_, err = retry(ctx, clk, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, shim.RemoveTask(ctx, id) })
-	if err != nil && !errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("remove: %w", err)
-	}
-	return nil
-}
-
-// terminate stops a task and keeps it, retrying transient failures for
-// cleanupPatience; a task already gone is fine.
-func terminate(ctx context.Context, clk Clock, shim *shimclient.Client, id string, timeout uint) error {
-	_, err := retry(ctx, clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
-		return shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
-	})
-	if err != nil && !errors.Is(err, api.ErrNotFound) {
-		return fmt.Errorf("terminate: %w", err)
-	}
-	return nil
-}
-
-// removeBehind is how long after the terminate the remove is sent: enough
-// for the terminate to reach the shim first when both leave together.
-const removeBehind = 2 * time.Millisecond
-
-func interrupted(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrInterrupted) }
-
 // failEarly ends a run before its job ended: when the user interrupted it,
 // res says so and the error is ErrInterrupted (what is removed, named by
-// removing, is said); otherwise err as it is.
-func failEarly(ctx context.Context, o RunOptions, res *Result, err error, removing string) (Result, error) {
+// removing, is said, kept with keep); otherwise err as it is.
+func failEarly(ctx context.Context, s say, keep bool, res *Result, err error, removing string) (Result, error) {
 	if !interrupted(ctx) {
 		return *res, err
 	}
 	res.Interrupted, res.State = true, api.JobTerminated
 	verb := "removing"
-	if o.Keep {
+	if keep {
 		verb = "stopping"
 	}
-	o.status("interrupted: %s %s", verb, removing)
+	s.status("interrupted: %s %s", verb, removing)
 	return *res, ErrInterrupted
 }
 
 // waitTask polls the task until it runs with its ports known, or ended;
-// seen, when not nil, gets each answer on the way.
-func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOptions, seen func(api.TaskInfoResponse)) (api.TaskInfoResponse, error) {
+// seen, when not nil, gets each answer on the way; image names the image
+// in the pull's progress.
+func (c *Client) waitTask(ctx context.Context, id, image string, seen func(api.TaskInfoResponse)) (api.TaskInfoResponse, error) {
 	var last api.TaskStatus
-	clk := clockOr(o.Clock)
+	clk := c.clk
 	start, phase := clk.Now(), clk.Now()
 	for {
-		info, err := retry(ctx, o.Clock, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, id) })
+		info, err := retry(ctx, clk, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return c.shim.GetTask(ctx, id) })
 		if err != nil {
 			return info, fmt.Errorf("task %s: %w", id, err)
 		}
@@ -241,15 +189,15 @@ func waitTask(ctx context.Context, shim *shimclient.Client, id string, o RunOpti
 		}
 		if info.Status != last {
 			if last != "" {
-				o.emit(Event{Kind: EventPhaseDone, Task: id[:8], Status: last, Took: clk.Now().Sub(phase)})
+				c.say.emit(Event{Kind: EventPhaseDone, Task: id[:8], Status: last, Took: clk.Now().Sub(phase)})
 			}
 			phase, last = clk.Now(), info.Status
 		}
 		if p := info.ImagePullProgress; p != nil && info.Status == api.TaskPulling && p.TotalBytes > 0 {
-			o.emit(Event{Kind: EventPull, Task: id[:8], Image: o.Image, Pull: p})
+			c.say.emit(Event{Kind: EventPull, Task: id[:8], Image: image, Pull: p})
 		}
 		if info.Status == api.TaskTerminated || (info.Status == api.TaskRunning && info.Ports != nil) {
-			o.emit(Event{Kind: EventReady, Task: id[:8], Status: info.Status, Took: clk.Now().Sub(start)})
+			c.say.emit(Event{Kind: EventReady, Task: id[:8], Status: info.Status, Took: clk.Now().Sub(start)})
 			return info, nil
 		}
 		select {
@@ -291,4 +239,100 @@ func waitRunner(ctx context.Context, clk Clock, r *runnerclient.Client, taskID s
 		}
 		return false, err
 	})
+}
+
+// ErrNameInUse means a run's --name is a task's of the shim already.
+var ErrNameInUse = errors.New("name in use")
+
+// ErrPortsHeld means another task of the shim runs on the host network,
+// where a run's runner needs the same ports.
+var ErrPortsHeld = errors.New("the runner's ports are held")
+
+// checkShimRoom refuses, before anything is made, a run the shim's tasks
+// leave no room for:
+//   - a name given to a run that a task of the shim has, as docker refuses
+//     a container name in use until that container is removed: tandem
+//     stop NAME, attach NAME and the ssh config's Host entry each want one
+//     task per name. A run's own name (tandem-<id>) is not looked up: it
+//     is new.
+//   - a host-network run while another task of the shim runs on the host
+//     network and its job has not ended: its runner holds the runner's
+//     ports, and the new task's runner would wait for them (3 s) and fail.
+//     A task whose job ended is no obstacle: its runner is leaving. A
+//     holder is looked at again for up to holderGrace before the refusal:
+//     a run -d of a short job returns as its job starts, and a second
+//     run -d right after it should find that job ended, not be refused
+//     for the few milliseconds it still ran.
+func (c *Client) checkShimRoom(ctx context.Context, name, network string) error {
+	hostNet := network == "" || network == "host"
+	if name == "" && !hostNet {
+		return nil
+	}
+	tasks, err := c.Tasks(ctx)
+	if err != nil {
+		return err
+	}
+	for _, t := range tasks {
+		if name != "" && TaskName(t) == name {
+			return fmt.Errorf("%w: task %s is named %q (%s): remove it (tandem rm %s) or give another --name",
+				ErrNameInUse, ShortID(t.ID), name, t.Status, ShortID(t.ID))
+		}
+	}
+	if !hostNet {
+		return nil
+	}
+	var holders []api.TaskInfoResponse
+	for _, t := range tasks {
+		if holdsRunnerPorts(t) {
+			holders = append(holders, t)
+		}
+	}
+	if len(holders) == 0 {
+		return nil
+	}
+	var holder api.TaskInfoResponse
+	_ = pollPaced(ctx, c.clk, taskPace, holderGrace, func() (bool, error) {
+		kept := holders[:0]
+		for _, t := range holders {
+			info, err := c.shim.GetTask(ctx, t.ID)
+			switch {
+			case errors.Is(err, api.ErrNotFound):
+				continue // removed: no longer holds anything
+			case err == nil:
+				t = info
+			}
+			if holdsRunnerPorts(t) {
+				kept = append(kept, t)
+			}
+		}
+		holders = kept
+		if len(holders) > 0 {
+			holder = holders[0]
+		}
+		return len(holders) == 0, nil
+	})
+	if len(holders) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return withHint(HintBridgeNetwork, fmt.Errorf("%w: task %s runs on the host network (%s), and a host-network run's runner needs the same ports",
+		ErrPortsHeld, DisplayName(holder), holder.Status))
+}
+
+// holderGrace is how long a run looks again at a host-network task that
+// holds the runner's ports before it is refused for it.
+const holderGrace = time.Second
+
+// holdsRunnerPorts says whether t's runner holds the host's runner ports:
+// t runs on the host network, is not terminated and its job has not ended.
+func holdsRunnerPorts(t api.TaskInfoResponse) bool {
+	return t.Status != api.TaskTerminated && onHostNetwork(t) && !JobEnded(t)
+}
+
+// onHostNetwork says whether a task runs on the host network (a shim that
+// does not say, dstack's, runs its tasks there).
+func onHostNetwork(t api.TaskInfoResponse) bool {
+	return t.Tandem == nil || t.Tandem.NetworkMode == "" || t.Tandem.NetworkMode == "host"
 }

@@ -21,14 +21,6 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 )
 
-// SSHTarget is how to reach a machine over SSH, as the dstack server does:
-// a login on the host, tunnelling to the agents' local ports there.
-type SSHTarget struct {
-	Target     string // user@host[:port]
-	Identity   string // private key file ("" = ~/.ssh/id_ed25519, then id_rsa)
-	KnownHosts string // known_hosts file ("" = ~/.ssh/known_hosts)
-}
-
 // Tunnel is an SSH connection whose Dial opens connections from the far end.
 type Tunnel struct{ client *ssh.Client }
 

@@ -48,19 +48,14 @@ func readKeyLine(f string) (line, file string) {
 	return strings.TrimSpace(string(b)), f
 }
 
-// SSHOptions locate a task's SSH server.
+// SSHOptions say how OpenSSH logs in to a task's SSH server; where the
+// server is and the way there (the runner's SSH port, the jump host, the
+// key, known_hosts) are the Client's Config.
 type SSHOptions struct {
-	Shim          string
-	ShimToken     string // bearer token for a shim started with --api-token
-	RunnerSSHPort int    // override; 0: as the shim reports
-	Jump          string // user@host[:port] when the host is reached over SSH
-	Identity      string
-	KnownHosts    string // for the jump host ("" = OpenSSH's default)
-	User          string // login in the container (default root)
+	User string // login in the container (default root)
 	// PinDir, when set, receives a known_hosts file of the task's host
 	// keys (when its shim reports them), which the endpoint then checks.
 	PinDir string
-	Dial   func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // SSHEndpoint is where and how OpenSSH reaches a task's SSH server.
@@ -136,22 +131,14 @@ func (e SSHEndpoint) Options() [][2]string {
 	return opts
 }
 
-func shellQuote(s string) string {
-	if s != "" && strings.IndexFunc(s, func(r rune) bool {
-		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./=:%@+,", r))
-	}) < 0 {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// Endpoint returns the task's SSH endpoint.
-func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
-	host, err := hostOf(o.Shim)
+// Endpoint returns the task's SSH endpoint: on the shim's host, through
+// the SSH host of c's config when there is one.
+func (c *Client) Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
+	host, err := hostOf(c.cfg.Shim)
 	if err != nil {
 		return SSHEndpoint{}, err
 	}
-	port, err := RunnerSSHPort(info, o.RunnerSSHPort)
+	port, err := RunnerSSHPort(info, c.cfg.Ports.SSH)
 	if err != nil {
 		return SSHEndpoint{}, err
 	}
@@ -159,8 +146,9 @@ func Endpoint(info api.TaskInfoResponse, o SSHOptions) (SSHEndpoint, error) {
 	if user == "" {
 		user = "root"
 	}
-	ep := SSHEndpoint{Host: host, Port: port, User: user, Identity: o.Identity, Jump: o.Jump, KnownHosts: o.KnownHosts}
-	if o.Identity == "" {
+	route := c.cfg.SSH
+	ep := SSHEndpoint{Host: host, Port: port, User: user, Identity: route.Identity, Jump: route.Target, KnownHosts: route.KnownHosts}
+	if route.Identity == "" {
 		ep.HomeIdentity = homeIdentity(os.UserHomeDir, accountHome)
 	}
 	if d := info.Tandem; o.PinDir != "" && d != nil && len(d.HostKeys) > 0 {
@@ -212,19 +200,15 @@ func fileExists(p string) bool {
 // runningEndpoint resolves ref to a running task and returns its SSH
 // endpoint; verb names the command in the refusal of a task that is not
 // running.
-func runningEndpoint(ctx context.Context, ref string, o SSHOptions, verb string) (SSHEndpoint, error) {
-	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
-	if err != nil {
-		return SSHEndpoint{}, err
-	}
-	info, err := Resolve(ctx, shim, ref)
+func (c *Client) runningEndpoint(ctx context.Context, ref string, o SSHOptions, verb string) (SSHEndpoint, error) {
+	info, err := c.Resolve(ctx, ref)
 	if err != nil {
 		return SSHEndpoint{}, err
 	}
 	if info.Status != api.TaskRunning {
 		return SSHEndpoint{}, fmt.Errorf("task %s is %s; %s needs a running task", DisplayName(info), info.Status, verb)
 	}
-	return Endpoint(info, o)
+	return c.Endpoint(info, o)
 }
 
 // optionArgs are Options as OpenSSH client arguments (-o Key=value).
@@ -239,8 +223,8 @@ func (e SSHEndpoint) optionArgs() []string {
 // SSHCommand returns the OpenSSH client argv that opens a shell (or runs
 // command) in the task's container through the runner's SSH server; tty
 // asks for a terminal even with a command (ssh -tt, docker exec -t).
-func SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string, tty bool) ([]string, error) {
-	ep, err := runningEndpoint(ctx, ref, o, "ssh")
+func (c *Client) SSHCommand(ctx context.Context, ref string, o SSHOptions, command []string, tty bool) ([]string, error) {
+	ep, err := c.runningEndpoint(ctx, ref, o, "ssh")
 	if err != nil {
 		return nil, err
 	}
@@ -324,11 +308,11 @@ func CopyTarget(arg string) (task, path string, remote bool) {
 // CopyCommand returns the OpenSSH client argv of tandem cp SRC DST: scp
 // (SCPCommand), or, when one side is "-", ssh running tar in the container
 // (TarStreamCommand), as docker cp reads "-".
-func CopyCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
+func (c *Client) CopyCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
 	if src == "-" || dst == "-" {
-		return TarStreamCommand(ctx, o, src, dst)
+		return c.TarStreamCommand(ctx, o, src, dst)
 	}
-	return SCPCommand(ctx, o, src, dst)
+	return c.SCPCommand(ctx, o, src, dst)
 }
 
 // TarStreamCommand returns the OpenSSH ssh argv that copies between a tar
@@ -338,7 +322,7 @@ func CopyCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, 
 // directory DIR. tar runs in the container as the login (an image with no
 // tar is told so, exit 127); what it extracts is the user's own stream into
 // the user's own container.
-func TarStreamCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
+func (c *Client) TarStreamCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
 	if src == "-" && dst == "-" {
 		return nil, fmt.Errorf("- is a tar stream on this side: the other side must be TASK:PATH")
 	}
@@ -368,7 +352,7 @@ func TarStreamCommand(ctx context.Context, o SSHOptions, src, dst string) ([]str
 		}
 		script = "exec tar -c -f - -C " + shellQuote(dir) + " -- " + shellQuote(base)
 	}
-	ep, err := runningEndpoint(ctx, ref, o, "cp")
+	ep, err := c.runningEndpoint(ctx, ref, o, "cp")
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +368,7 @@ func TarStreamCommand(ctx context.Context, o SSHOptions, src, dst string) ([]str
 // server with the same endpoint as tandem ssh (its pinned host key, the
 // jump host). Modes and times are kept (-p), and directories are copied whole.
 // An empty PATH is the login's home, as scp reads host:.
-func SCPCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
+func (c *Client) SCPCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, error) {
 	st, sp, sRemote := CopyTarget(src)
 	dt, dp, dRemote := CopyTarget(dst)
 	if sRemote == dRemote {
@@ -394,7 +378,7 @@ func SCPCommand(ctx context.Context, o SSHOptions, src, dst string) ([]string, e
 	if dRemote {
 		ref, rpath = dt, dp
 	}
-	ep, err := runningEndpoint(ctx, ref, o, "cp")
+	ep, err := c.runningEndpoint(ctx, ref, o, "cp")
 	if err != nil {
 		return nil, err
 	}

@@ -9,7 +9,6 @@ import (
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
-	"github.com/tandem-run/tandem/api/shimclient"
 )
 
 // Stat is one task's resource use as `tandem stats` shows it: the CPU it
@@ -37,21 +36,21 @@ type Stat struct {
 // reports the CPU used since the one before it. Not safe for concurrent
 // use.
 type Sampler struct {
-	o    TaskOptions
+	c    *Client
 	refs []string
 	last map[string]api.MetricsResponse // the previous sample, by task id
-	// The clients are kept from sample to sample: each holds its kept-alive
-	// connections (a stream refreshing every 2 s would otherwise leave one
-	// idle connection per task and round open for 90 s).
-	shim    *shimclient.Client
+	// The runners' clients are kept from sample to sample, as the shim's
+	// is: each holds its kept-alive connections (a stream refreshing every
+	// 2 s would otherwise leave one idle connection per task and round open
+	// for 90 s).
 	mu      sync.Mutex                      // guards runners
 	runners map[string]*runnerclient.Client // by address
 }
 
 // NewSampler samples the tasks refs name (names, ids or unique id
 // prefixes) or, with none, every task whose job runs.
-func NewSampler(o TaskOptions, refs []string) *Sampler {
-	return &Sampler{o: o, refs: refs, last: map[string]api.MetricsResponse{}, runners: map[string]*runnerclient.Client{}}
+func (c *Client) NewSampler(refs []string) *Sampler {
+	return &Sampler{c: c, refs: refs, last: map[string]api.MetricsResponse{}, runners: map[string]*runnerclient.Client{}}
 }
 
 // statsParallel bounds the runners asked at once.
@@ -65,14 +64,7 @@ const statsTimeout = 5 * time.Second
 // read again every time: with no refs, tasks that started since show up
 // and ended ones leave. A ref that names no task is an error.
 func (s *Sampler) Sample(ctx context.Context) ([]Stat, error) {
-	if s.shim == nil {
-		shim, err := newShimClient(s.o.Shim, s.o.Dial, s.o.ShimToken)
-		if err != nil {
-			return nil, err
-		}
-		s.shim = shim
-	}
-	all, err := Tasks(ctx, s.shim)
+	all, err := s.c.Tasks(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -163,7 +155,7 @@ func (s *Sampler) metrics(ctx context.Context, info api.TaskInfoResponse) (api.M
 
 // runner is the client of info's runner, made once per address.
 func (s *Sampler) runner(info api.TaskInfoResponse) (*runnerclient.Client, string, error) {
-	addr, err := runnerAddr(s.o.Shim, info, s.o.Ports.HTTP)
+	addr, err := runnerAddr(s.c.cfg.Shim, info, s.c.cfg.Ports.HTTP)
 	if err != nil {
 		return nil, "", err
 	}
@@ -172,7 +164,7 @@ func (s *Sampler) runner(info api.TaskInfoResponse) (*runnerclient.Client, strin
 	if r, ok := s.runners[addr]; ok {
 		return r, addr, nil
 	}
-	r, err := runnerclient.NewWithDialer(addr, s.o.Dial)
+	r, err := runnerclient.NewWithDialer(addr, s.c.cfg.Dial)
 	if err != nil {
 		return nil, addr, err
 	}

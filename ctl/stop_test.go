@@ -52,13 +52,13 @@ func TestStopperWhileTheJobRunsGoesToTheFollower(t *testing.T) {
 // ENTRYPOINT and CMD, found once the task runs); an empty entrypoint with
 // no command has nothing to run and is refused before anything is made.
 func TestNewRunCommandRules(t *testing.T) {
-	if _, err := NewRun(RunOptions{Shim: "127.0.0.1:1"}); err != nil {
+	if _, err := NewRun(testClient(t, Config{Shim: "127.0.0.1:1"}), RunOptions{}); err != nil {
 		t.Fatalf("a run of the image's own command was refused: %v", err)
 	}
-	if _, err := NewRun(RunOptions{Shim: "127.0.0.1:1", Entrypoint: []string{}}); !errors.Is(err, ErrNoImageCommand) {
+	if _, err := NewRun(testClient(t, Config{Shim: "127.0.0.1:1"}), RunOptions{Entrypoint: []string{}}); !errors.Is(err, ErrNoImageCommand) {
 		t.Fatalf("an empty entrypoint and no command: %v", err)
 	}
-	r, err := NewRun(RunOptions{Shim: "127.0.0.1:1", Commands: []string{"true"}})
+	r, err := NewRun(testClient(t, Config{Shim: "127.0.0.1:1"}), RunOptions{Commands: []string{"true"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,11 +79,11 @@ func TestNewClusterChecks(t *testing.T) {
 		"detached":       {RunOptions{Commands: cmd, Detach: true}, two},
 		"bridge network": {RunOptions{Commands: cmd, Network: "bridge"}, two},
 	} {
-		if _, err := NewCluster(tc.o, tc.nodes); err == nil {
+		if _, err := NewCluster(testClient(t, Config{Shim: tc.nodes[0].Shim}), tc.o, tc.nodes); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	c, err := NewCluster(RunOptions{Commands: cmd, Name: "train"}, two)
+	c, err := NewCluster(testClient(t, Config{Shim: two[0].Shim}), RunOptions{Commands: cmd, Name: "train"}, two)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,26 +1,22 @@
 package ctl
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/api/runnerclient"
-	"github.com/tandem-run/tandem/api/shimclient"
 )
 
 // Tasks returns every task of the shim with its details, in the shim's
 // order. A task removed between the list and its read is left out.
-func Tasks(ctx context.Context, shim *shimclient.Client) ([]api.TaskInfoResponse, error) {
-	items, err := shim.ListTasks(ctx)
+func (c *Client) Tasks(ctx context.Context) ([]api.TaskInfoResponse, error) {
+	items, err := c.shim.ListTasks(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list tasks: %w", err)
 	}
@@ -35,7 +31,7 @@ func Tasks(ctx context.Context, shim *shimclient.Client) ([]api.TaskInfoResponse
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			info, err := retry(ctx, nil, 20*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, it.ID) })
+			info, err := retry(ctx, c.clk, 20*time.Second, func(ctx context.Context) (api.TaskInfoResponse, error) { return c.shim.GetTask(ctx, it.ID) })
 			switch {
 			case errors.Is(err, api.ErrNotFound):
 			case err != nil:
@@ -56,15 +52,6 @@ func Tasks(ctx context.Context, shim *shimclient.Client) ([]api.TaskInfoResponse
 		}
 	}
 	return res, nil
-}
-
-// TaskName is the task's name as the shim knows it ("" for a shim that
-// does not say).
-func TaskName(t api.TaskInfoResponse) string {
-	if t.Tandem != nil {
-		return t.Tandem.Name
-	}
-	return ""
 }
 
 // ErrNoTask means a reference matched no task.
@@ -123,101 +110,147 @@ func idsOf(tasks []api.TaskInfoResponse) string {
 }
 
 // Resolve finds the task ref names on the shim (see Match).
-func Resolve(ctx context.Context, shim *shimclient.Client, ref string) (api.TaskInfoResponse, error) {
-	if info, err := shim.GetTask(ctx, ref); err == nil { // a full id: one call
+func (c *Client) Resolve(ctx context.Context, ref string) (api.TaskInfoResponse, error) {
+	if info, err := c.shim.GetTask(ctx, ref); err == nil { // a full id: one call
 		return info, nil
 	}
-	tasks, err := Tasks(ctx, shim)
+	tasks, err := c.Tasks(ctx)
 	if err != nil {
 		return api.TaskInfoResponse{}, err
 	}
 	return Match(tasks, ref)
 }
 
-// Ports are where a task's runner answers on the host (0: not given).
-type Ports struct{ HTTP, SSH int }
-
-// reportedPorts are where the task's runner answers as the shim says: its
-// task details, or for a shim without details (dstack's) the dstack
-// defaults, or the published mappings in bridge mode. 0: not known yet.
-func reportedPorts(info api.TaskInfoResponse) Ports {
-	if d := info.Tandem; d != nil {
-		return Ports{HTTP: d.RunnerHTTPPort, SSH: d.RunnerSSHPort}
-	}
-	p := Ports{HTTP: api.RunnerHTTPPort, SSH: api.RunnerSSHPort}
-	for _, m := range info.Ports {
-		switch m.Container {
-		case api.RunnerHTTPPort:
-			p.HTTP = m.Host
-		case api.RunnerSSHPort:
-			p.SSH = m.Host
+// Remove removes a finished task (terminated, or its job ended), or with
+// force a running one, stopped at once first (docker rm -f). A running
+// task without force is refused: a stop keeps it (StopTask), a remove
+// loses its output and exit status, so it is never done by default.
+func (c *Client) Remove(ctx context.Context, info api.TaskInfoResponse, force bool, timeout uint) error {
+	if info.Status != api.TaskTerminated && !JobEnded(info) {
+		if !force {
+			return withHint(HintRemoveRunning, fmt.Errorf("task %s is %s", DisplayName(info), info.Status))
 		}
 	}
-	return p
-}
-
-// RunnerHTTPPort is where the task's runner serves its API: override (the
-// user's) first, then what the shim reports. The error hints at the port.
-func RunnerHTTPPort(info api.TaskInfoResponse, override int) (int, error) {
-	return runnerPort(info, override, reportedPorts(info).HTTP, HintRunnerPort)
-}
-
-// RunnerSSHPort is where the task's runner serves SSH (see RunnerHTTPPort).
-func RunnerSSHPort(info api.TaskInfoResponse, override int) (int, error) {
-	return runnerPort(info, override, reportedPorts(info).SSH, HintRunnerSSHPort)
-}
-
-func runnerPort(info api.TaskInfoResponse, override, reported int, hint Hint) (int, error) {
-	if port := cmp.Or(override, reported); port != 0 {
-		return port, nil
+	if err := c.cleanup(ctx, info.ID, timeout, false); err != nil {
+		return fmt.Errorf("%s %s", DisplayName(info), err)
 	}
-	return 0, withHint(hint, fmt.Errorf("the shim reports no runner port for task %s yet (status %s)", ShortID(info.ID), info.Status))
+	return nil
 }
 
-// runnerFor returns a client of the task's runner on the shim's host, and
-// its address.
-func runnerFor(shim string, info api.TaskInfoResponse, override int, dial func(context.Context, string, string) (net.Conn, error)) (*runnerclient.Client, string, error) {
-	addr, err := runnerAddr(shim, info, override)
+// StopTask stops a task's job (timeout seconds of grace, then a kill) and
+// keeps the task, as docker stop keeps a container: its output, its exit
+// status and its ps -a row stay until Remove. A task already stopped is
+// fine.
+func (c *Client) StopTask(ctx context.Context, info api.TaskInfoResponse, timeout uint) error {
+	if info.Status == api.TaskTerminated {
+		return nil
+	}
+	if err := c.terminate(ctx, info.ID, timeout); err != nil {
+		return fmt.Errorf("%s %s", DisplayName(info), err)
+	}
+	return nil
+}
+
+// JobStatus asks a running task's runner how its job stands (the last job
+// state), within a short bound; ok is false when the runner does not say.
+func (c *Client) JobStatus(ctx context.Context, info api.TaskInfoResponse) (api.JobStateEvent, bool) {
+	if info.Status != api.TaskRunning {
+		return api.JobStateEvent{}, false
+	}
+	r, _, err := c.runner(info)
 	if err != nil {
-		return nil, "", err
+		return api.JobStateEvent{}, false
 	}
-	r, err := runnerclient.NewWithDialer(addr, dial)
-	if err == nil {
-		r.ForTask(info.ID) // a runner that serves another task refuses
-	}
-	return r, addr, err
+	return lastJobState(ctx, r)
 }
 
-// runnerAddr is where the task's runner answers: the shim's host, the
-// runner's HTTP port.
-func runnerAddr(shim string, info api.TaskInfoResponse, override int) (string, error) {
-	host, err := hostOf(shim)
+// lastJobState peeks at the runner's last job state (it stays for the
+// next pull), within a short bound.
+func lastJobState(ctx context.Context, r *runnerclient.Client) (api.JobStateEvent, bool) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	p, err := r.Peek(ctx, 0)
+	if err != nil || len(p.JobStates) == 0 {
+		return api.JobStateEvent{}, false
+	}
+	return p.JobStates[len(p.JobStates)-1], true
+}
+
+// runnerOf resolves ref and returns the task and a client of its runner.
+func (c *Client) runnerOf(ctx context.Context, ref string, what string) (api.TaskInfoResponse, *runnerclient.Client, string, error) {
+	info, err := c.Resolve(ctx, ref)
 	if err != nil {
-		return "", err
+		return info, nil, "", err
 	}
-	port, err := RunnerHTTPPort(info, override)
-	if err != nil {
-		return "", err
+	if info.Status != api.TaskRunning {
+		msg := fmt.Sprintf("task %s is %s", DisplayName(info), info.Status)
+		if info.Status == api.TaskTerminated {
+			msg += fmt.Sprintf(" (%s)", info.TerminationReason)
+		}
+		return info, nil, "", fmt.Errorf("%s; %s needs a running task", msg, what)
 	}
-	return joinPort(host, port), nil
+	r, addr, err := c.runner(info)
+	return info, r, addr, err
 }
 
-// hostOf is the host part of the shim's address: the runner is on the same
-// machine.
-func hostOf(shim string) (string, error) {
-	host, _, err := net.SplitHostPort(shim)
-	if err != nil {
-		return "", fmt.Errorf("shim address %q: %w", shim, err)
+// cleanup terminates and removes a task, retrying transient failures for
+// cleanupPatience; a task already gone is fine.
+//
+// With behind (a Tandem shim), the remove is sent right behind the
+// terminate, not after its answer (a round trip saved over a long link):
+// that shim serves a task's calls one at a time, so it removes the task
+// once the stop ended, and a remove that got there first is refused (the
+// task still ran) and asked again once the terminate answered. dstack's
+// shim exits (log.Fatal "already locked!") when a task's terminate and
+// remove overlap: it is asked one call after the other.
+func (c *Client) cleanup(ctx context.Context, id string, timeout uint, behind bool) error {
+	var early chan error
+	if behind {
+		early = make(chan error, 1)
+		go func() {
+			t := time.NewTimer(removeBehind) // real time: an order, not a wait
+			defer t.Stop()
+			select {
+			case <-t.C:
+				early <- c.shim.RemoveTask(ctx, id)
+			case <-ctx.Done():
+				early <- ctx.Err()
+			}
+		}()
 	}
-	return host, nil
+	_, err := retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+		return c.shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
+	})
+	removedEarly := false
+	if early != nil {
+		removed := <-early
+		removedEarly = removed == nil || errors.Is(removed, api.ErrNotFound)
+	}
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("terminate: %w", err)
+	}
+	if removedEarly {
+		return nil
+	}
+	_, err = retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, c.shim.RemoveTask(ctx, id) })
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("remove: %w", err)
+	}
+	return nil
 }
 
-func joinPort(host string, port int) string { return net.JoinHostPort(host, strconv.Itoa(port)) }
-
-// ShortID is the 8-character id prefix people see.
-func ShortID(id string) string {
-	if len(id) > 8 {
-		return id[:8]
+// terminate stops a task and keeps it, retrying transient failures for
+// cleanupPatience; a task already gone is fine.
+func (c *Client) terminate(ctx context.Context, id string, timeout uint) error {
+	_, err := retry(ctx, c.clk, cleanupPatience, func(ctx context.Context) (api.TaskInfoResponse, error) {
+		return c.shim.TerminateTask(ctx, id, api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser, Timeout: timeout})
+	})
+	if err != nil && !errors.Is(err, api.ErrNotFound) {
+		return fmt.Errorf("terminate: %w", err)
 	}
-	return id
+	return nil
 }
+
+// removeBehind is how long after the terminate the remove is sent: enough
+// for the terminate to reach the shim first when both leave together.
+const removeBehind = 2 * time.Millisecond

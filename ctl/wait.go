@@ -21,12 +21,8 @@ var waitPace = pace{quick: 50 * time.Millisecond, quickFor: 5 * time.Second, eve
 // saying how (terminated before the job ran) returns the shim's reason,
 // and one removed meanwhile (tandem stop) a stopped job.
 // Ctrl-C (ctx) ends the wait with ctx's error, the job untouched.
-func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
-	shim, err := newShimClient(o.Shim, o.Dial, o.ShimToken)
-	if err != nil {
-		return Result{}, err
-	}
-	info, err := Resolve(ctx, shim, ref)
+func (c *Client) Wait(ctx context.Context, ref string) (Result, error) {
+	info, err := c.Resolve(ctx, ref)
 	if err != nil {
 		return Result{}, err
 	}
@@ -34,7 +30,7 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 	// One runner client for the whole wait: a client per poll would leave
 	// an idle connection to the runner open per poll, for 90 s each.
 	var r *runnerclient.Client
-	clk := clockOr(o.Clock)
+	clk := c.clk
 	start := clk.Now()
 	for {
 		switch {
@@ -46,7 +42,7 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 			return res, nil
 		case info.Status == api.TaskRunning:
 			if r == nil {
-				r, _, _ = runnerFor(o.Shim, info, o.Ports.HTTP, o.Dial)
+				r, _, _ = c.runner(info)
 			}
 			if r == nil {
 				break // the runner's port is not known yet: the shim's word comes
@@ -61,7 +57,7 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 			return res, ctx.Err()
 		case <-clk.After(waitPace.after(clk.Now().Sub(start))):
 		}
-		next, err := retry(ctx, o.Clock, 2*time.Minute, func(ctx context.Context) (api.TaskInfoResponse, error) { return shim.GetTask(ctx, info.ID) })
+		next, err := retry(ctx, clk, 2*time.Minute, func(ctx context.Context) (api.TaskInfoResponse, error) { return c.shim.GetTask(ctx, info.ID) })
 		if errors.Is(err, api.ErrNotFound) {
 			// Removed meanwhile (tandem stop terminates and removes): its
 			// job was stopped with it.
@@ -73,25 +69,4 @@ func Wait(ctx context.Context, ref string, o TaskOptions) (Result, error) {
 		}
 		info = next
 	}
-}
-
-// endedWithTask takes the end of a task terminated before its job said
-// how it ended: the shim's reason, and a stopped job when someone stopped
-// it (a stop's terminate, seen before its remove: as a removed one).
-func (r *Result) endedWithTask(info api.TaskInfoResponse) {
-	r.Reason, r.Message = info.TerminationReason, info.TerminationMessage
-	if stoppedBySomeone(info.TerminationReason) {
-		r.State = api.JobTerminated
-	}
-}
-
-// stoppedBySomeone says whether a task ended with reason because someone
-// stopped it (a user, the server or its policies), not because it failed.
-func stoppedBySomeone(reason api.TerminationReason) bool {
-	switch reason {
-	case api.ReasonTerminatedByUser, api.ReasonAbortedByUser, api.ReasonTerminatedByServer, api.ReasonScaledDown,
-		api.ReasonInactivityDurationExceeded, api.ReasonTerminatedByUtilization:
-		return true
-	}
-	return false
 }

@@ -466,11 +466,18 @@ func TestTandemSSHIntoTask(t *testing.T) {
 	// Over --ssh the host becomes OpenSSH's jump host for the container.
 	// -J passes no options to the hop, so a key or known_hosts file for it
 	// goes through a ProxyCommand.
-	argv, err := ctl.SSHCommand(context.Background(), task, ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222"}, []string{"true"}, false)
+	jumpClient := func(route ctl.SSHTarget) *ctl.Client {
+		c, err := ctl.NewClient(ctl.Config{Shim: shim, Ports: ctl.Ports{SSH: atoi(sshPort)}, SSH: route})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	argv, err := jumpClient(ctl.SSHTarget{Target: "ubuntu@gpu-host:2222"}).SSHCommand(context.Background(), task, ctl.SSHOptions{}, []string{"true"}, false)
 	if err != nil || !slices.Contains(argv, "ProxyJump=ubuntu@gpu-host:2222") || argv[len(argv)-1] != "true" {
 		t.Fatalf("jump argv: %q %v", argv, err)
 	}
-	argv, err = ctl.SSHCommand(context.Background(), task[:6], ctl.SSHOptions{Shim: shim, RunnerSSHPort: atoi(sshPort), Jump: "ubuntu@gpu-host:2222", Identity: key, KnownHosts: "/k h"}, []string{"true"}, false)
+	argv, err = jumpClient(ctl.SSHTarget{Target: "ubuntu@gpu-host:2222", Identity: key, KnownHosts: "/k h"}).SSHCommand(context.Background(), task[:6], ctl.SSHOptions{}, []string{"true"}, false)
 	want := "ProxyCommand=ssh -o 'UserKnownHostsFile=/k h' -i " + key + " -o IdentitiesOnly=yes -p 2222 -W %h:%p ubuntu@gpu-host"
 	if err != nil || !slices.Contains(argv, want) {
 		t.Fatalf("jump argv with key and known_hosts: %q %v, want %q", argv, err, want)

@@ -17,7 +17,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/tandem-run/tandem/api"
-	"github.com/tandem-run/tandem/api/shimclient"
 	"github.com/tandem-run/tandem/common/version"
 	"github.com/tandem-run/tandem/ctl"
 )
@@ -87,25 +86,58 @@ func connFlagsAs(identityAliases []string) []cli.Flag {
 	}
 }
 
-// dialer returns the SSH tunnel's dial function (nil without --ssh) and a
-// closer for it.
-func dialer(c *cli.Context) (func(context.Context, string, string) (net.Conn, error), func(), error) {
-	return dialTo(c, c.String("ssh"))
+// client is the command's one ctl client, as connFlags say (--shim over
+// --ssh when given), with progress its Progress; done closes its SSH
+// tunnel.
+func client(c *cli.Context, progress func(ctl.Event)) (cl *ctl.Client, done func(), err error) {
+	cfg, done, err := config(c, c.String("shim"), c.String("ssh"))
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg.Progress = progress
+	if cl, err = newClient(cfg); err != nil {
+		done()
+		return nil, nil, err
+	}
+	return cl, done, nil
 }
 
-// interruptible is dialer with a context that the first Ctrl-C (or
+// config is the command's ctl.Config for the shim at shim, reached over
+// the SSH host ssh when not "" (its tunnel dialed here: done closes it),
+// with the runner ports and the key its flags give.
+func config(c *cli.Context, shim, ssh string) (cfg ctl.Config, done func(), err error) {
+	dial, done, err := dialTo(c, ssh)
+	if err != nil {
+		return ctl.Config{}, nil, err
+	}
+	return ctl.Config{Shim: shim, ShimToken: c.String("shim-token"), Dial: dial,
+		Ports: ctl.Ports{HTTP: c.Int("runner-port"), SSH: c.Int("runner-ssh-port")},
+		SSH:   ctl.SSHTarget{Target: ssh, Identity: c.String("identity"), KnownHosts: c.String("known-hosts")}}, done, nil
+}
+
+// newClient is ctl.NewClient, its refusal worded for the command line.
+func newClient(cfg ctl.Config) (*ctl.Client, error) {
+	cl, err := ctl.NewClient(cfg)
+	if err != nil {
+		return nil, exitError{ctl.ExitFailure, errText(err)}
+	}
+	return cl, nil
+}
+
+// interruptible is client with a context that the first Ctrl-C (or
 // SIGTERM) cancels; done closes the connection and stops listening.
-func interruptible(c *cli.Context) (ctx context.Context, dial func(context.Context, string, string) (net.Conn, error), done func(), err error) {
-	dial, closeDial, err := dialer(c)
+func interruptible(c *cli.Context, progress func(ctl.Event)) (ctx context.Context, cl *ctl.Client, done func(), err error) {
+	cl, closeClient, err := client(c, progress)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	ctx, cancel := context.WithCancel(c.Context)
 	stop := onSignals(cancel, func() {})
-	return ctx, dial, func() { stop(); cancel(); closeDial() }, nil
+	return ctx, cl, func() { stop(); cancel(); closeClient() }, nil
 }
 
-// dialTo is dialer for the SSH target given ("" : direct).
+// dialTo dials the SSH target given and returns its tunnel's dial
+// function and a closer for it ("": direct, a nil dial).
 func dialTo(c *cli.Context, target string) (func(context.Context, string, string) (net.Conn, error), func(), error) {
 	if target == "" {
 		return nil, func() {}, nil
@@ -258,20 +290,6 @@ func parseSize(s string) (int64, error) {
 	return n, nil
 }
 
-// shim returns a client for the shim and a closer for its connection.
-func shim(c *cli.Context) (*shimclient.Client, func(), error) {
-	dial, closeDial, err := dialer(c)
-	if err != nil {
-		return nil, nil, err
-	}
-	s, err := ctl.NewShimClient(c.String("shim"), c.String("shim-token"), dial)
-	if err != nil {
-		closeDial()
-		return nil, nil, exitError{ctl.ExitFailure, errText(err)}
-	}
-	return s, closeDial, nil
-}
-
 var outputFlag = &cli.StringFlag{Name: "output", Aliases: []string{"o"}, Value: "text", Usage: "text or json",
 	Action: func(_ *cli.Context, v string) error {
 		if v != "text" && v != "json" {
@@ -295,11 +313,12 @@ func isTerminal(w io.Writer) bool {
 func infoCmd() *cli.Command {
 	return &cli.Command{Name: "info", Usage: "shim version, GPUs, components", Flags: append(connFlags(), outputFlag),
 		Action: func(c *cli.Context) error {
-			s, done, err := shim(c)
+			cl, done, err := client(c, nil)
 			if err != nil {
 				return err
 			}
 			defer done()
+			s := cl.Shim()
 			hc, err := s.Healthcheck(c.Context)
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(ctl.ShimUnreached(c.String("shim"), err))}

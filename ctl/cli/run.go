@@ -102,6 +102,7 @@ func runAction(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	progress := runProgress(c, jsonOut)
 	if len(cmd) == 0 && !c.IsSet("workdir") {
 		o.WorkDir = "" // the image's WORKDIR, as its command's
 	}
@@ -112,26 +113,33 @@ func runAction(c *cli.Context) error {
 		return exitError{ctl.ExitFailure, "--interactive takes one node: of a multi-node run's jobs, none would be the one to read it"}
 	}
 	o.Image = image
+	// The run's client is node 0's; a multi-node run's other nodes are
+	// reached with its config, each over its own tunnel.
+	var master *ctl.Client
 	var cluster []ctl.Node
 	for i := range nodes {
-		dial, closeDial, err := dialTo(c, nodes[i].ssh)
+		cfg, closeDial, err := config(c, nodes[i].shim, nodes[i].ssh)
 		if err != nil {
 			return err
 		}
 		defer closeDial()
-		nodes[i].dial = dial
+		if i == 0 {
+			cfg.Progress, cfg.SSH.Identity = progress, entryIdentity(c)
+			if master, err = newClient(cfg); err != nil {
+				return err
+			}
+		}
 		label, target := nodes[i].shim, hostPart(nodes[i].shim)
 		if nodes[i].ssh != "" {
 			label = nodes[i].ssh
 			_, target, _ = strings.Cut(nodes[i].ssh, "@")
 			target = hostPart(target)
 		}
-		cluster = append(cluster, ctl.Node{Shim: nodes[i].shim, Dial: dial, Label: label, IP: nodes[i].ip, Target: targetIP(target)})
+		cluster = append(cluster, ctl.Node{Shim: nodes[i].shim, Dial: cfg.Dial, Label: label, IP: nodes[i].ip, Target: targetIP(target)})
 	}
-	o.Dial = nodes[0].dial
 	if !c.Bool("no-ssh-config") {
 		o.Started = func(info api.TaskInfoResponse) {
-			if err := updateSSHConfig(c, nodes[0].shim, nodes[0].ssh, info); err != nil {
+			if err := updateSSHConfig(master, info); err != nil {
 				fmt.Fprintln(c.App.ErrWriter, "tandem: warning: ssh config:", err)
 			}
 		}
@@ -141,9 +149,9 @@ func runAction(c *cli.Context) error {
 		Stop()
 	}
 	if len(cluster) > 1 {
-		run, err = ctl.NewCluster(o, cluster)
+		run, err = ctl.NewCluster(master, o, cluster)
 	} else {
-		run, err = ctl.NewRun(o)
+		run, err = ctl.NewRun(master, o)
 	}
 	if err != nil {
 		return exitError{ctl.ExitFailure, errText(err)}
@@ -192,8 +200,7 @@ func runNetwork(c *cli.Context) string {
 
 // runOptions is a one-node run of cmd on shim as the flags describe it.
 func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.RunOptions, error) {
-	var err error
-	o := ctl.RunOptions{Shim: shim, ShimToken: c.String("shim-token"), RunnerPort: c.Int("runner-port"), Name: c.String("name"),
+	o := ctl.RunOptions{Name: c.String("name"),
 		Image: c.String("image"), RegistryUsername: c.String("registry-username"), RegistryPassword: c.String("registry-password"), CPU: c.Float64("cpu"), WorkDir: c.String("workdir"), CodeDir: c.String("code"),
 		Network: runNetwork(c), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"), Keep: !c.Bool("rm"),
 		Env: map[string]string{}}
@@ -212,38 +219,9 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		o.Out = shareLines(c, jobOutput(c), sameStream(c))
 	}
 	o.Workers = workers
-	// Status lines are for a person watching: left out with -q, -o json,
-	// and where stderr is not a terminal (a log file, CI), as docker's
-	// progress is.
-	quiet := jsonOut || c.Bool("quiet") || !isTerminal(c.App.ErrWriter)
-	progress := &progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr) && !jsonOut, quiet: quiet}
-	o.Progress = progress.event
 	bad := func(msg string) error { return exitError{ctl.ExitFailure, msg} }
-	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
+	if err := runLimits(c, &o); err != nil {
 		return o, bad(err.Error())
-	}
-	if o.Memory, err = parseSize(c.String("memory")); err != nil {
-		return o, bad("--memory: " + err.Error())
-	}
-	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
-		return o, bad("--shm-size: " + err.Error())
-	}
-	if o.CodeLimit, err = parseSize(c.String("code-limit")); err != nil {
-		return o, bad("--code-limit: " + err.Error())
-	}
-	if o.CodeLimit == 0 {
-		o.CodeLimit = -1 // no check
-	}
-	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
-		return o, bad("--pids-limit: want a positive count")
-	}
-	// Refused here, not read as "none" (a negative duration) or left to
-	// the shim's 400 after the run began.
-	if o.MaxDuration < 0 {
-		return o, bad(fmt.Sprintf("--max-duration %s: want a positive duration, e.g. 30m (0: none)", o.MaxDuration))
-	}
-	if c.Float64("cpu") < 0 {
-		return o, bad(fmt.Sprintf("--cpu %g: want a positive count of cores, e.g. 1.5 (0: no limit)", c.Float64("cpu")))
 	}
 	if err := parseEnv(wholeValues(c, "env"), o.Env, os.LookupEnv); err != nil {
 		return o, bad(err.Error())
@@ -287,6 +265,47 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		}
 	}
 	return o, nil
+}
+
+// runLimits reads the run's limits (GPUs, memory, /dev/shm, the code
+// archive, processes, duration, CPU) into o, refusing a bad one here,
+// not as "none" (a negative duration) or as the shim's 400 once the run
+// began.
+func runLimits(c *cli.Context, o *ctl.RunOptions) error {
+	var err error
+	if o.GPUs, err = parseGPUs(c.String("gpus")); err != nil {
+		return err
+	}
+	if o.Memory, err = parseSize(c.String("memory")); err != nil {
+		return fmt.Errorf("--memory: %w", err)
+	}
+	if o.ShmSize, err = parseSize(c.String("shm-size")); err != nil {
+		return fmt.Errorf("--shm-size: %w", err)
+	}
+	if o.CodeLimit, err = parseSize(c.String("code-limit")); err != nil {
+		return fmt.Errorf("--code-limit: %w", err)
+	}
+	if o.CodeLimit == 0 {
+		o.CodeLimit = -1 // no check
+	}
+	if o.PidsLimit = c.Int64("pids-limit"); o.PidsLimit < 0 {
+		return errors.New("--pids-limit: want a positive count")
+	}
+	if o.MaxDuration < 0 {
+		return fmt.Errorf("--max-duration %s: want a positive duration, e.g. 30m (0: none)", o.MaxDuration)
+	}
+	if c.Float64("cpu") < 0 {
+		return fmt.Errorf("--cpu %g: want a positive count of cores, e.g. 1.5 (0: no limit)", c.Float64("cpu"))
+	}
+	return nil
+}
+
+// runProgress is where a run's events are shown. Status lines are for a
+// person watching: left out with -q, -o json, and where stderr is not a
+// terminal (a log file, CI), as docker's progress is.
+func runProgress(c *cli.Context, jsonOut bool) func(ctl.Event) {
+	quiet := jsonOut || c.Bool("quiet") || !isTerminal(c.App.ErrWriter)
+	return (&progressPrinter{w: c.App.ErrWriter, tty: isTerminal(os.Stderr) && !jsonOut, quiet: quiet}).event
 }
 
 // parseMount reads -v/--volume/--mount: HOST:PATH[:ro|:rw], or docker's
@@ -398,10 +417,7 @@ func runConnFlags() []cli.Flag {
 }
 
 // runNode is where one node of a run is reached.
-type runNode struct {
-	shim, ssh, ip string
-	dial          func(context.Context, string, string) (net.Conn, error)
-}
+type runNode struct{ shim, ssh, ip string }
 
 // runNodes pairs the --shim, --ssh and --node-ip values into --nodes nodes.
 func runNodes(c *cli.Context) ([]runNode, error) {
@@ -492,13 +508,14 @@ func attachCmd() *cli.Command {
 			if c.NArg() != 1 {
 				return exitError{ctl.ExitFailure, "usage: tandem attach TASK"}
 			}
-			// Ctrl-C detaches: the job runs on.
-			ctx, dial, done, err := interruptible(c)
+			// Ctrl-C detaches: the job runs on. What attach says besides
+			// the job's output is a line each on stderr.
+			ctx, cl, done, err := interruptible(c, (&progressPrinter{w: c.App.ErrWriter}).event)
 			if err != nil {
 				return err
 			}
 			out := shareLines(c, jobOutput(c), sameStream(c))
-			res, err := ctl.Attach(ctx, c.Args().First(), taskOptions(c, dial), sinceFlag(c), out, c.App.ErrWriter)
+			res, err := cl.Attach(ctx, c.Args().First(), sinceFlag(c), out)
 			done()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
@@ -517,11 +534,6 @@ func attachCmd() *cli.Command {
 			fmt.Fprintln(c.App.ErrWriter, ctl.Describe(res))
 			return nil
 		}}
-}
-
-func taskOptions(c *cli.Context, dial func(context.Context, string, string) (net.Conn, error)) ctl.TaskOptions {
-	return ctl.TaskOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"), Dial: dial,
-		Ports: ctl.Ports{HTTP: c.Int("runner-port"), SSH: c.Int("runner-ssh-port")}}
 }
 
 // jobOutput is where a job's output goes: as the job wrote it on a

@@ -21,19 +21,26 @@ func sshConfig() (sshconfig.File, error) {
 	return sshconfig.File{Path: path}, err
 }
 
-func sshEndpoint(c *cli.Context, shim, jump string, info api.TaskInfoResponse) (ctl.SSHEndpoint, error) {
+// entryIdentity is the key an ssh config entry names: --identity, else
+// the private key of the public one tandem run authorizes by default.
+func entryIdentity(c *cli.Context) string {
 	identity := c.String("identity")
 	if identity == "" {
 		if _, pub := ctl.DefaultPublicKey(""); pub != "" {
 			identity = strings.TrimSuffix(pub, ".pub")
 		}
 	}
+	return identity
+}
+
+// sshEndpoint is the task's endpoint for its ssh config entry, as cl's
+// config reaches it (its key: entryIdentity).
+func sshEndpoint(cl *ctl.Client, info api.TaskInfoResponse) (ctl.SSHEndpoint, error) {
 	f, err := sshConfig()
 	if err != nil {
 		return ctl.SSHEndpoint{}, err
 	}
-	return ctl.Endpoint(info, ctl.SSHOptions{Shim: shim, Jump: jump, Identity: identity,
-		KnownHosts: c.String("known-hosts"), RunnerSSHPort: c.Int("runner-ssh-port"), PinDir: f.PinDir()})
+	return cl.Endpoint(info, ctl.SSHOptions{PinDir: f.PinDir()})
 }
 
 // alias is the task's Host name: "tandem-" and its name with dots made
@@ -48,13 +55,13 @@ func alias(info api.TaskInfoResponse) string {
 	return "tandem-" + ctl.ShortID(info.ID)
 }
 
-// updateSSHConfig adds (or refreshes) the task's entry.
-func updateSSHConfig(c *cli.Context, shim, jump string, info api.TaskInfoResponse) error {
-	ep, err := sshEndpoint(c, shim, jump, info)
+// updateSSHConfig adds (or refreshes) the task's entry, as cl reaches it.
+func updateSSHConfig(cl *ctl.Client, info api.TaskInfoResponse) error {
+	ep, err := sshEndpoint(cl, info)
 	if err != nil {
 		return err
 	}
-	entry, err := ctl.SSHConfigEntry(alias(info), info.ID, shim, ep)
+	entry, err := ctl.SSHConfigEntry(alias(info), info.ID, cl.Config().Shim, ep)
 	if err != nil {
 		return err
 	}
@@ -87,9 +94,19 @@ func sshConfigCmd() *cli.Command {
 			&cli.BoolFlag{Name: "install", Usage: "add the Include line to ~/.ssh/config"},
 			&cli.BoolFlag{Name: "print", Usage: "print the file after writing it"}),
 		Action: func(c *cli.Context) error {
-			infos, err := listTasks(c)
+			cfg, done, err := config(c, c.String("shim"), c.String("ssh"))
 			if err != nil {
 				return err
+			}
+			defer done()
+			cfg.SSH.Identity = entryIdentity(c)
+			cl, err := newClient(cfg)
+			if err != nil {
+				return err
+			}
+			infos, err := cl.Tasks(c.Context)
+			if err != nil {
+				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			f, err := sshConfig()
 			if err != nil {
@@ -111,7 +128,7 @@ func sshConfigCmd() *cli.Command {
 				if info.Status != api.TaskRunning || !mine[info.ID] {
 					continue
 				}
-				ep, err := sshEndpoint(c, c.String("shim"), c.String("ssh"), info)
+				ep, err := sshEndpoint(cl, info)
 				var entry string
 				if err == nil {
 					entry, err = ctl.SSHConfigEntry(alias(info), info.ID, c.String("shim"), ep)

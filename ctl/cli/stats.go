@@ -25,12 +25,12 @@ func statsCmd() *cli.Command {
 			if interval < 100*time.Millisecond {
 				return exitError{ctl.ExitFailure, fmt.Sprintf("--interval %s: want 100ms or more", interval)}
 			}
-			ctx, dial, done, err := interruptible(c)
+			ctx, cl, done, err := interruptible(c, nil)
 			if err != nil {
 				return err
 			}
 			defer done()
-			s := ctl.NewSampler(taskOptions(c, dial), c.Args().Slice())
+			s := cl.NewSampler(c.Args().Slice())
 			screen := false
 			if isTerminal(c.App.Writer) && !c.Bool("no-stream") && c.String("output") == "text" {
 				screen = true

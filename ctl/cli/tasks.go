@@ -12,7 +12,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/tandem-run/tandem/api"
-	"github.com/tandem-run/tandem/api/shimclient"
 	"github.com/tandem-run/tandem/ctl"
 )
 
@@ -40,16 +39,12 @@ func psCmd() *cli.Command {
 		Action: func(c *cli.Context) error {
 			// One connection (one SSH login with --ssh) for the shim and the
 			// runners.
-			dial, closeDial, err := dialer(c)
+			cl, done, err := client(c, nil)
 			if err != nil {
 				return err
 			}
-			defer closeDial()
-			s, err := ctl.NewShimClient(c.String("shim"), c.String("shim-token"), dial)
-			if err != nil {
-				return exitError{ctl.ExitFailure, errText(err)}
-			}
-			infos, err := ctl.Tasks(c.Context, s)
+			defer done()
+			infos, err := cl.Tasks(c.Context)
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
@@ -71,7 +66,7 @@ func psCmd() *cli.Command {
 					}
 				}
 				if r.Job == "" {
-					if ev, ok := ctl.JobStatus(c.Context, info, taskOptions(c, dial)); ok {
+					if ev, ok := cl.JobStatus(c.Context, info); ok {
 						r.Job, r.ExitStatus = ev.State, ev.ExitStatus
 						if ev.State.Final() {
 							r.Ended = ev.Timestamp / 1000
@@ -175,16 +170,16 @@ func logsCmd() *cli.Command {
 			if c.NArg() != 1 {
 				return exitError{ctl.ExitFailure, "usage: tandem logs TASK"}
 			}
-			dial, closeDial, err := dialer(c)
+			cl, done, err := client(c, nil)
 			if err != nil {
 				return err
 			}
-			defer closeDial()
+			defer done()
 			if c.Int("tail") < 0 {
 				return exitError{ctl.ExitFailure, "--tail: want a count of lines"}
 			}
 			lo := ctl.LogsOptions{Follow: c.Bool("follow"), Since: sinceFlag(c), Tail: c.Int("tail"), TailSet: c.IsSet("tail")}
-			if err := ctl.Logs(c.Context, c.Args().First(), taskOptions(c, dial), lo, jobOutput(c)); err != nil {
+			if err := cl.Logs(c.Context, c.Args().First(), lo, jobOutput(c)); err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
 			return nil
@@ -226,12 +221,12 @@ func execCmd() *cli.Command {
 // sshInto runs OpenSSH into the task named by the first argument with the
 // remote command line given.
 func sshInto(c *cli.Context, remote []string, tty bool) error {
-	o, closeDial, err := taskSSHOptions(c)
+	cl, o, done, err := taskSSHOptions(c)
 	if err != nil {
 		return err
 	}
-	argv, err := ctl.SSHCommand(c.Context, c.Args().First(), o, remote, tty)
-	closeDial()
+	argv, err := cl.SSHCommand(c.Context, c.Args().First(), o, remote, tty)
+	done()
 	if err != nil {
 		return exitError{ctl.ExitFailure, errText(err)}
 	}
@@ -261,12 +256,12 @@ func cpCmd() *cli.Command {
 				// sequences a job wrote would drive this terminal.
 				return exitError{ctl.ExitFailure, "refusing to write a tar stream to a terminal: pipe it (| tar -x) or redirect it to a file"}
 			}
-			o, closeDial, err := taskSSHOptions(c)
+			cl, o, done, err := taskSSHOptions(c)
 			if err != nil {
 				return err
 			}
-			argv, err := ctl.CopyCommand(c.Context, o, c.Args().Get(0), c.Args().Get(1))
-			closeDial()
+			argv, err := cl.CopyCommand(c.Context, o, c.Args().Get(0), c.Args().Get(1))
+			done()
 			if err != nil {
 				return exitError{ctl.ExitFailure, errText(err)}
 			}
@@ -284,20 +279,19 @@ func taskSSHFlagsAs(identityAliases []string) []cli.Flag {
 		&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Value: "root", Usage: "login in the container"})
 }
 
-// taskSSHOptions reads taskSSHFlags; closeDial ends the shim connection
-// (over --ssh, its tunnel) once the task is resolved.
-func taskSSHOptions(c *cli.Context) (o ctl.SSHOptions, closeDial func(), err error) {
-	dial, closeDial, err := dialer(c)
+// taskSSHOptions reads taskSSHFlags: the command's client and the login;
+// done ends the shim connection (over --ssh, its tunnel) once the task is
+// resolved.
+func taskSSHOptions(c *cli.Context) (cl *ctl.Client, o ctl.SSHOptions, done func(), err error) {
+	cl, done, err = client(c, nil)
 	if err != nil {
-		return ctl.SSHOptions{}, nil, err
+		return nil, ctl.SSHOptions{}, nil, err
 	}
 	pins := ""
 	if f, err := sshConfig(); err == nil {
 		pins = f.PinDir()
 	}
-	return ctl.SSHOptions{Shim: c.String("shim"), ShimToken: c.String("shim-token"),
-		RunnerSSHPort: c.Int("runner-ssh-port"), Jump: c.String("ssh"), Identity: c.String("identity"), KnownHosts: c.String("known-hosts"),
-		User: c.String("user"), Dial: dial, PinDir: pins}, closeDial, nil
+	return cl, ctl.SSHOptions{User: c.String("user"), PinDir: pins}, done, nil
 }
 
 // runOpenSSH runs an OpenSSH client argv (ssh, scp) on this terminal and
@@ -322,25 +316,25 @@ func runOpenSSH(c *cli.Context, argv []string) error {
 // removeTasks resolves each ref and removes it; errors are reported per
 // task, and any makes the command fail.
 func removeTasks(c *cli.Context, refs []string, force bool, timeout uint, verb string) error {
-	return eachTask(c, refs, verb, true, func(s *shimclient.Client, info api.TaskInfoResponse) error {
-		return ctl.Remove(c.Context, s, info, force, timeout)
+	return eachTask(c, refs, verb, true, func(cl *ctl.Client, info api.TaskInfoResponse) error {
+		return cl.Remove(c.Context, info, force, timeout)
 	})
 }
 
 // eachTask resolves each ref and does act on it; errors are reported per
 // task, and any makes the command fail. removed: the task is gone (its
 // SSH config entry goes too).
-func eachTask(c *cli.Context, refs []string, verb string, removed bool, act func(*shimclient.Client, api.TaskInfoResponse) error) error {
-	s, done, err := shim(c)
+func eachTask(c *cli.Context, refs []string, verb string, removed bool, act func(*ctl.Client, api.TaskInfoResponse) error) error {
+	cl, done, err := client(c, nil)
 	if err != nil {
 		return err
 	}
 	defer done()
 	var failed []string
 	for _, ref := range refs {
-		info, err := ctl.Resolve(c.Context, s, ref)
+		info, err := cl.Resolve(c.Context, ref)
 		if err == nil {
-			err = act(s, info)
+			err = act(cl, info)
 		}
 		if err != nil {
 			fmt.Fprintln(c.App.ErrWriter, "tandem:", errText(err))
@@ -367,8 +361,8 @@ func stopCmd() *cli.Command {
 			if c.NArg() < 1 {
 				return exitError{ctl.ExitFailure, "usage: tandem stop TASK..."}
 			}
-			return eachTask(c, c.Args().Slice(), "stopped", false, func(s *shimclient.Client, info api.TaskInfoResponse) error {
-				return ctl.StopTask(c.Context, s, info, c.Uint("timeout"))
+			return eachTask(c, c.Args().Slice(), "stopped", false, func(cl *ctl.Client, info api.TaskInfoResponse) error {
+				return cl.StopTask(c.Context, info, c.Uint("timeout"))
 			})
 		}}
 }
@@ -409,14 +403,14 @@ func pruneCmd() *cli.Command {
 		}}
 }
 
-// listTasks reads every task of the shim (ctl.Tasks).
+// listTasks reads every task of the shim (ctl.Client.Tasks).
 func listTasks(c *cli.Context) ([]api.TaskInfoResponse, error) {
-	s, done, err := shim(c)
+	cl, done, err := client(c, nil)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	infos, err := ctl.Tasks(c.Context, s)
+	infos, err := cl.Tasks(c.Context)
 	if err != nil {
 		return nil, exitError{ctl.ExitFailure, errText(err)}
 	}

@@ -17,7 +17,7 @@ func waitCmd() *cli.Command {
 			if c.NArg() == 0 {
 				return exitError{ctl.ExitFailure, "usage: tandem wait TASK..."}
 			}
-			ctx, dial, done, err := interruptible(c)
+			ctx, cl, done, err := interruptible(c, nil)
 			if err != nil {
 				return err
 			}
@@ -25,7 +25,7 @@ func waitCmd() *cli.Command {
 			// In the order given, each code as its job ends, as docker
 			// wait prints them.
 			for _, ref := range c.Args().Slice() {
-				res, err := ctl.Wait(ctx, ref, taskOptions(c, dial))
+				res, err := cl.Wait(ctx, ref)
 				if ctx.Err() != nil {
 					return exitError{ctl.ExitInterrupted, ""}
 				}
