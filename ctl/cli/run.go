@@ -387,8 +387,6 @@ func reportRun(c *cli.Context, o ctl.RunOptions, res ctl.Result, err error, json
 	switch {
 	case err != nil && errors.Is(err, ctl.ErrInterrupted) && res.Kept:
 		return exitError{code, fmt.Sprintf("interrupted: task %s was stopped (tandem logs %s; tandem rm %s removes it)", res.Name, res.Name, res.Name)}
-	case err != nil && errors.Is(err, ctl.ErrInterrupted) && o.Keep:
-		return exitError{code, "interrupted before the job's container was made: the task was removed"}
 	case err != nil && errors.Is(err, ctl.ErrInterrupted):
 		return exitError{code, "interrupted: the task was terminated and removed"}
 	case err != nil:
