@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -34,7 +35,7 @@ func StartDockerd(t testing.TB, wrap []string, wait time.Duration, extra ...stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unmountUnder(dir); _ = os.RemoveAll(dir) })
+	t.Cleanup(func() { killShimsUnder(dir); unmountUnder(dir); _ = os.RemoveAll(dir) })
 	d := &Dockerd{Dir: dir, Host: "unix://" + filepath.Join(dir, "d.sock")}
 	argv := append(append([]string{}, wrap...), "dockerd", "--host", d.Host, "--data-root", filepath.Join(dir, "root"), "--exec-root", filepath.Join(dir, "exec"),
 		"--pidfile", filepath.Join(dir, "d.pid"), "--iptables=false", "--ip-masq=false")
@@ -68,6 +69,11 @@ func (d *Dockerd) start(t testing.TB, wait time.Duration) {
 	t.Cleanup(func() { logf.Close() })
 	StartDaemon(t, cmd)
 	d.Pid = cmd.Process.Pid
+	// Runs before StartDaemon's group kill (cleanups run last first): the
+	// daemon removes its containers while it lives. Their containerd shims
+	// are daemons of a session of their own, which the group kill misses;
+	// killShimsUnder ends any that outlive this (a daemon that hung).
+	t.Cleanup(func() { d.removeContainers() })
 	deadline := time.Now().Add(wait)
 	for {
 		c := exec.CommandContext(context.Background(), "docker", "info")
@@ -81,6 +87,62 @@ func (d *Dockerd) start(t testing.TB, wait time.Duration) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// removeContainers removes every container of d's daemon, within 30 s; a
+// daemon already gone is fine.
+func (d *Dockerd) removeContainers() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	docker := func(args ...string) (string, error) {
+		c := exec.CommandContext(ctx, "docker", args...)
+		c.Env = append(os.Environ(), "DOCKER_HOST="+d.Host)
+		out, err := c.Output()
+		return string(out), err
+	}
+	out, err := docker("ps", "-aq")
+	if ids := strings.Fields(out); err == nil && len(ids) > 0 {
+		_, _ = docker(append([]string{"rm", "-f"}, ids...)...)
+	}
+}
+
+// killShimsUnder kills the containerd shims of the test daemon whose exec
+// root is under dir (their -address names its socket there), and the
+// processes of their containers: they are this test's, started by its
+// daemon, and nothing else names that dir.
+func killShimsUnder(dir string) {
+	procs, _ := os.ReadDir("/proc")
+	for _, e := range procs {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(string(b), "\x00")
+		if len(argv) == 0 || !strings.HasPrefix(filepath.Base(argv[0]), "containerd-shim") {
+			continue
+		}
+		for i, a := range argv {
+			if a == "-address" && i+1 < len(argv) && strings.HasPrefix(argv[i+1], dir+"/") {
+				killTree(pid)
+				break
+			}
+		}
+	}
+}
+
+// killTree SIGKILLs pid's children, then pid.
+func killTree(pid int) {
+	b, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", strconv.Itoa(pid), "children"))
+	for _, c := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(c); err == nil {
+			killTree(n)
+		}
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
 }
 
 // unmountUnder detaches every mount at or below dir, deepest first: dockerd
