@@ -92,20 +92,27 @@ func NewCluster(c *Client, o RunOptions, nodes []Node) (*Cluster, error) {
 // and torchrun reach the other nodes through their runners' SSH servers.
 // The run ends with the master (the others are stopped then: dstack's
 // master-done); a worker that fails or dies first fails the run and stops
-// the rest. Every task is removed at the end.
-func (c *Cluster) Execute(ctx context.Context) (Result, error) {
+// the rest. At the end every node's task is stopped and kept with Keep
+// (one per host, NAME-0 the master's), as a single-node run's is, until
+// tandem rm or prune; without Keep, or for a node whose task never got a
+// container, it is removed.
+func (c *Cluster) Execute(ctx context.Context) (res Result, err error) {
 	ctx, cancel := c.begin(ctx)
 	defer cancel(nil)
-	res := Result{TaskID: c.runID, Name: c.name}
+	res = Result{TaskID: c.runID, Name: c.name}
 	if err := c.connect(ctx); err != nil {
 		return Result{Interrupted: interrupted(ctx)}, err
 	}
 	if err := c.plan(ctx); err != nil {
 		return res, err
 	}
-	// From the first submit on, every task is taken down at the end.
+	// From the first submit on, every task is ended at the end.
 	killNow := false
-	defer func() { c.removeAll(context.WithoutCancel(ctx), killNow || res.Interrupted) }()
+	defer func() {
+		if kept := c.endAll(context.WithoutCancel(ctx), killNow || res.Interrupted); len(kept) > 0 {
+			res.Kept, res.KeptNames = true, kept
+		}
+	}()
 	fail := func(err error) (Result, error) {
 		return failEarly(ctx, c.c.say, c.o.Keep, &res, err, "the run's tasks")
 	}
@@ -199,18 +206,35 @@ func (c *Cluster) startJobs(ctx context.Context) error {
 	return nil
 }
 
-// removeAll terminates (with a 5 s grace, none when now) and removes every
-// node's task; one that cannot be removed is an EventTaskLeft.
-func (c *Cluster) removeAll(ctx context.Context, now bool) {
+// endAll stops every node's task (with a 5 s grace, none when now) and
+// keeps it with Keep when it got a container, else removes it, as Run.End
+// ends one task; it returns the names of the tasks kept. A task that
+// cannot be ended is an EventTaskLeft.
+func (c *Cluster) endAll(ctx context.Context, now bool) []string {
+	kept := make([]bool, len(c.cs))
 	_ = onEach(c.cs, func(n *clusterNode) error {
 		if n.c == nil {
 			return nil
 		}
-		if err := n.c.cleanup(ctx, n.id, stopGrace(now), false); err != nil {
+		var err error
+		if c.o.Keep && n.info.ContainerID != "" {
+			err = n.c.terminate(ctx, n.id, stopGrace(now))
+			kept[n.rank] = err == nil
+		} else {
+			err = n.c.cleanup(ctx, n.id, stopGrace(now), false)
+		}
+		if err != nil {
 			c.c.say.emit(Event{Kind: EventTaskLeft, Node: n.String(), Task: ShortID(n.id), Name: n.name, Shim: n.Shim, Err: err})
 		}
 		return nil
 	})
+	var names []string
+	for i, k := range kept {
+		if k {
+			names = append(names, c.cs[i].name)
+		}
+	}
+	return names
 }
 
 // clusterFacts finds each node's address on the network the nodes share

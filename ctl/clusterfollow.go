@@ -91,7 +91,7 @@ func followCluster(ctx context.Context, c *Client, cs []*clusterNode, stops <-ch
 			res.State, res.Interrupted = api.JobTerminated, true
 			return res, true
 		case <-settle:
-			c.say.status("%d node(s) did not stop in 30s; removing their tasks", pending)
+			c.say.status("%d node(s) did not stop in 30s; ending their tasks", pending)
 			pending = 0
 		}
 	}

@@ -357,7 +357,9 @@ func (r *Run) Execute(ctx context.Context) (res Result, err error) {
 		if res.Detached {
 			return
 		}
-		res.Kept = r.keeps()
+		if res.Kept = r.keeps(); res.Kept {
+			res.KeptNames = []string{r.name}
+		}
 		if err := r.End(context.WithoutCancel(ctx), killNow || res.Interrupted); err != nil {
 			r.c.say.emit(Event{Kind: EventTaskLeft, Task: ShortID(r.id), Name: r.name, Shim: r.c.cfg.Shim, Err: err})
 		}

@@ -25,6 +25,9 @@ type Result struct {
 	// Kept: the run ended and left its task, stopped (RunOptions.Keep, and
 	// the task got a container: see Run.End).
 	Kept bool
+	// KeptNames names the tasks kept: the run's name, or a multi-node
+	// run's NAME-0, NAME-1... (Cluster.Execute).
+	KeptNames []string
 }
 
 // endedWith takes the job's end from its final state event.

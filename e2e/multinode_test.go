@@ -94,6 +94,18 @@ func (c *cluster) run(t *testing.T, script string, extra ...string) (*exec.Cmd, 
 	return tandemIn(t, c.dir, nil, args...)
 }
 
+// at runs a tandem command against host h's shim over SSH and returns its
+// output; a failure fails the test.
+func (c *cluster) at(t *testing.T, h *testenv.Host, args ...string) string {
+	t.Helper()
+	args = append([]string{args[0], "--ssh", "root@" + h.UplinkIP + ":22", "--identity", c.hosts[0].SSHD.ClientKey, "--known-hosts", filepath.Join(c.dir, "known_hosts")}, args[1:]...)
+	cmd, out, errb := tandemIn(t, c.dir, nil, args...)
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("tandem %s: %v\n%s\n%s", strings.Join(args, " "), err, out, errb)
+	}
+	return out.String()
+}
+
 // tasks lists the task containers left on each host.
 func (c *cluster) tasks(t *testing.T) string {
 	t.Helper()
@@ -144,7 +156,7 @@ python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DST
   --master_addr "$DSTACK_MASTER_NODE_IP" --master_port 29500 --redirects 1 --tee 1 allreduce.py
 `
 		start := time.Now()
-		cmd, out, errb := c.run(t, script, "--env", "GLOO_SOCKET_IFNAME=eth0")
+		cmd, out, errb := c.run(t, script, "--rm", "--env", "GLOO_SOCKET_IFNAME=eth0")
 		err := cmd.Run()
 		took := time.Since(start)
 		t.Logf("stdout:\n%s\nstderr:\n%s", out, errb)
@@ -180,9 +192,9 @@ python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DST
 		}
 	})
 
-	t.Run("the run's exit status is the master's; the worker is stopped", func(t *testing.T) {
+	t.Run("the run's exit status is the master's; the worker is stopped; both are kept", func(t *testing.T) {
 		start := time.Now()
-		cmd, out, errb := c.run(t, `if [ "$DSTACK_NODE_RANK" = 0 ]; then sleep 1; echo master-ends; exit 3; fi; echo worker-waits; sleep 600`)
+		cmd, out, errb := c.run(t, `if [ "$DSTACK_NODE_RANK" = 0 ]; then sleep 1; echo master-ends; exit 3; fi; echo worker-waits; sleep 600`, "--name", "mn-kept")
 		err := cmd.Run()
 		if code := exitCodeOf(err); code != 3 {
 			t.Fatalf("exit code %d, want the master's 3\n%s\n%s", code, out, errb)
@@ -193,8 +205,22 @@ python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DST
 		if !strings.Contains(out.String(), "master-ends") || !strings.Contains(errb.String(), "[node 1] worker-waits") {
 			t.Fatalf("output:\n%s\n%s", out, errb)
 		}
+		// Without --rm each node's task is kept, stopped, as docker run
+		// keeps its container: ps -a, logs and rm on each host.
+		ps := c.at(t, master, "ps", "-a")
+		if !regexp.MustCompile(`(?m)^mn-kept-0 .*exited \(3\)`).MatchString(ps) {
+			t.Fatalf("master's ps -a lacks the kept mn-kept-0, exited (3):\n%s", ps)
+		}
+		if ps := c.at(t, worker, "ps", "-a"); !regexp.MustCompile(`(?m)^mn-kept-1 `).MatchString(ps) {
+			t.Fatalf("worker's ps -a lacks the kept mn-kept-1:\n%s", ps)
+		}
+		if logs := c.at(t, master, "logs", "mn-kept-0"); !strings.Contains(logs, "master-ends") {
+			t.Fatalf("logs mn-kept-0 of the kept task: %q", logs)
+		}
+		c.at(t, master, "rm", "mn-kept-0")
+		c.at(t, worker, "rm", "mn-kept-1")
 		if left := c.tasks(t); left != "" {
-			t.Fatalf("tasks left:\n%s", left)
+			t.Fatalf("tasks left after rm:\n%s", left)
 		}
 	})
 
@@ -203,7 +229,7 @@ python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DST
 		// container is killed after a few steps. The master alone would
 		// wait in gloo for its 30-minute timeout.
 		cmd, _, _ := c.run(t, `python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DSTACK_NODE_RANK" \
-  --master_addr "$DSTACK_MASTER_NODE_IP" --master_port 29500 --redirects 1 --tee 1 allreduce.py`, "--env", "GLOO_SOCKET_IFNAME=eth0", "--env", "STEPS=600")
+  --master_addr "$DSTACK_MASTER_NODE_IP" --master_port 29500 --redirects 1 --tee 1 allreduce.py`, "--rm", "--env", "GLOO_SOCKET_IFNAME=eth0", "--env", "STEPS=600")
 		out, errBuf, done := startAsync(t, cmd)
 		deadline := time.Now().Add(3 * time.Minute)
 		step3 := regexp.MustCompile(`(?m)^\[node 1\] .*step 3 rank=1 sum=2`)
@@ -241,7 +267,7 @@ python3 -m torch.distributed.run --nnodes 2 --nproc_per_node 1 --node_rank "$DST
 	})
 
 	t.Run("stopping the run stops both nodes", func(t *testing.T) {
-		cmd, _, _ := c.run(t, `echo "ready $DSTACK_NODE_RANK"; trap 'echo "stopped $DSTACK_NODE_RANK"; exit 0' INT TERM; sleep 600 & wait`)
+		cmd, _, _ := c.run(t, `echo "ready $DSTACK_NODE_RANK"; trap 'echo "stopped $DSTACK_NODE_RANK"; exit 0' INT TERM; sleep 600 & wait`, "--rm")
 		out, errBuf, done := startAsync(t, cmd)
 		deadline := time.Now().Add(2 * time.Minute)
 		for !strings.Contains(errBuf.String(), "[node 1] ready 1") || !strings.Contains(out.String(), "ready 0") {

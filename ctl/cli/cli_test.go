@@ -259,3 +259,19 @@ func TestJobOutputOnATerminalDropsQueries(t *testing.T) {
 		t.Fatalf("not a terminal: wrapped as %T", w)
 	}
 }
+
+// TestKeptText: an interrupted run names every task it kept, one for a
+// single-node run, one per host for a multi-node run.
+func TestKeptText(t *testing.T) {
+	one := keptText(ctl.Result{Name: "train", Kept: true, KeptNames: []string{"train"}})
+	if one != "interrupted: task train was stopped (tandem logs train; tandem rm train removes it)" {
+		t.Errorf("one task: %q", one)
+	}
+	if got := keptText(ctl.Result{Name: "train", Kept: true}); got != one {
+		t.Errorf("no names falls back to the run's name: %q", got)
+	}
+	many := keptText(ctl.Result{Name: "mn", Kept: true, KeptNames: []string{"mn-0", "mn-1"}})
+	if !strings.HasPrefix(many, "interrupted: tasks mn-0 mn-1 were stopped, one per host") {
+		t.Errorf("two tasks: %q", many)
+	}
+}

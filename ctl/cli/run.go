@@ -355,6 +355,20 @@ func parseMount(v string) (api.InstanceMountPoint, error) {
 	return m, nil
 }
 
+// keptText says which tasks an interrupted run left stopped and how to
+// read and remove them.
+func keptText(res ctl.Result) string {
+	names := res.KeptNames
+	if len(names) == 0 {
+		names = []string{res.Name}
+	}
+	if len(names) == 1 {
+		return fmt.Sprintf("interrupted: task %s was stopped (tandem logs %s; tandem rm %s removes it)", names[0], names[0], names[0])
+	}
+	all := strings.Join(names, " ")
+	return fmt.Sprintf("interrupted: tasks %s were stopped, one per host (tandem logs NAME with each host's --ssh or --shim; tandem rm removes them)", all)
+}
+
 // reportRun prints how the run ended (JSON with --output json) and returns
 // the exit code as an error for main.
 func reportRun(c *cli.Context, o ctl.RunOptions, res ctl.Result, err error, jsonOut bool) error {
@@ -386,7 +400,7 @@ func reportRun(c *cli.Context, o ctl.RunOptions, res ctl.Result, err error, json
 	}
 	switch {
 	case err != nil && errors.Is(err, ctl.ErrInterrupted) && res.Kept:
-		return exitError{code, fmt.Sprintf("interrupted: task %s was stopped (tandem logs %s; tandem rm %s removes it)", res.Name, res.Name, res.Name)}
+		return exitError{code, keptText(res)}
 	case err != nil && errors.Is(err, ctl.ErrInterrupted):
 		return exitError{code, "interrupted: the task was terminated and removed"}
 	case err != nil:
