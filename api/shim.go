@@ -120,6 +120,23 @@ type TaskConfig struct {
 	// PidsLimit is a Tandem client's own bound on the task's processes
 	// and threads (the dstack server never sends it; 0: the shim's).
 	PidsLimit int64 `json:"tandem_pids_limit,omitempty"`
+	// Publish is a Tandem client's job ports to publish on the host, as
+	// docker run -p (bridge network only; the dstack server never sends
+	// it, and dstack's shim ignores it).
+	Publish []PublishedPort `json:"tandem_publish,omitempty"`
+}
+
+// PublishedPort is one job port published on the host (docker run -p
+// [HOST_IP:][HOST_PORT:]CONTAINER_PORT[/PROTOCOL]).
+type PublishedPort struct {
+	// HostIP is the host address it binds; empty: every address.
+	HostIP string `json:"host_ip,omitempty"`
+	// HostPort is the host's port; 0: one Docker picks.
+	HostPort int `json:"host_port,omitempty"`
+	// ContainerPort is the job's port.
+	ContainerPort int `json:"container_port"`
+	// Protocol is tcp (empty) or udp.
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // VolumeInfo describes a network volume to attach-mount on the host.

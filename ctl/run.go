@@ -139,6 +139,9 @@ func (r *Run) Submit(ctx context.Context) error {
 		return err
 	}
 	if !r.tandemShim {
+		if len(r.o.Publish) > 0 {
+			return fmt.Errorf("--publish: the shim at %s is dstack's, which publishes no job ports: run on a Tandem shim, or use --network host", r.c.cfg.Shim)
+		}
 		for _, m := range r.o.Mounts {
 			if m.ReadOnly {
 				return fmt.Errorf("mount %s:%s:ro: the shim at %s is dstack's, which binds every instance mount read-write: drop :ro, or run on a Tandem shim", m.InstancePath, m.Path, r.c.cfg.Shim)

@@ -50,6 +50,9 @@ type RunOptions struct {
 	// status and task row stay until it is removed (docker run without
 	// --rm). Without it the task is removed at the end (docker run --rm).
 	Keep bool
+	// Publish are job ports published on the host, as docker run -p
+	// (bridge network, a Tandem shim: Run.Submit refuses dstack's).
+	Publish []api.PublishedPort
 	// Stdin, when set, is what the job reads on its standard input, sent
 	// to its runner as it comes (docker run -i; a Tandem runner only); nil:
 	// an input that ends at once (docker run without -i).

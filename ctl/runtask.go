@@ -88,7 +88,7 @@ func ShimUnreached(addr string, err error) error {
 // taskConfig is the shim task of a run's job.
 func taskConfig(o RunOptions, id, name string) api.TaskConfig {
 	return api.TaskConfig{ID: id, Name: name, ImageName: o.Image, RegistryUsername: o.RegistryUsername, RegistryPassword: o.RegistryPassword, GPU: o.GPUs, CPU: o.CPU, Memory: o.Memory,
-		ShmSize: o.ShmSize, PidsLimit: o.PidsLimit, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys, Privileged: o.Privileged}
+		ShmSize: o.ShmSize, PidsLimit: o.PidsLimit, NetworkMode: o.Network, InstanceMounts: o.Mounts, ContainerSSHKeys: o.SSHKeys, Privileged: o.Privileged, Publish: o.Publish}
 }
 
 // taskEnded says why a task ended before its job started: the shim's

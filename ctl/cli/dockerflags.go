@@ -15,10 +15,8 @@ import (
 // what to use instead. An unknown flag that is not here is refused as
 // unknown, with where the list is.
 var dockerOnly = map[string]string{
-	"publish":      "tandem publishes no job ports (the shim forwards only the runner's): use --network host, where the job's ports are the host's, or forward one over SSH (ssh -L PORT:localhost:PORT TASK, after tandem ssh-config)",
-	"p":            "", // as publish
-	"publish-all":  "", // as publish
-	"P":            "", // as publish
+	"publish-all":  "tandem publishes only the ports you name: give each with -p HOST_PORT:CONTAINER_PORT",
+	"P":            "", // as publish-all
 	"cap-add":      "the shim's protocol has no capabilities: --privileged gives the job all of them and every device",
 	"cap-drop":     "", // as cap-add
 	"device":       "", // as cap-add
@@ -54,7 +52,7 @@ var dockerOnly = map[string]string{
 }
 
 // dockerOnlyAs is the flag whose advice a flag of dockerOnly shares.
-var dockerOnlyAs = map[string]string{"p": "publish", "publish-all": "publish", "P": "publish", "cap-drop": "cap-add", "device": "cap-add",
+var dockerOnlyAs = map[string]string{"P": "publish-all", "cap-drop": "cap-add", "device": "cap-add",
 	"security-opt": "cap-add", "l": "label", "dns": "add-host", "dns-search": "add-host", "dns-option": "add-host", "pid": "ipc", "uts": "ipc",
 	"userns": "ipc", "a": "attach", "log-opt": "log-driver"}
 

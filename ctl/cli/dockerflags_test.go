@@ -40,8 +40,8 @@ func TestDockerArgs(t *testing.T) {
 		}
 	}
 	for args, want := range map[string]string{
-		"run -p 8080:80 img":        "tandem run has no -p (docker's): tandem publishes no job ports (the shim forwards only the runner's): use --network host",
-		"run --publish=80 img":      "tandem run has no --publish (docker's): tandem publishes no job ports",
+		"run -P img":                "tandem run has no -P (docker's): tandem publishes only the ports you name: give each with -p HOST_PORT:CONTAINER_PORT",
+		"run --publish-all img":     "tandem run has no --publish-all (docker's): tandem publishes only the ports you name",
 		"run --cap-add SYS_ADMIN x": "tandem run has no --cap-add (docker's): the shim's protocol has no capabilities: --privileged gives the job all of them",
 		"run --env-file f img":      "tandem run has no --env-file (docker's): give each variable with -e KEY=VALUE",
 		"run --frobnicate img":      "tandem run has no flag --frobnicate (tandem run --help lists them)",

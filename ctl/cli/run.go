@@ -67,6 +67,7 @@ the workers' with a [node N] prefix on stderr.
 			&cli.StringFlag{Name: "workdir", Aliases: []string{"w"}, Value: "/workflow", Usage: "working dir in the container"},
 			&cli.StringFlag{Name: "code", Usage: "local directory uploaded into the working dir"},
 			&cli.StringFlag{Name: "code-limit", Value: "256MiB", Usage: "the largest --code archive to send, checked before anything is made: the runner's --max-upload-bytes (0: no check)"},
+			&cli.StringSliceFlag{Name: "publish", Aliases: []string{"p"}, Usage: "publish a job port on the host, as docker run -p: [HOST_IP:][HOST_PORT:]CONTAINER_PORT[/tcp|udp] (bridge network; without HOST_IP every address of the host; without HOST_PORT one Docker picks: docker port on the host shows it); a Tandem shim only"},
 			&cli.StringFlag{Name: "network", Aliases: []string{"net"}, Usage: "bridge or host (default: bridge, as docker run, so that many jobs run at once; host with --nodes N or --runner-port)"},
 			&cli.DurationFlag{Name: "max-duration", Usage: "stop the job after this long (exit status 124)"},
 			&cli.BoolFlag{Name: "rm", Usage: "remove the task when the run ends (default: it is kept, stopped, with its output and exit status, until tandem rm or prune, as docker run)"},
@@ -250,6 +251,23 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 	}
 	if o.Network != "host" && o.Network != "bridge" {
 		return o, bad("--network must be host or bridge")
+	}
+	for _, spec := range c.StringSlice("publish") {
+		p, err := parsePublish(spec)
+		if err != nil {
+			return o, bad(err.Error())
+		}
+		o.Publish = append(o.Publish, p)
+	}
+	if len(o.Publish) > 0 && o.Network != "bridge" {
+		why := "drop --network host"
+		switch {
+		case c.Int("nodes") > 1:
+			why = "a multi-node run is on the host network"
+		case c.IsSet("runner-port"):
+			why = "--runner-port puts the job on the host network"
+		}
+		return o, bad("--publish needs the bridge network, as a host-network job's ports are the host's already: " + why)
 	}
 	o.SSHKeys = wholeValues(c, "authorized-key")
 	identity := c.String("identity")

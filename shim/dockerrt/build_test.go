@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/tandem-run/tandem/api"
 	"github.com/tandem-run/tandem/shim/task"
 )
 
@@ -72,5 +73,31 @@ func TestBuildPidsLimit(t *testing.T) {
 	}
 	if _, hc := Build(task.ContainerSpec{Image: "i"}); hc.Resources.PidsLimit != nil {
 		t.Fatalf("unset pids limit became %d", *hc.Resources.PidsLimit)
+	}
+}
+
+// TestBuildPublished: a bridge task's published ports reach Docker with
+// their address and port (an empty host port: Docker's pick) beside the
+// runner's, and survive the shim's own forwarding (which drops only the
+// runner's bindings); the host network publishes nothing.
+func TestBuildPublished(t *testing.T) {
+	pub := []api.PublishedPort{{HostIP: "127.0.0.1", HostPort: 8080, ContainerPort: 80}, {ContainerPort: 53, Protocol: "udp"}}
+	for _, forwarded := range []bool{false, true} {
+		cfg, hc := Build(task.ContainerSpec{Image: "i", NetworkMode: "bridge", ExposedTCP: []int{10999}, Forwarded: forwarded, Published: pub})
+		if b := hc.PortBindings["80/tcp"]; len(b) != 1 || b[0].HostIP != "127.0.0.1" || b[0].HostPort != "8080" {
+			t.Errorf("forwarded %v: 80/tcp bound %v", forwarded, b)
+		}
+		if b := hc.PortBindings["53/udp"]; len(b) != 1 || b[0].HostIP != "" || b[0].HostPort != "" {
+			t.Errorf("forwarded %v: 53/udp bound %v", forwarded, b)
+		}
+		if _, runner := hc.PortBindings["10999/tcp"]; runner == forwarded {
+			t.Errorf("forwarded %v: the runner's port bound %v", forwarded, runner)
+		}
+		if _, ok := cfg.ExposedPorts["53/udp"]; !ok {
+			t.Errorf("forwarded %v: 53/udp not exposed", forwarded)
+		}
+	}
+	if _, hc := Build(task.ContainerSpec{Image: "i", NetworkMode: "host", ExposedTCP: []int{10999}, Published: pub}); hc.PortBindings != nil {
+		t.Errorf("host network bound %v", hc.PortBindings)
 	}
 }

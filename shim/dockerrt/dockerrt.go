@@ -167,6 +167,20 @@ func Build(s task.ContainerSpec) (*container.Config, *container.HostConfig) {
 		},
 	}
 	if s.NetworkMode == "host" || s.Forwarded {
+		hc.PortBindings = nat.PortMap{}
+	}
+	if s.NetworkMode != "host" {
+		for _, p := range s.Published {
+			port := nat.Port(strconv.Itoa(p.ContainerPort) + "/" + cmp.Or(p.Protocol, "tcp"))
+			hostPort := ""
+			if p.HostPort > 0 {
+				hostPort = strconv.Itoa(p.HostPort)
+			}
+			exposed[port] = struct{}{}
+			hc.PortBindings[port] = append(hc.PortBindings[port], nat.PortBinding{HostIP: p.HostIP, HostPort: hostPort})
+		}
+	}
+	if len(hc.PortBindings) == 0 {
 		hc.PortBindings = nil
 	}
 	for _, b := range s.Binds {

@@ -151,9 +151,13 @@ type forwardResource struct{ e *Engine }
 func (forwardResource) kind() string { return "forwards" }
 
 // forwarded says whether t's container c has the shim's forwards: a
-// bridge task whose container Docker publishes nothing for.
+// bridge task for whose runner ports Docker publishes nothing (the job's
+// own, tandem_publish, are Docker's either way).
 func (e *Engine) forwarded(t *task, c ContainerState) bool {
-	return t.cfg.NetworkMode != "host" && e.cfg.Forwarder != nil && len(c.Ports) == 0
+	if t.cfg.NetworkMode == "host" || e.cfg.Forwarder == nil {
+		return false
+	}
+	return !slices.ContainsFunc(c.Ports, func(p api.PortMapping) bool { return slices.Contains(e.runnerPorts(), p.Container) })
 }
 
 // reattach opens the forwards again, which died with the shim, on the

@@ -505,3 +505,44 @@ func (r *stepRuntime) Inspect(_ context.Context, id string) (ContainerState, err
 	}
 	return r.state(id), nil
 }
+
+// TestSubmitPublish: tandem_publish is taken on the bridge network only,
+// with ports in range, tcp or udp, an IP address, never the runner's
+// ports; a refusal leaves no task.
+func TestSubmitPublish(t *testing.T) {
+	e, _ := newEngine(t, newStepRuntime())
+	runnerHTTP := e.runnerPorts()[0]
+	for _, tc := range []struct {
+		network string
+		pub     api.PublishedPort
+		want    string
+	}{
+		{"host", api.PublishedPort{ContainerPort: 80}, "tandem_publish needs network_mode bridge"},
+		{"", api.PublishedPort{ContainerPort: 80}, "tandem_publish needs network_mode bridge"},
+		{"bridge", api.PublishedPort{ContainerPort: 0}, "container_port 0 is not a port"},
+		{"bridge", api.PublishedPort{ContainerPort: 80, HostPort: 70000}, "host_port 70000 is not a port"},
+		{"bridge", api.PublishedPort{ContainerPort: 80, Protocol: "sctp\x1b[2J"}, `protocol "sctp\\x1b[2J": want tcp or udp`},
+		{"bridge", api.PublishedPort{ContainerPort: 80, HostIP: "localhost"}, `host_ip "localhost" is not an IP address`},
+		{"bridge", api.PublishedPort{ContainerPort: runnerHTTP}, "is the runner's (its API and SSH server), never published"},
+	} {
+		_, err := e.Submit(api.TaskConfig{ID: "p1", Name: "p", ImageName: "i", NetworkMode: tc.network, Publish: []api.PublishedPort{tc.pub}})
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %+v: %v, want %q", tc.network, tc.pub, err, tc.want)
+		}
+	}
+	many := make([]api.PublishedPort, MaxPublished+1)
+	for i := range many {
+		many[i] = api.PublishedPort{ContainerPort: 20000 + i}
+	}
+	if _, err := e.Submit(api.TaskConfig{ID: "p1", Name: "p", ImageName: "i", NetworkMode: "bridge", Publish: many}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("%d ports: %v", len(many), err)
+	}
+	if len(e.List()) != 0 {
+		t.Fatalf("refused submits left tasks: %v", e.List())
+	}
+	ok := api.TaskConfig{ID: "p2", Name: "p", ImageName: "i", NetworkMode: "bridge",
+		Publish: []api.PublishedPort{{ContainerPort: 80, HostPort: 8080, HostIP: "127.0.0.1"}, {ContainerPort: 53, Protocol: "udp"}}}
+	if err := validate(ok); err != nil {
+		t.Fatalf("a good publish refused: %v", err)
+	}
+}

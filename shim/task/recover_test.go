@@ -836,3 +836,22 @@ func running(t *testing.T, rt Runtime, id string) bool {
 	st, err := rt.Inspect(context.Background(), id)
 	return err == nil && st.Running
 }
+
+// TestForwardedDespitePublishedPorts: a bridge task whose container
+// Docker publishes job ports for (tandem_publish) still has the shim's
+// forwards for its runner's ports, so a restarted shim opens them again;
+// one whose runner ports Docker publishes does not.
+func TestForwardedDespitePublishedPorts(t *testing.T) {
+	e, _ := newEngine(t, newStepRuntime())
+	e.cfg.Forwarder = &recForwarder{}
+	tk := &task{cfg: api.TaskConfig{NetworkMode: "bridge"}}
+	if !e.forwarded(tk, ContainerState{Ports: []api.PortMapping{{Host: 8080, Container: 80}}}) {
+		t.Error("a job's published port hid the shim's forwards")
+	}
+	if e.forwarded(tk, ContainerState{Ports: []api.PortMapping{{Host: 40001, Container: e.runnerPorts()[0]}}}) {
+		t.Error("Docker-published runner ports read as forwarded")
+	}
+	if e.forwarded(&task{cfg: api.TaskConfig{NetworkMode: "host"}}, ContainerState{}) {
+		t.Error("a host-network task read as forwarded")
+	}
+}

@@ -103,7 +103,10 @@ type ContainerSpec struct {
 	ExposedTCP []int
 	// Forwarded: the shim forwards ExposedTCP itself (shim/portfwd), so
 	// Docker publishes nothing.
-	Forwarded        bool
+	Forwarded bool
+	// Published are the job's ports published on the host (docker run
+	// -p), in bridge network mode only, whatever Forwarded says.
+	Published        []api.PublishedPort
 	Binds            []Bind
 	ShmSize          int64 // >0: /dev/shm is an exec tmpfs of this size
 	PidsLimit        int64 // >0: the container's processes and threads at most

@@ -63,6 +63,7 @@ func (e *Engine) containerSpec(t *task, dir string, gpuIDs []string) ContainerSp
 		Privileged:  cfg.Privileged || e.cfg.Privileged,
 		ExposedTCP:  e.runnerPorts(),
 		Forwarded:   e.cfg.Forwarder != nil,
+		Published:   cfg.Publish,
 		Binds:       binds,
 		ShmSize:     cfg.ShmSize,
 		PidsLimit:   cmp.Or(cfg.PidsLimit, e.cfg.PidsLimit),

@@ -5,6 +5,7 @@ package task
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"reflect"
 	"strconv"
@@ -59,6 +60,9 @@ func validate(c api.TaskConfig) error {
 	case c.PidsLimit < 0 || c.PidsLimit > MaxPidsLimit:
 		return fmt.Errorf("%w: tandem_pids_limit must be between 1 and %d (0: the shim's)", ErrInvalid, MaxPidsLimit)
 	}
+	if err := validatePublish(c); err != nil {
+		return err
+	}
 	switch c.NetworkMode {
 	case "", "host", "bridge":
 	default:
@@ -105,4 +109,38 @@ func sameSubmit(t *task, cfg api.TaskConfig) bool {
 	bare := cfg
 	bare.RegistryPassword = ""
 	return reflect.DeepEqual(t.cfg, bare) && passwordMatches(t.pwHash, cfg.RegistryPassword)
+}
+
+// MaxPublished is how many ports one task may publish.
+const MaxPublished = 256
+
+// validatePublish checks a task's tandem_publish: bridge network only (a
+// host-network job's ports are the host's already), at most MaxPublished,
+// ports in range, tcp or udp, a host address that parses.
+func validatePublish(c api.TaskConfig) error {
+	if len(c.Publish) == 0 {
+		return nil
+	}
+	if c.NetworkMode != "bridge" {
+		return fmt.Errorf("%w: tandem_publish needs network_mode bridge (a host-network job's ports are the host's already), got %s", ErrInvalid, strconv.Quote(c.NetworkMode))
+	}
+	if len(c.Publish) > MaxPublished {
+		return fmt.Errorf("%w: tandem_publish: %d ports, at most %d", ErrInvalid, len(c.Publish), MaxPublished)
+	}
+	for i, p := range c.Publish {
+		switch {
+		case p.ContainerPort < 1 || p.ContainerPort > 65535:
+			return fmt.Errorf("%w: tandem_publish[%d]: container_port %d is not a port (1-65535)", ErrInvalid, i, p.ContainerPort)
+		case p.HostPort < 0 || p.HostPort > 65535:
+			return fmt.Errorf("%w: tandem_publish[%d]: host_port %d is not a port (1-65535, 0: any)", ErrInvalid, i, p.HostPort)
+		case p.Protocol != "" && p.Protocol != "tcp" && p.Protocol != "udp":
+			return fmt.Errorf("%w: tandem_publish[%d]: protocol %s: want tcp or udp", ErrInvalid, i, strconv.Quote(api.Printable(p.Protocol)))
+		}
+		if p.HostIP != "" {
+			if _, err := netip.ParseAddr(p.HostIP); err != nil {
+				return fmt.Errorf("%w: tandem_publish[%d]: host_ip %s is not an IP address", ErrInvalid, i, strconv.Quote(api.Printable(p.HostIP)))
+			}
+		}
+	}
+	return nil
 }
