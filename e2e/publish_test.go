@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tandem-run/tandem/e2e/testenv"
 )
 
 // TestTandemPublish (issue 67): tandem run -p HOST_IP:HOST_PORT:PORT
@@ -17,7 +19,7 @@ import (
 func TestTandemPublish(t *testing.T) {
 	h, shim, _ := realStack(t)
 	dir := t.TempDir()
-	port := freeTCPPort(t)
+	port := testenv.FreePort(t)
 	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/"
 	run, out, errb := tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--name", "web",
 		"-p", "127.0.0.1:"+strconv.Itoa(port)+":8080", h.image,
@@ -79,15 +81,4 @@ func TestTandemPublish(t *testing.T) {
 	if err := ps.Run(); err != nil || strings.Contains(psOut.String(), "refused") {
 		t.Fatalf("a refused run left a task: %v\n%s", err, psOut)
 	}
-}
-
-// freeTCPPort is a loopback port free now.
-func freeTCPPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
