@@ -144,8 +144,8 @@ func TestTandemDockerFlags(t *testing.T) {
 	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a refused mount made its host path: %v", err)
 	}
-	refused("tandem: tandem run has no -p (docker's): tandem publishes no job ports (the shim forwards only the runner's): use --network host, where the job's ports are the host's, or forward one over SSH (ssh -L PORT:localhost:PORT TASK, after tandem ssh-config)\n",
-		"run", "-p", "8080:80", h.image, "true")
+	refused("tandem: tandem run has no -P (docker's): tandem publishes only the ports you name: give each with -p HOST_PORT:CONTAINER_PORT\n",
+		"run", "-P", h.image, "true")
 	refused("tandem: tandem run has no flag --frobnicate (tandem run --help lists them)\n", "run", "--frobnicate", h.image, "true")
 	refused("tandem: --cpu -1: want a positive count of cores, e.g. 1.5 (0: no limit)\n", "run", "--cpu", "-1", h.image, "true")
 	_, errOut, code := outcome(tandemIn(t, dir, nil, "ps", "--shim", "127.0.0.1:1"))
