@@ -42,3 +42,24 @@ func TestParsePublish(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParsePublish: any -p value is a port set in range or an error
+// that names what to type, never a panic.
+func FuzzParsePublish(f *testing.F) {
+	for _, s := range []string{"80", "8080:80", "127.0.0.1::80/udp", "[::1]:1:2", "[", "::::", "1-2:3", "/tcp"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := parsePublish(s)
+		if err != nil {
+			if !strings.Contains(err.Error(), "want [HOST_IP:][HOST_PORT:]CONTAINER_PORT") {
+				t.Fatalf("%q: %v", s, err)
+			}
+			return
+		}
+		if p.ContainerPort < 1 || p.ContainerPort > 65535 || p.HostPort < 0 || p.HostPort > 65535 ||
+			(p.Protocol != "" && p.Protocol != "tcp" && p.Protocol != "udp") {
+			t.Fatalf("%q: took %+v", s, p)
+		}
+	})
+}

@@ -104,6 +104,7 @@ func FuzzShimRequests(f *testing.F) {
 	f.Add(2, `{"name":"dstack-runner","url":"http://x"}`)
 	f.Add(0, `{"id":"a","name":"b","image_name":"c","cpu":-1}`)
 	f.Add(0, `{"id":"a/../b","name":"x y","image_name":"::"}`)
+	f.Add(0, `{"id":"a","name":"b","image_name":"c","network_mode":"bridge","tandem_publish":[{"host_ip":"::1","host_port":-1,"container_port":70000,"protocol":"sctp"}]}`)
 	h := newTestServer(f, func(bool) {})
 	paths := []string{"/api/tasks", "/api/tasks/a/terminate", "/api/components/install"}
 	f.Fuzz(func(t *testing.T, which int, body string) {
