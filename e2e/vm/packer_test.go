@@ -26,8 +26,13 @@ func TestPackerImage(t *testing.T) {
 		}
 		t.Skip("packer missing (make deps installs it)")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
+	// Two budgets, one per phase: the build (a TCG guest installing
+	// Docker through apt, 8-14 minutes on a loaded 2-core CI machine) and
+	// the boot of what it made with a job on it (4-8 minutes there). One
+	// 15-minute budget for both ran out in CI with the build slow.
+	buildCtx, cancelBuild := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancelBuild()
+	ctx := buildCtx
 	s := newStack(t)
 	img := testenv.Guest(t, "full")
 	image := testenv.Busybox(t)
@@ -75,7 +80,7 @@ qemu_args = [
 	if err := os.WriteFile(varFile, []byte(vars), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	build := exec.CommandContext(ctx, "packer", "build", "-only=qemu.tandem", "-var-file="+varFile, ".")
+	build := exec.CommandContext(buildCtx, "packer", "build", "-only=qemu.tandem", "-var-file="+varFile, ".")
 	build.Dir = filepath.Join(testenv.ModuleRoot(), "packer")
 	build.Env = append(os.Environ(), "PACKER_CACHE_DIR="+filepath.Join(dir, "cache"), "CHECKPOINT_DISABLE=1", "PACKER_NO_COLOR=1")
 	testenv.Isolate(build)
@@ -103,6 +108,8 @@ qemu_args = [
 
 	// The image boots like a cloud VM whose user-data is tandem cloudinit
 	// --baked: the agents are there, nothing is downloaded.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
 	v := testenv.NewVM(t)
 	ud, err := exec.Command(s.bins.Tandem, "cloudinit", "--baked", "--authorized-key", v.PublicKey).Output()
 	if err != nil {
