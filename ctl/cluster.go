@@ -217,7 +217,7 @@ func (c *Cluster) endAll(ctx context.Context, now bool) []string {
 			return nil
 		}
 		var err error
-		if c.o.Keep && n.info.ContainerID != "" {
+		if keepsTask(c.o.Keep, n.info) {
 			err = n.c.terminate(ctx, n.id, stopGrace(now))
 			kept[n.rank] = err == nil
 		} else {

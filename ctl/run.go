@@ -328,8 +328,13 @@ func (r *Run) End(ctx context.Context, now bool) error {
 	return r.Remove(ctx, now)
 }
 
-// keeps says whether End leaves the task: Keep, and it got a container.
-func (r *Run) keeps() bool { return r.o.Keep && r.info.ContainerID != "" }
+// keeps says whether End leaves the task (keepsTask).
+func (r *Run) keeps() bool { return keepsTask(r.o.Keep, r.info) }
+
+// keepsTask is the one rule of what a run's end leaves, for a run and for
+// each node of a cluster: a task is kept when the run keeps (no --rm) and
+// the task got a container; one that never did is removed.
+func keepsTask(keep bool, info api.TaskInfoResponse) bool { return keep && info.ContainerID != "" }
 
 // stopGrace is the seconds a run's job gets to stop when its task is
 // removed: 5, or none when the run is ended now (an interrupt, a kill).

@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"slices"
 	"sync"
 	"time"
 
@@ -335,12 +334,8 @@ func (e *Engine) Submit(cfg api.TaskConfig) (api.TaskInfoResponse, error) {
 	if err := validate(cfg); err != nil {
 		return api.TaskInfoResponse{}, err
 	}
-	for i, p := range cfg.Publish {
-		// The runner's HTTP API takes no token: published on the host it
-		// would be anyone's way into the job.
-		if (p.Protocol == "" || p.Protocol == "tcp") && slices.Contains(e.runnerPorts(), p.ContainerPort) {
-			return api.TaskInfoResponse{}, fmt.Errorf("%w: tandem_publish[%d]: container port %d is the runner's (its API and SSH server), never published", ErrInvalid, i, p.ContainerPort)
-		}
+	if err := validatePublish(cfg, e.runnerPorts()); err != nil {
+		return api.TaskInfoResponse{}, err
 	}
 	if err := checkMountSources(cfg.InstanceMounts); err != nil {
 		return api.TaskInfoResponse{}, err

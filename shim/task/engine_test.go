@@ -542,7 +542,7 @@ func TestSubmitPublish(t *testing.T) {
 	}
 	ok := api.TaskConfig{ID: "p2", Name: "p", ImageName: "i", NetworkMode: "bridge",
 		Publish: []api.PublishedPort{{ContainerPort: 80, HostPort: 8080, HostIP: "127.0.0.1"}, {ContainerPort: 53, Protocol: "udp"}}}
-	if err := validate(ok); err != nil {
+	if err := validatePublish(ok, e.runnerPorts()); err != nil {
 		t.Fatalf("a good publish refused: %v", err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 
 	"github.com/tandem-run/tandem/api"
@@ -60,9 +61,6 @@ func validate(c api.TaskConfig) error {
 	case c.PidsLimit < 0 || c.PidsLimit > MaxPidsLimit:
 		return fmt.Errorf("%w: tandem_pids_limit must be between 1 and %d (0: the shim's)", ErrInvalid, MaxPidsLimit)
 	}
-	if err := validatePublish(c); err != nil {
-		return err
-	}
 	switch c.NetworkMode {
 	case "", "host", "bridge":
 	default:
@@ -114,10 +112,12 @@ func sameSubmit(t *task, cfg api.TaskConfig) bool {
 // MaxPublished is how many ports one task may publish.
 const MaxPublished = 256
 
-// validatePublish checks a task's tandem_publish: bridge network only (a
-// host-network job's ports are the host's already), at most MaxPublished,
-// ports in range, tcp or udp, a host address that parses.
-func validatePublish(c api.TaskConfig) error {
+// validatePublish checks a task's tandem_publish, all of it here: bridge
+// network only (a host-network job's ports are the host's already), at
+// most MaxPublished, ports in range, tcp or udp, a host address that
+// parses, and never one of runnerPorts (the runner's HTTP API takes no
+// token: published on the host it would be anyone's way into the job).
+func validatePublish(c api.TaskConfig, runnerPorts []int) error {
 	if len(c.Publish) == 0 {
 		return nil
 	}
@@ -140,6 +140,9 @@ func validatePublish(c api.TaskConfig) error {
 			if _, err := netip.ParseAddr(p.HostIP); err != nil {
 				return fmt.Errorf("%w: tandem_publish[%d]: host_ip %s is not an IP address", ErrInvalid, i, strconv.Quote(api.Printable(p.HostIP)))
 			}
+		}
+		if (p.Protocol == "" || p.Protocol == "tcp") && slices.Contains(runnerPorts, p.ContainerPort) {
+			return fmt.Errorf("%w: tandem_publish[%d]: container port %d is the runner's (its API and SSH server), never published", ErrInvalid, i, p.ContainerPort)
 		}
 	}
 	return nil
