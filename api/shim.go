@@ -238,6 +238,12 @@ type TaskDetails struct {
 	// 0: none), so a client can show use against them.
 	CPU    float64 `json:"cpu,omitempty"`
 	Memory int64   `json:"memory,omitempty"`
+	// Published are the job's ports published on the host (tandem_publish)
+	// as Docker bound them, one per address family and port, the host port
+	// Docker picked where the submit left it 0; the runner's ports are
+	// never among them. Set while the task runs, as docker ps shows a
+	// container's ports only while it runs.
+	Published []PublishedPort `json:"published,omitempty"`
 }
 
 // TaskImageConfig answers GET /api/tasks/{id}/image-config (Tandem's own

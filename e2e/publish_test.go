@@ -22,7 +22,7 @@ func TestTandemPublish(t *testing.T) {
 	port := testenv.FreePort(t)
 	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/"
 	run, out, errb := tandemIn(t, dir, nil, "run", "-d", "--shim", shim, "--name", "web",
-		"-p", "127.0.0.1:"+strconv.Itoa(port)+":8080", h.image,
+		"-p", "127.0.0.1:"+strconv.Itoa(port)+":8080", "-p", "9090/udp", h.image,
 		"sh", "-c", "mkdir -p /w && echo published-by-tandem > /w/index.html && exec httpd -f -p 8080 -h /w")
 	if err := run.Run(); err != nil {
 		t.Fatalf("run -d -p: %v\n%s\n%s", err, out, errb)
@@ -43,6 +43,30 @@ func TestTandemPublish(t *testing.T) {
 			t.Fatalf("the job's port 8080 never answered on %s (last body %q)", url, body)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// Where the ports are, as docker ps and docker port say it; the one
+	// given no host port got one Docker picked.
+	bound := "127.0.0.1:" + strconv.Itoa(port)
+	ps, psOut, psErr := tandemIn(t, dir, nil, "ps", "--shim", shim)
+	if err := ps.Run(); err != nil || !strings.Contains(psOut.String(), "PORTS") || !strings.Contains(psOut.String(), bound+"->8080/tcp") || !strings.Contains(psOut.String(), "->9090/udp") {
+		t.Fatalf("ps has no PORTS of web: %v\n%s\n%s", err, psOut, psErr)
+	}
+	pc, pcOut, pcErr := tandemIn(t, dir, nil, "port", "--shim", shim, "web")
+	if err := pc.Run(); err != nil || !strings.Contains(pcOut.String(), "8080/tcp -> "+bound+"\n") || !strings.Contains(pcOut.String(), "9090/udp -> ") {
+		t.Fatalf("tandem port web: %v\n%s\n%s", err, pcOut, pcErr)
+	}
+	pc, pcOut, pcErr = tandemIn(t, dir, nil, "port", "--shim", shim, "web", "9090/udp")
+	if err := pc.Run(); err != nil {
+		t.Fatalf("tandem port web 9090/udp: %v\n%s", err, pcErr)
+	}
+	for _, l := range strings.Fields(pcOut.String()) {
+		if _, p, err := net.SplitHostPort(l); err != nil || p == "0" {
+			t.Fatalf("tandem port web 9090/udp: %q is not the host port Docker picked", pcOut)
+		}
+	}
+	pc, _, pcErr = tandemIn(t, dir, nil, "port", "--shim", shim, "web", "81")
+	if err := pc.Run(); exitCodeOf(err) != 125 || !strings.Contains(pcErr.String(), "no public port '81/tcp' published for web") {
+		t.Fatalf("tandem port web 81: exit %d, stderr %q", exitCodeOf(err), pcErr)
 	}
 	rm, rmOut, rmErr := tandemIn(t, dir, nil, "rm", "-f", "--shim", shim, "web")
 	if err := rm.Run(); err != nil {
@@ -77,7 +101,7 @@ func TestTandemPublish(t *testing.T) {
 		}
 		_ = out
 	}
-	ps, psOut, _ := tandemIn(t, dir, nil, "ps", "-a", "--shim", shim)
+	ps, psOut, _ = tandemIn(t, dir, nil, "ps", "-a", "--shim", shim)
 	if err := ps.Run(); err != nil || strings.Contains(psOut.String(), "refused") {
 		t.Fatalf("a refused run left a task: %v\n%s", err, psOut)
 	}

@@ -204,7 +204,7 @@ func App() *cli.App {
 			fmt.Fprintf(c.App.ErrWriter, "tandem: unknown command %q (tandem help lists them)\n", name)
 			os.Exit(ctl.ExitFailure)
 		},
-		Commands: []*cli.Command{runCmd(), attachCmd(), psCmd(), logsCmd(), statsCmd(), waitCmd(), sshCmd(), execCmd(), cpCmd(), stopCmd(), rmCmd(), pruneCmd(),
+		Commands: []*cli.Command{runCmd(), attachCmd(), psCmd(), portCmd(), logsCmd(), statsCmd(), waitCmd(), sshCmd(), execCmd(), cpCmd(), stopCmd(), rmCmd(), pruneCmd(),
 			sshConfigCmd(), infoCmd(), hostCmd(), cloudinitCmd(), entrypointCmd(), completionCmd(), {
 				Name:  "version",
 				Usage: "print the version and the dstack protocol level",

@@ -30,6 +30,8 @@ type psRow struct {
 	GPUs       []string       `json:"gpus"`
 	Reason     string         `json:"termination_reason,omitempty"`
 	Message    string         `json:"termination_message,omitempty"`
+	// Ports are the job's published ports while it runs (run -p).
+	Ports []api.PublishedPort `json:"ports"`
 }
 
 func psCmd() *cli.Command {
@@ -58,8 +60,12 @@ func psCmd() *cli.Command {
 				if r.GPUs == nil {
 					r.GPUs = []string{}
 				}
+				r.Ports = []api.PublishedPort{}
 				if d := info.Tandem; d != nil {
 					r.Image, r.Submitted = d.ImageName, d.SubmittedAt
+					if d.Published != nil {
+						r.Ports = d.Published
+					}
 					if j := d.Job; j != nil && j.State.Final() {
 						// The shim keeps the job's end: it never goes back.
 						r.Job, r.ExitStatus, r.Ended = j.State, j.ExitStatus, j.Timestamp/1000
@@ -83,11 +89,11 @@ func psCmd() *cli.Command {
 				return writeJSON(c, rows)
 			}
 			w := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(w, "NAME\tID\tIMAGE\tSTATUS\tAGE\tGPUS\tEXIT")
+			fmt.Fprintln(w, "NAME\tID\tIMAGE\tSTATUS\tAGE\tGPUS\tEXIT\tPORTS")
 			for _, r := range rows {
 				// Every string is the shim's or a runner's: escaped.
-				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", dash(api.Printable(r.Name)), api.Printable(ctl.ShortID(r.ID)), dash(api.Printable(r.Image)),
-					statusText(r), age(r.Submitted), len(r.GPUs), exitText(r))
+				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", dash(api.Printable(r.Name)), api.Printable(ctl.ShortID(r.ID)), dash(api.Printable(r.Image)),
+					statusText(r), age(r.Submitted), len(r.GPUs), exitText(r), portsText(r.Ports))
 			}
 			return w.Flush()
 		}}

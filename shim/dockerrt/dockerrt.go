@@ -308,6 +308,25 @@ func portsOf(ports nat.PortMap) []api.PortMapping {
 	return out
 }
 
+// publishedOf is every binding in ports, sorted by container port,
+// protocol, then host address, as docker port lists them.
+func publishedOf(ports nat.PortMap) []api.PublishedPort {
+	out := []api.PublishedPort{}
+	for port, binds := range ports {
+		for _, b := range binds {
+			hp, err := strconv.Atoi(b.HostPort)
+			if err != nil {
+				continue
+			}
+			out = append(out, api.PublishedPort{HostIP: b.HostIP, HostPort: hp, ContainerPort: port.Int(), Protocol: port.Proto()})
+		}
+	}
+	slices.SortFunc(out, func(a, b api.PublishedPort) int {
+		return cmp.Or(a.ContainerPort-b.ContainerPort, cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(len(a.HostIP), len(b.HostIP)), cmp.Compare(a.HostIP, b.HostIP), a.HostPort-b.HostPort)
+	})
+	return out
+}
+
 // Containers lists the shim's labelled containers, stopped ones included.
 func (r *Runtime) Containers(ctx context.Context) ([]task.ContainerState, error) {
 	refs, err := r.ContainerRefs(ctx)
@@ -392,8 +411,11 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (task.ContainerState, 
 			st.Ports = []api.PortMapping{}
 		}
 	}
-	if st.Ports == nil && ins.NetworkSettings != nil {
-		st.Ports = portsOf(ins.NetworkSettings.Ports)
+	if ins.NetworkSettings != nil {
+		if st.Ports == nil {
+			st.Ports = portsOf(ins.NetworkSettings.Ports)
+		}
+		st.Published = publishedOf(ins.NetworkSettings.Ports)
 	}
 	return st, nil
 }

@@ -127,6 +127,22 @@ func (r containerResource) reattach(_ context.Context, t *task, c ContainerState
 	if c.Ports != nil && !forwarded {
 		t.held.Container.Ports = c.Ports
 	}
+	if len(t.cfg.Publish) > 0 && c.Running {
+		t.held.Container.Published = r.e.jobPorts(c.Published)
+	}
+}
+
+// jobPorts is bound less the runner's ports: what a task published for
+// its job, as Docker bound it.
+func (e *Engine) jobPorts(bound []api.PublishedPort) []api.PublishedPort {
+	out := []api.PublishedPort{}
+	for _, p := range bound {
+		if (p.Protocol == "" || p.Protocol == "tcp") && slices.Contains(e.runnerPorts(), p.ContainerPort) {
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 // remove removes it by id and by name (removeOwn), unless the pipeline
@@ -203,6 +219,13 @@ func (r forwardResource) acquire(s *starting) *failure {
 			ports = []api.PortMapping{}
 		}
 		s.ports = ports
+	}
+	if len(s.t.cfg.Publish) > 0 {
+		st, err := e.rt.Inspect(ctx, s.id)
+		if err != nil {
+			s.log.Error("discover the job's published ports", "err", err)
+		}
+		s.published = e.jobPorts(st.Published)
 	}
 	return nil
 }

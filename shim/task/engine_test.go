@@ -1,11 +1,13 @@
 package task
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -471,6 +473,15 @@ func (r *stepRuntime) state(id string) ContainerState {
 			st.RunnerDir = b.Source
 		}
 	}
+	if st.Running { // Docker's bindings, while it runs: the runner's too
+		for _, p := range s.ExposedTCP {
+			st.Published = append(st.Published, api.PublishedPort{HostIP: "0.0.0.0", HostPort: 40000 + p%1000, ContainerPort: p, Protocol: "tcp"})
+		}
+		for i, p := range s.Published {
+			hp := cmp.Or(p.HostPort, 49152+i)
+			st.Published = append(st.Published, api.PublishedPort{HostIP: cmp.Or(p.HostIP, "0.0.0.0"), HostPort: hp, ContainerPort: p.ContainerPort, Protocol: cmp.Or(p.Protocol, "tcp")})
+		}
+	}
 	return st
 }
 
@@ -509,6 +520,30 @@ func (r *stepRuntime) Inspect(_ context.Context, id string) (ContainerState, err
 // TestSubmitPublish: tandem_publish is taken on the bridge network only,
 // with ports in range, tcp or udp, an IP address, never the runner's
 // ports; a refusal leaves no task.
+// TestPublishedPortsReported: a running task's answer has its job's
+// published ports as Docker bound them (the host port Docker picked for
+// a 0), never the runner's, and none once it ended.
+func TestPublishedPortsReported(t *testing.T) {
+	rt := newStepRuntime()
+	e, _ := newEngine(t, rt)
+	cfg := api.TaskConfig{ID: "pp", Name: "pp", ImageName: "i", NetworkMode: "bridge",
+		Publish: []api.PublishedPort{{ContainerPort: 80}, {HostIP: "127.0.0.1", HostPort: 5353, ContainerPort: 53, Protocol: "udp"}}}
+	if _, err := e.Submit(cfg); err != nil {
+		t.Fatal(err)
+	}
+	info := waitStatus(t, e, "pp", api.TaskRunning)
+	want := []api.PublishedPort{{HostIP: "0.0.0.0", HostPort: 49152, ContainerPort: 80, Protocol: "tcp"}, {HostIP: "127.0.0.1", HostPort: 5353, ContainerPort: 53, Protocol: "udp"}}
+	if info.Tandem == nil || !reflect.DeepEqual(info.Tandem.Published, want) {
+		t.Fatalf("published: %+v, want %+v", info.Tandem, want)
+	}
+	if _, err := e.Terminate(context.Background(), "pp", api.TaskTerminateRequest{TerminationReason: api.ReasonTerminatedByUser}); err != nil {
+		t.Fatal(err)
+	}
+	if info := waitStatus(t, e, "pp", api.TaskTerminated); info.Tandem.Published != nil {
+		t.Fatalf("an ended task still shows ports: %+v", info.Tandem.Published)
+	}
+}
+
 func TestSubmitPublish(t *testing.T) {
 	e, _ := newEngine(t, newStepRuntime())
 	runnerHTTP := e.runnerPorts()[0]

@@ -151,7 +151,7 @@ func (e *Engine) start(ctx context.Context, t *task, log *slog.Logger) *failure 
 			}
 		}
 	}
-	if err := e.commit(t, api.TaskRunning, func() { t.held.Container.Ports, t.watched = s.ports, true }); err != nil {
+	if err := e.commit(t, api.TaskRunning, func() { t.held.Container.Ports, t.held.Container.Published, t.watched = s.ports, s.published, true }); err != nil {
 		// Terminated while we were starting it: do not leave it running.
 		_ = e.rt.Stop(context.WithoutCancel(ctx), s.id, 0)
 		return aborted()

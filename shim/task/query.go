@@ -176,6 +176,9 @@ func (e *Engine) infoLocked(t *task) api.TaskInfoResponse {
 		d.Job = &j
 	}
 	d.HostKeys = slices.Clone(t.hostKeys)
+	if t.status == api.TaskRunning {
+		d.Published = slices.Clone(t.held.Container.Published)
+	}
 	info.Tandem = d
 	return info
 }

@@ -86,13 +86,14 @@ type starting struct {
 	t   *task
 	log *slog.Logger
 
-	dir      string       // the runner dir (runnerDirResource)
-	dirReady func() error // waits for its filesystem, the same error each call
-	ref      string       // the image (imageResource), as imageRef normalized it
-	reuse    bool         // a pinned image present locally is used as is
-	gpus     []string     // the GPUs the container gets
-	id       string       // the container (containerResource)
-	ports    []api.PortMapping
+	dir       string       // the runner dir (runnerDirResource)
+	dirReady  func() error // waits for its filesystem, the same error each call
+	ref       string       // the image (imageResource), as imageRef normalized it
+	reuse     bool         // a pinned image present locally is used as is
+	gpus      []string     // the GPUs the container gets
+	id        string       // the container (containerResource)
+	ports     []api.PortMapping
+	published []api.PublishedPort // the job's, as Docker bound them
 
 	now    func() time.Time
 	began  time.Time // the current stage's start
@@ -142,6 +143,9 @@ type heldContainer struct {
 	Name  string            `json:"name"`
 	ID    string            `json:"id"`
 	Ports []api.PortMapping `json:"ports"` // as the server was told
+	// Published are the job's published ports as Docker bound them
+	// (TaskDetails.Published).
+	Published []api.PublishedPort `json:"published,omitempty"`
 	// None: the task ended before create; trusted only together with a
 	// terminated status (restored).
 	None bool `json:"none,omitempty"`
@@ -151,6 +155,7 @@ type heldContainer struct {
 func heldOf(t *task) held {
 	h := t.held
 	h.Container.Name, h.Container.Ports = t.name, slices.Clone(h.Container.Ports)
+	h.Container.Published = slices.Clone(h.Container.Published)
 	h.GPUs, h.Volumes = slices.Clone(h.GPUs), slices.Clone(h.Volumes)
 	return h
 }

@@ -80,6 +80,9 @@ type ContainerState struct {
 	ExitCode         int
 	GPUIDs           []string
 	Ports            []api.PortMapping
+	// Published is every port binding Docker holds for it, each address
+	// family and protocol (Ports has the IPv4 TCP ones only).
+	Published []api.PublishedPort
 }
 
 // RegistryAuth are credentials for a private registry.
