@@ -13,7 +13,7 @@ import (
 
 // defaultTermSize is a -t job's terminal size when this side has no
 // terminal to read one from (stdout and stdin piped), as a VT100's.
-var defaultTermSize = api.TermSize{Rows: 24, Cols: 80}
+func defaultTermSize() api.TermSize { return api.TermSize{Rows: 24, Cols: 80} }
 
 // runTerminal is tandem run -t on this side: the terminal whose size the
 // job's terminal takes and follows (none: the default size, never
@@ -62,12 +62,12 @@ func inputIsTerminal(r io.Reader) bool {
 // there is no terminal, or it has no size (a pty never sized says 0x0).
 func (t *runTerminal) size() api.TermSize {
 	if t.sized < 0 {
-		return defaultTermSize
+		return defaultTermSize()
 	}
 	cols, rows, err := term.GetSize(t.sized)
 	s := api.TermSize{Rows: min(rows, api.MaxTermSide), Cols: min(cols, api.MaxTermSide)}
 	if err != nil || s.Check() != nil {
-		return defaultTermSize
+		return defaultTermSize()
 	}
 	return s
 }

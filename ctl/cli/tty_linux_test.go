@@ -33,10 +33,10 @@ func TestRunTerminalSize(t *testing.T) {
 	}{
 		{"stdout a terminal", pty.Winsize{Rows: 33, Cols: 111}, r, tty, api.TermSize{Rows: 33, Cols: 111}, true},
 		{"stdin a terminal", pty.Winsize{Rows: 44, Cols: 99}, tty, w, api.TermSize{Rows: 44, Cols: 99}, true},
-		{"never sized", pty.Winsize{}, tty, tty, defaultTermSize, true},
+		{"never sized", pty.Winsize{}, tty, tty, defaultTermSize(), true},
 		{"past the bound", pty.Winsize{Rows: 20000, Cols: 65535}, tty, tty, api.TermSize{Rows: api.MaxTermSide, Cols: api.MaxTermSide}, true},
-		{"no terminal", pty.Winsize{Rows: 50, Cols: 50}, r, w, defaultTermSize, false},
-		{"not files", pty.Winsize{Rows: 50, Cols: 50}, nil, nil, defaultTermSize, false},
+		{"no terminal", pty.Winsize{Rows: 50, Cols: 50}, r, w, defaultTermSize(), false},
+		{"not files", pty.Winsize{Rows: 50, Cols: 50}, nil, nil, defaultTermSize(), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := pty.Setsize(master, &tc.set); err != nil {
