@@ -461,17 +461,7 @@ func TestStdinWS(t *testing.T) {
 	resp.Body.Close()
 	_ = conn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 	conn.Close()
-	select {
-	case <-x.Finished():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the job did not see its input end")
-	}
-	p, _ := x.Pull(0)
-	var out strings.Builder
-	for _, l := range p.JobLogs {
-		out.Write(l.Message)
-	}
-	if got := strings.ReplaceAll(out.String(), "\r\n", "\n"); got != "line:one\nline:two\nline:three\neof\n" {
+	if got := jobOutput(t, x); got != "line:one\nline:two\nline:three\neof\n" { // jobOutput waits for the job's end: its input's end seen
 		t.Fatalf("the job read %q", got)
 	}
 

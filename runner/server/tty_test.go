@@ -38,6 +38,8 @@ func startJob(t *testing.T, url string) {
 	resp.Body.Close()
 }
 
+// jobOutput waits for the job's end and returns its output, with "\n"
+// line ends.
 func jobOutput(t *testing.T, x *executor.Executor) string {
 	t.Helper()
 	select {
@@ -45,6 +47,11 @@ func jobOutput(t *testing.T, x *executor.Executor) string {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the job did not end")
 	}
+	return pulled(x)
+}
+
+// pulled is the job's output so far, with "\n" line ends.
+func pulled(x *executor.Executor) string {
 	p, _ := x.Pull(0)
 	var out strings.Builder
 	for _, l := range p.JobLogs {
@@ -104,12 +111,7 @@ func TestStdinWSTerminal(t *testing.T) {
 func waitOutput(t *testing.T, x *executor.Executor, want string) {
 	t.Helper()
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		p, _ := x.Pull(0)
-		var out strings.Builder
-		for _, l := range p.JobLogs {
-			out.Write(l.Message)
-		}
-		if strings.Contains(out.String(), want) {
+		if strings.Contains(pulled(x), want) {
 			return
 		}
 	}
