@@ -50,18 +50,18 @@ type SubmitExtras struct {
 	// StdinNone an input that ends at once, as `docker run` without -i
 	// gives; StdinStream what the client sends on the runner's StdinPath
 	// WebSocket (`docker run -i`). Its terminal stays its stdout, stderr
-	// and controlling terminal (/dev/tty) whatever the mode (and with TTY
-	// it is fd 0 for StdinStream as well). A Tandem
-	// runner refuses any other value (400); dstack's runner ignores the
-	// field.
+	// and controlling terminal (/dev/tty) whatever the mode (with TTY and
+	// StdinStream its fd 0 as well). A Tandem runner refuses any other
+	// value (400); dstack's runner ignores the field.
 	Stdin string `json:"stdin,omitempty"`
 	// TTY is the job's terminal size at its start (docker run -t): the
 	// client's window. Nil: the kernel's default (0x0). With it the job's
 	// StdinPath stream is open whatever Stdin says, for its resizes (with
 	// StdinNone it carries no input); with StdinStream the input is typed
 	// at the job's terminal, its fd 0 too (docker run -it): the line
-	// discipline reads it as keys (Ctrl-C is SIGINT, the terminal echoes).
-	// A Tandem runner refuses a size out of TermSize's bounds (400);
+	// discipline reads it as keys (Ctrl-C is SIGINT, the terminal echoes),
+	// and the stream's close ends the typing only (a terminal has no end
+	// of file to give). A Tandem runner refuses a size out of TermSize's bounds (400);
 	// dstack's runner ignores the field.
 	TTY *TermSize `json:"tty,omitempty"`
 }
