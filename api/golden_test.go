@@ -309,6 +309,7 @@ func FuzzDecodeSubmitBody(f *testing.F) {
 	f.Add([]byte(`{"job_spec":{"commands":["a"],"user":{"uid":1}},"run":{"run_spec":{"configuration":{"type":"task"}}}}`))
 	f.Add([]byte(`{"run":{"run_spec":{"configuration":null}}}`))
 	f.Add([]byte(`{"job_spec":{"commands":["a"]},"tandem":{"no_pull":true,"run":true}}`))
+	f.Add([]byte(`{"job_spec":{"commands":["a"]},"tandem":{"stdin":"none","tty":{"rows":24,"cols":80}}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var s SubmitBody
 		if err := json.Unmarshal(b, &s); err != nil {

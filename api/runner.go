@@ -50,10 +50,20 @@ type SubmitExtras struct {
 	// StdinNone an input that ends at once, as `docker run` without -i
 	// gives; StdinStream what the client sends on the runner's StdinPath
 	// WebSocket (`docker run -i`). Its terminal stays its stdout, stderr
-	// and controlling terminal (/dev/tty) whatever the mode. A Tandem
-	// runner refuses any other value (400); dstack's runner ignores the
-	// field.
+	// and controlling terminal (/dev/tty) whatever the mode (with TTY and
+	// StdinStream its fd 0 as well). A Tandem runner refuses any other
+	// value (400); dstack's runner ignores the field.
 	Stdin string `json:"stdin,omitempty"`
+	// TTY is the job's terminal size at its start (docker run -t): the
+	// client's window. Nil: the kernel's default (0x0). With it the job's
+	// StdinPath stream is open whatever Stdin says, for its resizes (with
+	// StdinNone it carries no input); with StdinStream the input is typed
+	// at the job's terminal, its fd 0 too (docker run -it): the line
+	// discipline reads it as keys (Ctrl-C is SIGINT, the terminal echoes),
+	// and the stream's close ends the typing only (a terminal has no end
+	// of file to give). A Tandem runner refuses a size out of TermSize's bounds (400);
+	// dstack's runner ignores the field.
+	TTY *TermSize `json:"tty,omitempty"`
 }
 
 // SubmitExtras.Stdin modes.
@@ -67,11 +77,14 @@ const (
 )
 
 // StdinPath is a Tandem runner's WebSocket for a job submitted with
-// StdinStream: the client sends the input as binary messages and ends it
-// with a normal close; the runner reads nothing else from it and closes
-// it, with the reason, when the job no longer reads. One client per job;
-// another, or a job with another mode, is answered 409 before the
-// upgrade. dstack's runner answers 404.
+// StdinStream or a TTY size: the client sends the input as binary
+// messages and ends it with a normal close, and its terminal's resizes as
+// text messages (a StdinControl each, ParseStdinControl's bounds). The
+// runner closes it, with the reason, when the job no longer reads, at a
+// control message it cannot read (1007, 1009 past MaxStdinControl), and
+// at input for a job that takes none (1003: a TTY job with StdinNone).
+// One client per job; another, or a job with neither, is answered 409
+// before the upgrade. dstack's runner answers 404.
 const StdinPath = "/stdin_ws"
 
 // RunnerTaskParam is the query parameter with which a Tandem client names

@@ -126,6 +126,9 @@ func (c *Cluster) Execute(ctx context.Context) (res Result, err error) {
 	if interrupted(ctx) {
 		return fail(ErrInterrupted)
 	}
+	if feedsTerminal(c.o) {
+		go feedStdin(ctx, c.cs[0].runner, c.o, c.c.say) // the master's terminal
+	}
 	if c.o.Started != nil {
 		c.o.Started(c.cs[0].info)
 	}
@@ -285,5 +288,8 @@ func clusterBody(o RunOptions, runID, name string, n *clusterNode, ips []string,
 	b.JobSpec.JobsPerReplica = len(ips)
 	b.JobSpec.SSHKey = key
 	b.ClusterInfo = api.ClusterInfo{JobIPs: ips, MasterJobIP: ips[0], GPUsPerJob: gpus[n.rank], GPUsPerNode: gpus}
+	if n.rank != 0 {
+		b.Tandem.TTY = nil // the workers' output is shown in prefixed lines: no terminal's size
+	}
 	return b
 }

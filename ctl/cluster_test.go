@@ -103,11 +103,12 @@ func TestClusterKey(t *testing.T) {
 
 // TestClusterBody: each node's submit body is the dstack server's for job
 // n of a multi-node replica: its rank, the node count, the same key and
-// cluster_info (every node's address, master first) on every node.
+// cluster_info (every node's address, master first) on every node; a
+// terminal size (-t) on the master's only.
 func TestClusterBody(t *testing.T) {
 	key := &api.SSHKey{Private: "k", Public: "ssh-ed25519 AAAA x"}
 	ips := []string{"10.0.0.2", "10.0.0.3"}
-	o := RunOptions{Commands: []string{"hostname"}, GPUs: -1}
+	o := RunOptions{Commands: []string{"hostname"}, GPUs: -1, TTY: &api.TermSize{Rows: 30, Cols: 100}}
 	gpus := []int{8, 4} // --gpus all: each host's own count
 	for rank := range 2 {
 		n := &clusterNode{rank: rank, id: fmt.Sprintf("id-%d", rank)}
@@ -116,6 +117,10 @@ func TestClusterBody(t *testing.T) {
 		if b.JobSpec.JobNum != rank || b.JobSpec.JobsPerReplica != 2 || b.JobSpec.SSHKey != key || b.Run.ID != "run-id" || b.JobSubmission.ID != n.id ||
 			strings.Join(ci.JobIPs, " ") != "10.0.0.2 10.0.0.3" || ci.MasterJobIP != "10.0.0.2" || ci.GPUsPerJob != gpus[rank] || fmt.Sprint(ci.GPUsPerNode) != "[8 4]" {
 			t.Fatalf("rank %d: %+v", rank, b)
+		}
+		// -t sizes the master's terminal only: its output is shown as is.
+		if tty := b.Tandem.TTY; (rank == 0) != (tty != nil) || (tty != nil && *tty != *o.TTY) {
+			t.Fatalf("rank %d: tandem.tty %+v", rank, tty)
 		}
 	}
 }

@@ -260,8 +260,8 @@ func (r *Run) StartJob(ctx context.Context) error {
 		}
 	}
 	r.logs = logs
-	if r.o.Stdin != nil {
-		go r.feedStdin(ctx, runner)
+	if feedsTerminal(r.o) {
+		go feedStdin(ctx, runner, r.o, r.c.say)
 	}
 	r.started()
 	if r.o.Started != nil {
@@ -397,11 +397,26 @@ func (r *Run) Execute(ctx context.Context) (res Result, err error) {
 	return res, err
 }
 
-// feedStdin sends the run's input to its job until the input ends (the
-// job then reads end of file) or the job no longer reads; a failure is
-// told and the job goes on (it reads end of file).
-func (r *Run) feedStdin(ctx context.Context, runner *runnerclient.Client) {
-	if err := runner.FeedStdin(ctx, r.o.Stdin); err != nil && ctx.Err() == nil {
-		r.c.say.status("the job's input was cut (it reads its end): %v", err)
+// feedsTerminal says whether a run's job has a stream to feed: its
+// input, or its terminal's resizes (a detached job has no one to resize).
+func feedsTerminal(o RunOptions) bool {
+	return o.Stdin != nil || (o.TTY != nil && o.Resizes != nil && !o.Detach)
+}
+
+// feedStdin sends the run's input and its terminal's resizes to its job
+// until the input ends (the job then reads end of file) or the job no
+// longer reads; a failure is told and the job goes on (it reads end of
+// file, its terminal keeps its size). A runner without the stream
+// (dstack's) is not resized, and not told of it: it was not asked for
+// input (stdinRunner refuses that).
+func feedStdin(ctx context.Context, runner *runnerclient.Client, o RunOptions, s say) {
+	err := runner.FeedStdin(ctx, o.Stdin, o.Resizes)
+	switch {
+	case err == nil || ctx.Err() != nil:
+	case o.Stdin == nil && errors.Is(err, api.ErrNotFound):
+	case o.Stdin == nil:
+		s.status("the job's terminal is no longer resized: %v", err)
+	default:
+		s.status("the job's input was cut (it reads its end): %v", err)
 	}
 }

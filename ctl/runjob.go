@@ -44,6 +44,7 @@ func jobBody(o RunOptions, id, name string) api.SubmitBody {
 	if o.Stdin != nil {
 		body.Tandem.Stdin = api.StdinStream
 	}
+	body.Tandem.TTY = o.TTY
 	if o.Detach {
 		// Nobody pulls a detached job's output from its runner (attach and
 		// logs read what the shim keeps once it is gone): it leaves at the

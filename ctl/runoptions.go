@@ -57,6 +57,15 @@ type RunOptions struct {
 	// to its runner as it comes (docker run -i; a Tandem runner only); nil:
 	// an input that ends at once (docker run without -i).
 	Stdin io.Reader
+	// TTY, when set, is the job's terminal size at its start (docker run
+	// -t: the user's window); with Stdin the input is typed at that
+	// terminal (docker run -it: keys, Ctrl-C the job's SIGINT). Resizes,
+	// when set, carries the window's later sizes (the CLI's SIGWINCH), sent
+	// to the runner as they come until the run ends; a runner that takes
+	// none (dstack's) is not resized. A multi-node run sizes and resizes
+	// node 0's terminal only, the one whose output is shown as is.
+	TTY     *api.TermSize
+	Resizes <-chan api.TermSize
 	// Started, when set, is called once the job runs (e.g. to write the
 	// task's SSH config entry).
 	Started func(info api.TaskInfoResponse)

@@ -390,13 +390,17 @@ func (s *LogStream) Close() error {
 // stdinChunk is the most one stdin message carries.
 const stdinChunk = 32 << 10
 
-// FeedStdin sends r to the job's standard input (api.StdinPath; the job
-// was submitted with api.StdinStream) until r ends, then closes the
-// stream: the job reads end of file. It returns nil when r ended and when
-// the job no longer reads (the runner closed the stream: the job ended),
-// and the dial's or r's error otherwise. ctx ending closes the stream.
-// Only a Tandem runner has the route: dstack's answers 404.
-func (c *Client) FeedStdin(ctx context.Context, r io.Reader) error {
+// FeedStdin sends r to the job's standard input and each size of
+// resizes to its terminal, on the job's stream (api.StdinPath; the job
+// was submitted with api.StdinStream or a TTY size), until r ends, then
+// closes the stream: the job reads end of file. r nil sends no input (a
+// TTY job's stream for its resizes): the stream lasts until ctx ends or
+// the runner closes it. It returns nil when r ended and when the job no
+// longer reads (the runner closed the stream normally: the job ended), an
+// error with the runner's reason when it closed the stream otherwise, and
+// the dial's or r's error. ctx ending closes the stream. Only a Tandem
+// runner has the route: dstack's answers 404.
+func (c *Client) FeedStdin(ctx context.Context, r io.Reader, resizes <-chan api.TermSize) error {
 	conn, err := c.dialWS(ctx, "stdin", api.StdinPath, url.Values{})
 	if err != nil {
 		return err
@@ -425,33 +429,111 @@ func (c *Client) FeedStdin(ctx context.Context, r io.Reader) error {
 		}
 		return nil
 	}
-	buf := make([]byte, stdinChunk)
-	for {
-		n, rerr := r.Read(buf)
-		if n > 0 {
-			if err := conn.WriteMessage(websocket.BinaryMessage, buf[:n]); err != nil {
-				// The runner's close may be on its way behind the failure.
-				var ce *websocket.CloseError
-				switch end := awaitEnd(); {
-				case ctx.Err() != nil:
-					return ctx.Err()
-				case errors.As(end, &ce):
-					return nil // the job no longer reads
-				}
-				return fmt.Errorf("stdin: %w", err)
-			}
+	quit := make(chan struct{})
+	defer close(quit)
+	var chunks <-chan stdinRead
+	if r != nil {
+		chunks = readChunks(r, quit)
+	}
+	writeFailed := func(err error) error {
+		// The runner's close may be on its way behind the failure.
+		end := awaitEnd()
+		if ctx.Err() != nil {
+			return ctx.Err()
 		}
-		if rerr != nil {
-			// The end of the input (or a read error: the job gets its end
-			// all the same, as an SSH session's command does).
-			_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(5*time.Second))
-			_ = awaitEnd()
-			if errors.Is(rerr, io.EOF) {
-				return nil
+		if cerr := runnerClosed(end); cerr != nil || isClose(end) {
+			return cerr
+		}
+		return fmt.Errorf("stdin: %w", err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case end := <-ended:
+			if ctx.Err() != nil {
+				return ctx.Err()
 			}
-			return fmt.Errorf("stdin: reading the input: %w", rerr)
+			if !isClose(end) {
+				return fmt.Errorf("stdin: %w", end)
+			}
+			return runnerClosed(end)
+		case s, ok := <-resizes:
+			if !ok {
+				resizes = nil
+				continue
+			}
+			msg, err := json.Marshal(api.StdinControl{Resize: &s})
+			if err != nil {
+				return fmt.Errorf("stdin: resize: %w", err)
+			}
+			if err := conn.WriteMessage(websocket.TextMessage, msg); err != nil {
+				return writeFailed(err)
+			}
+		case in := <-chunks:
+			if len(in.b) > 0 {
+				if err := conn.WriteMessage(websocket.BinaryMessage, in.b); err != nil {
+					return writeFailed(err)
+				}
+			}
+			if in.err != nil {
+				// The end of the input (or a read error: the job gets its
+				// end all the same, as an SSH session's command does).
+				_ = conn.WriteControl(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""), time.Now().Add(5*time.Second))
+				_ = awaitEnd()
+				if errors.Is(in.err, io.EOF) {
+					return nil
+				}
+				return fmt.Errorf("stdin: reading the input: %w", in.err)
+			}
 		}
 	}
+}
+
+// stdinRead is one read of a job's input: its bytes, then its error.
+type stdinRead struct {
+	b   []byte
+	err error
+}
+
+// readChunks reads r into the returned channel until r fails (io.EOF
+// included) or quit is closed. Two buffers take turns: one is read into
+// only once the other was taken, after its receiver is done with the one
+// before (the channel is unbuffered).
+func readChunks(r io.Reader, quit <-chan struct{}) <-chan stdinRead {
+	out := make(chan stdinRead)
+	go func() {
+		bufs := [2][]byte{make([]byte, stdinChunk), make([]byte, stdinChunk)}
+		for i := 0; ; i ^= 1 {
+			n, err := r.Read(bufs[i])
+			select {
+			case out <- stdinRead{bufs[i][:n], err}:
+			case <-quit:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// isClose says whether err is the runner's close of the stream.
+func isClose(err error) bool {
+	var ce *websocket.CloseError
+	return errors.As(err, &ce)
+}
+
+// runnerClosed is the runner's close of a job's stream as FeedStdin
+// returns it: nil for a normal close (the job no longer reads), else an
+// error with the runner's reason (a control or input it refused).
+func runnerClosed(err error) error {
+	var ce *websocket.CloseError
+	if !errors.As(err, &ce) || ce.Code == websocket.CloseNormalClosure || ce.Code == websocket.CloseNoStatusReceived {
+		return nil
+	}
+	return fmt.Errorf("stdin: the runner closed the stream (%d): %s", ce.Code, api.Printable(ce.Text))
 }
 
 // dialWS opens the runner's WebSocket at path with query q (plus the task

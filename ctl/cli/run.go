@@ -53,8 +53,8 @@ the workers' with a [node N] prefix on stderr.
 			&cli.StringFlag{Name: "registry-password", EnvVars: []string{"TANDEM_REGISTRY_PASSWORD"}, Usage: "registry password or token (prefer the env var: argv is visible to other users)"},
 			&cli.StringFlag{Name: "name", Usage: "task name (default: tandem-<id>)"},
 			&cli.BoolFlag{Name: "detach", Aliases: []string{"d"}, Usage: "print the task's name and id once the job runs, and exit (tandem attach, logs, rm)"},
-			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "the job reads tandem's stdin (a pipe, a file, or lines typed here, sent line by line; its end too), as docker run -i; without it the job's stdin ends at once"},
-			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "accepted as docker run -t: the job always runs on a terminal of the runner's (its size is not this terminal's, and it is not resized); a shell on a real terminal: run -d, then tandem exec -it TASK sh"},
+			&cli.BoolFlag{Name: "interactive", Aliases: []string{"i"}, Usage: "the job reads tandem's stdin (a pipe, a file, or lines typed here, sent line by line; its end too), as docker run -i; with -t, keys as typed; without it the job's stdin ends at once"},
+			&cli.BoolFlag{Name: "tty", Aliases: []string{"t"}, Usage: "the job's terminal takes this terminal's size (24x80 when neither stdout nor stdin is one) and follows its resizes, as docker run -t; with -i (stdin must be a terminal) this terminal is raw while the job runs: keys go to the job as typed, Ctrl-C is the job's; with --nodes, node 0's terminal only; without -i the job's stdin still ends at once"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no status lines (they are also left out when stderr is not a terminal; warnings and errors stay)"},
 			&cli.StringFlag{Name: "user", Aliases: []string{"u"}, Usage: "run the job as USER[:GROUP] (names or ids), as docker run -u (default: the image's)"},
 			&cli.StringFlag{Name: "entrypoint", Usage: "run this program with the command's words as its arguments, as docker run --entrypoint"},
@@ -93,6 +93,12 @@ func runAction(c *cli.Context) error {
 	// become its arguments, as docker run's.
 	if ep := c.String("entrypoint"); ep != "" {
 		cmd = append([]string{ep}, cmd...)
+	}
+	// -it reads keys from a terminal, as docker's, which says this (and
+	// exits 1) before anything is made.
+	if c.Bool("tty") && c.Bool("interactive") && !inputIsTerminal(stdinOf(c)) {
+		fmt.Fprintln(c.App.ErrWriter, "the input device is not a TTY")
+		return exitError{1, ""}
 	}
 	jsonOut := c.String("output") == "json"
 	nodes, err := runNodes(c)
@@ -145,6 +151,27 @@ func runAction(c *cli.Context) error {
 			}
 		}
 	}
+	var tty *runTerminal
+	if c.Bool("tty") {
+		tty = newRunTerminal(stdinOf(c), c.App.Writer, c.Bool("interactive"))
+		size := tty.size()
+		o.TTY = &size
+		if !o.Detach {
+			var stopFollow func()
+			o.Resizes, stopFollow = tty.follow()
+			defer stopFollow()
+		}
+		// Raw from the job's start (the status lines before it keep their
+		// line ends) to the run's end, whichever way it ends.
+		defer tty.restore()
+		started := o.Started
+		o.Started = func(info api.TaskInfoResponse) {
+			if started != nil {
+				started(info)
+			}
+			tty.makeRaw()
+		}
+	}
 	var run interface {
 		Execute(context.Context) (ctl.Result, error)
 		Stop()
@@ -163,6 +190,7 @@ func runAction(c *cli.Context) error {
 	stopSignals := onSignals(run.Stop, func() { cancel(ctl.ErrInterrupted) })
 	res, err := run.Execute(ctx)
 	stopSignals()
+	tty.restore() // before the run's last lines
 	return reportRun(c, o, res, err, jsonOut)
 }
 
@@ -206,10 +234,7 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		Network: runNetwork(c), MaxDuration: c.Duration("max-duration"), Commands: cmd, Detach: c.Bool("detach"), Keep: !c.Bool("rm"),
 		Env: map[string]string{}}
 	if c.Bool("interactive") {
-		o.Stdin = c.App.Reader
-		if o.Stdin == nil {
-			o.Stdin = os.Stdin
-		}
+		o.Stdin = stdinOf(c)
 	}
 	workers := terminalSafe(c.App.ErrWriter) // before shareLines wraps it
 	if jsonOut {
@@ -283,6 +308,14 @@ func runOptions(c *cli.Context, cmd []string, shim string, jsonOut bool) (ctl.Ru
 		}
 	}
 	return o, nil
+}
+
+// stdinOf is tandem's stdin.
+func stdinOf(c *cli.Context) io.Reader {
+	if c.App.Reader != nil {
+		return c.App.Reader
+	}
+	return os.Stdin
 }
 
 // runLimits reads the run's limits (GPUs, memory, /dev/shm, the code

@@ -135,7 +135,8 @@ type Executor struct {
 	finished     chan struct{}    // closed when the job goroutine ended
 	jobEnv       []string         // the job's environment once built, for SSH sessions
 	uploads      map[string]int64 // stored upload path → its size
-	stdin        *stdinFeed       // the job's streamed stdin (api.StdinStream); nil otherwise
+	stdin        *stdinFeed       // the job's stream (api.StdinStream, or a TTY size); nil otherwise
+	term         jobTerm          // the job's terminal size
 
 	// journal holds what /api/pull serves: job states, job and runner logs.
 	journal   *logs.Journal
@@ -288,6 +289,10 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 	if err != nil {
 		return err
 	}
+	size, err := termSize(b)
+	if err != nil {
+		return err
+	}
 	if x.state == WaitRun {
 		// Nothing of the replaced submit may reach the job that runs: its
 		// uploads (code, archives) go with it.
@@ -302,9 +307,10 @@ func (x *Executor) Submit(b api.SubmitBody) error {
 	// A replaced submit's stdin feeder is cut off: its job never runs.
 	x.endStdinLocked()
 	x.stdin = nil
-	if mode == api.StdinStream {
-		x.stdin = newStdinFeed()
+	if mode == api.StdinStream || size != nil {
+		x.stdin = newStdinFeed(mode == api.StdinStream)
 	}
+	x.term = jobTerm{size: size}
 	return x.moveLocked(WaitRun, "submit")
 }
 

@@ -203,8 +203,9 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 	if err != nil {
 		return failed(err)
 	}
-	spec := ptyproc.Spec{Path: cmdline[0], Args: cmdline, Dir: wd, Env: env, TTY: true, ProcRoot: x.cfg.ProcRoot}
-	if body.Tandem != nil {
+	spec := ptyproc.Spec{Path: cmdline[0], Args: cmdline, Dir: wd, Env: env, TTY: true, Size: x.startSize(), ProcRoot: x.cfg.ProcRoot}
+	keys := x.keysFor(body)
+	if body.Tandem != nil && keys == nil {
 		spec.Stdin = x.stdinFor(body.Tandem.Stdin)
 	}
 	if x.cfg.CanSetUser {
@@ -221,7 +222,11 @@ func (x *Executor) execute(ctx context.Context, body api.SubmitBody, user accoun
 		return ev
 	}
 	defer proc.Close()
+	defer x.attachTerm(proc)() // before the close: no resize reaches a closed terminal
 	master := proc.Terminal()
+	if keys != nil {
+		go typeKeys(keys, master)
+	}
 	sid := proc.Pid()
 	log.Info("Job started", "pid", sid, "user", user.Username, "uid", user.UID, "working_dir", wd)
 

@@ -8,17 +8,21 @@ import (
 	"github.com/tandem-run/tandem/api"
 )
 
-// stdinFeed is a job's standard input when its client streams it
-// (api.StdinStream): one feeder writes it, the job reads it. Nothing is
-// buffered beyond the pipe's hand-over: a feeder waits while the job does
-// not read.
+// stdinFeed is a job's stream from its client (api.StdinPath): with
+// api.StdinStream its standard input, which one feeder writes and the job
+// reads, and for a job given a terminal size (api.SubmitExtras.TTY) its
+// resizes, with or without input. Nothing is buffered beyond the pipe's
+// hand-over: a feeder waits while the job does not read.
 type stdinFeed struct {
-	r     *io.PipeReader
+	r     *io.PipeReader // nil: the job reads no input from the stream
 	w     *io.PipeWriter
-	taken bool // a feeder has w; guarded by the executor's mu
+	taken bool // a feeder has the stream; guarded by the executor's mu
 }
 
-func newStdinFeed() *stdinFeed {
+func newStdinFeed(input bool) *stdinFeed {
+	if !input {
+		return &stdinFeed{}
+	}
 	r, w := io.Pipe()
 	return &stdinFeed{r: r, w: w}
 }
@@ -28,7 +32,11 @@ func newStdinFeed() *stdinFeed {
 var ErrStdinOver = errors.New("the job no longer reads its stdin")
 
 // end unblocks the feeder, for good: the job ended, or will never start.
-func (f *stdinFeed) end() { f.r.CloseWithError(ErrStdinOver) }
+func (f *stdinFeed) end() {
+	if f.r != nil {
+		f.r.CloseWithError(ErrStdinOver)
+	}
+}
 
 // stdinMode checks a submit's stdin mode.
 func stdinMode(b api.SubmitBody) (string, error) {
@@ -44,10 +52,12 @@ func stdinMode(b api.SubmitBody) (string, error) {
 	}
 }
 
-// TakeStdin hands the job's streamed stdin (api.StdinStream) to its one
-// feeder, from the submit until the job ends. Closing the writer ends the
+// TakeStdin hands the job's stream (api.StdinPath) to its one feeder,
+// from the submit until the job ends: w is its streamed stdin
+// (api.StdinStream), nil for a job that reads none from it (a TTY job's
+// stream carries only its resizes: Resize). Closing the writer ends the
 // job's input (it reads end of file); writes fail with ErrStdinOver once
-// the job ended. A feeder that wrote nothing may give the stdin back
+// the job ended. A feeder that wrote nothing may give the stream back
 // instead (release): the next one takes it.
 func (x *Executor) TakeStdin() (w io.WriteCloser, release func(), err error) {
 	x.mu.Lock()
@@ -55,7 +65,7 @@ func (x *Executor) TakeStdin() (w io.WriteCloser, release func(), err error) {
 	f := x.stdin
 	switch {
 	case f == nil:
-		return nil, nil, fmt.Errorf("%w: the job was not submitted with a streamed stdin (tandem.stdin %q)", ErrState, api.StdinStream)
+		return nil, nil, fmt.Errorf("%w: the job was submitted with neither a streamed stdin (tandem.stdin %q) nor a terminal size (tandem.tty)", ErrState, api.StdinStream)
 	case x.state != WaitRun && x.state != ServeLogs:
 		return nil, nil, fmt.Errorf("%w: stdin in state %s", ErrState, x.state)
 	case f.taken:
@@ -66,6 +76,9 @@ func (x *Executor) TakeStdin() (w io.WriteCloser, release func(), err error) {
 		x.mu.Lock()
 		f.taken = false
 		x.mu.Unlock()
+	}
+	if f.w == nil {
+		return nil, release, nil // not f.w: a nil *io.PipeWriter is a non-nil io.WriteCloser
 	}
 	return f.w, release, nil
 }
@@ -78,7 +91,7 @@ func (x *Executor) stdinFor(mode string) io.Reader {
 	case api.StdinStream:
 		x.mu.Lock()
 		defer x.mu.Unlock()
-		if x.stdin != nil {
+		if x.stdin != nil && x.stdin.r != nil {
 			return x.stdin.r
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorilla/websocket"
 	"github.com/labstack/echo/v4"
@@ -362,13 +364,14 @@ func (s *srv) logsWS(c echo.Context) error {
 	}
 }
 
-// stdinWS feeds the job's stdin (api.StdinPath) from one client: its
-// binary messages, in order, until its close, which the job reads as end
-// of file (so does a client that goes away). Text messages are reserved
-// and skipped. Once the job no longer reads (it ended, or never started)
-// the stream ends with the reason; what the client still sends until it
-// answers the close is read and dropped, so its writes end with that
-// close, not a reset connection.
+// stdinWS is the job's stream from one client (api.StdinPath): its binary
+// messages, in order, are the job's stdin until its close, which the job
+// reads as end of file (so does a client that goes away); its text
+// messages are controls (api.StdinControl: a resize). Once the job no
+// longer reads (it ended, or never started), at a control it cannot read
+// and at input for a job that takes none, the stream ends with the
+// reason; what the client still sends until it answers the close is read
+// and dropped, so its writes end with that close, not a reset connection.
 func (s *srv) stdinWS(c echo.Context) error {
 	w, release, err := s.d.Executor.TakeStdin()
 	if err != nil {
@@ -381,42 +384,94 @@ func (s *srv) stdinWS(c echo.Context) error {
 		release()
 		return nil
 	}
-	defer w.Close()
+	if w != nil {
+		defer w.Close()
+	}
 	defer conn.Close()
-	over := func(reason string) {
-		_ = conn.WriteControl(websocket.CloseMessage,
-			websocket.FormatCloseMessage(websocket.CloseNormalClosure, reason), time.Now().Add(time.Second))
-		_ = conn.SetReadDeadline(time.Now().Add(stdinCloseWait))
+	var closeOnce sync.Once
+	over := func(code int, reason string) {
+		closeOnce.Do(func() {
+			_ = conn.WriteControl(websocket.CloseMessage,
+				websocket.FormatCloseMessage(code, reason), time.Now().Add(time.Second))
+			_ = conn.SetReadDeadline(time.Now().Add(stdinCloseWait))
+		})
 	}
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
 		select {
 		case <-s.d.Executor.Finished():
-			over("the job ended") // a client with nothing to send waits in NextReader
+			over(websocket.CloseNormalClosure, "the job ended") // a client with nothing to send waits in NextReader
 		case <-done:
 		}
 	}()
-	feeding := true
+	feeding := true // until the stream is over: then everything is dropped
 	for {
 		typ, r, err := conn.NextReader()
 		if err != nil {
 			return nil // the client's close, its going, or the wait after ours: the input ends
 		}
-		if typ != websocket.BinaryMessage || !feeding {
-			_, _ = io.Copy(io.Discard, r)
-			continue
-		}
-		if _, err := io.Copy(w, r); err != nil {
-			feeding = false
-			if errors.Is(err, executor.ErrStdinOver) {
-				over("the job no longer reads its stdin")
-				_, _ = io.Copy(io.Discard, r)
-				continue
+		switch {
+		case !feeding:
+		case typ == websocket.TextMessage:
+			if code, reason := s.stdinControl(r); code != 0 {
+				feeding = false
+				over(code, reason)
 			}
-			return nil
+		case typ != websocket.BinaryMessage:
+		case w == nil:
+			feeding = false
+			s.d.Log.Warn("stdin stream: input for a job that reads none; closing it")
+			over(websocket.CloseUnsupportedData, "the job reads no input (it was submitted without tandem.stdin "+api.StdinStream+")")
+		default:
+			if _, err := io.Copy(w, r); err != nil {
+				feeding = false
+				if !errors.Is(err, executor.ErrStdinOver) {
+					return nil
+				}
+				over(websocket.CloseNormalClosure, "the job no longer reads its stdin")
+			}
 		}
+		_, _ = io.Copy(io.Discard, r)
 	}
+}
+
+// stdinControl reads and applies one control message of a job's stream;
+// a message it cannot read is logged and answered with the close code
+// and reason that end the stream (0 when none: it was applied, or the job
+// is past resizing).
+func (s *srv) stdinControl(r io.Reader) (code int, reason string) {
+	b, err := io.ReadAll(io.LimitReader(r, api.MaxStdinControl+1))
+	if err != nil {
+		return 0, "" // the connection's failure: the next read ends the stream
+	}
+	if len(b) > api.MaxStdinControl {
+		s.d.Log.Warn("stdin stream: control message too large; closing it", "max_bytes", api.MaxStdinControl)
+		return websocket.CloseMessageTooBig, fmt.Sprintf("a control message holds at most %d bytes", api.MaxStdinControl)
+	}
+	ctl, err := api.ParseStdinControl(b)
+	if err != nil {
+		s.d.Log.Warn("stdin stream: bad control message; closing it", "err", err)
+		return websocket.CloseInvalidFramePayloadData, closeReason(api.Printable(err.Error()))
+	}
+	if err := s.d.Executor.Resize(*ctl.Resize); err != nil && !errors.Is(err, executor.ErrState) {
+		s.d.Log.Warn("stdin stream: resize", "err", err)
+	}
+	return 0, ""
+}
+
+// closeReason is s cut to what a close frame carries (123 bytes), at a
+// character's start.
+func closeReason(s string) string {
+	const most = 123
+	if len(s) <= most {
+		return s
+	}
+	cut := most
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 // stdinCloseWait bounds how long a stdin stream the runner closed waits

@@ -153,6 +153,7 @@ func FuzzRunnerRequests(f *testing.F) {
 	f.Add(3, "", "")
 	f.Add(0, "application/json", `{"job_spec":{"commands":["cat"]},"tandem":{"stdin":"stream"}}`)
 	f.Add(0, "application/json", `{"job_spec":{"commands":["cat"]},"tandem":{"run":true}}`)
+	f.Add(0, "application/json", `{"job_spec":{"commands":["cat"]},"tandem":{"stdin":"stream","tty":{"rows":0,"cols":70000}}}`)
 	paths := []string{"/api/submit", "/api/upload_archive", "/api/upload_code", "/api/pull?timestamp=1"}
 	f.Fuzz(func(t *testing.T, which int, ctype, body string) {
 		h := newTestServer(t)
@@ -410,7 +411,7 @@ func TestCallsNamingAnotherTaskAreRefused(t *testing.T) {
 }
 
 // TestStdinWS: a job submitted with a streamed stdin reads the client's
-// binary messages in order (text ones are skipped) and then the end of
+// binary messages in order (a text one is a control: a resize) and the end of
 // file the client's close means; its output shows both. A second client,
 // or a job submitted without the mode, is refused with 409 before any
 // upgrade; a client with nothing to send is told when the job ends.
@@ -448,7 +449,7 @@ func TestStdinWS(t *testing.T) {
 	for _, m := range []struct {
 		typ int
 		b   string
-	}{{websocket.BinaryMessage, "one\ntw"}, {websocket.TextMessage, "skipped\n"}, {websocket.BinaryMessage, "o\nthree\n"}} {
+	}{{websocket.BinaryMessage, "one\ntw"}, {websocket.TextMessage, `{"resize":{"rows":30,"cols":100}}`}, {websocket.BinaryMessage, "o\nthree\n"}} {
 		if err := conn.WriteMessage(m.typ, []byte(m.b)); err != nil {
 			t.Fatal(err)
 		}
@@ -460,17 +461,7 @@ func TestStdinWS(t *testing.T) {
 	resp.Body.Close()
 	_ = conn.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 	conn.Close()
-	select {
-	case <-x.Finished():
-	case <-time.After(20 * time.Second):
-		t.Fatal("the job did not see its input end")
-	}
-	p, _ := x.Pull(0)
-	var out strings.Builder
-	for _, l := range p.JobLogs {
-		out.Write(l.Message)
-	}
-	if got := strings.ReplaceAll(out.String(), "\r\n", "\n"); got != "line:one\nline:two\nline:three\neof\n" {
+	if got := jobOutput(t, x); got != "line:one\nline:two\nline:three\neof\n" { // jobOutput waits for the job's end: its input's end seen
 		t.Fatalf("the job read %q", got)
 	}
 
