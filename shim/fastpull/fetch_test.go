@@ -39,7 +39,7 @@ func (s *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.Header.Get("Range"), "bytes=4") && s.stalled.CompareAndSwap(false, true) {
 			w.Header().Set("Content-Range", "bytes 4-7/10")
 			w.WriteHeader(http.StatusPartialContent)
-			w.Write([]byte{1})
+			w.Write(s.blob[4:5]) // a true byte, then silence: the retry asks for 5-7
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
 			return
@@ -84,7 +84,7 @@ func TestFetch(t *testing.T) {
 	}{
 		{"", true, 3, ""},          // 0-3 first, then 4-7 and 8-9 in parallel
 		{"norange", true, 0, ""},   // one 200 on one connection
-		{"stallonce", true, 3, ""}, // the silent range is tried again
+		{"stallonce", true, 3, ""}, // the silent range is tried again for what it lacks
 		{"badrange", false, 0, "content-range"},
 		{"long", false, 0, "the manifest says"},
 	} {
