@@ -9,6 +9,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,25 +134,28 @@ func shimLog(t *testing.T, h *shimHarness) string {
 	return string(b)
 }
 
-// noLoopbackName checks that ref's image has no RepoDigests (its loopback
-// registry's went with its loopback tag) and that no image is named after
-// a fast pull's loopback registry.
-func noLoopbackName(t *testing.T, ref string) {
+// repoDigests is the RepoDigests of ref's image, as JSON.
+func repoDigests(t *testing.T, ref string) string {
 	t.Helper()
-	ctx := context.Background()
-	out, err := testenv.Docker(ctx, "image", "inspect", "--format", "{{json .RepoDigests}}", ref)
+	out, err := testenv.Docker(context.Background(), "image", "inspect", "--format", "{{json .RepoDigests}}", ref)
 	if err != nil {
 		t.Fatalf("inspect %s: %v", ref, err)
 	}
-	if d := strings.TrimSpace(out); d != "[]" {
-		t.Fatalf("RepoDigests of %s: %s", ref, d)
-	}
-	out, err = testenv.Docker(ctx, "images", "--digests", "--format", "{{.Repository}}:{{.Tag}}@{{.Digest}}")
+	return strings.TrimSpace(out)
+}
+
+// noLoopbackName checks that no image is named after a fast pull's
+// loopback registry, by tag or digest, in ref's repository: the shim
+// removes the name once the image is ref (tests in parallel may hold
+// loopback names of their own).
+func noLoopbackName(t *testing.T, ref string) {
+	t.Helper()
+	out, err := testenv.Docker(context.Background(), "image", "inspect", "--format", "{{json .RepoTags}} {{json .RepoDigests}}", ref)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("inspect %s: %v", ref, err)
 	}
 	if strings.Contains(out, "tandem-fastpull/") {
-		t.Fatalf("a loopback registry's name is left:\n%s", out)
+		t.Fatalf("%s keeps a loopback registry's name: %s", ref, out)
 	}
 }
 
@@ -173,6 +177,13 @@ func TestFastPullIsDockersImage(t *testing.T) {
 	px := startRegProxy(t, reg.Addr)
 	ref := px.addr + "/tandem/fast:v1"
 	h := startShim(t, runnerScript(t, `test -f /a && test -f /b && exit 0; exit 9`), nil, "--image-fast-pull", "--image-fast-pull-loopback", "--image-fast-pull-chunk-size", "1048576")
+	// What a shim killed mid-pull leaves: a loopback name no registry
+	// serves any more. The next fast pull removes it.
+	stale := "127.0.0.1:1/tandem-fastpull/" + strings.Repeat("0f", 16) + ":stale"
+	if _, err := testenv.Docker(context.Background(), "tag", testenv.Busybox(t), stale); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rmi", stale) })
 
 	task := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	info := h.wait(task.ID, 2*time.Minute, terminated)
@@ -184,6 +195,9 @@ func TestFastPullIsDockersImage(t *testing.T) {
 		strings.Contains(log, "Docker pulls instead") || strings.Contains(log, "loopback registry refused") {
 		t.Fatalf("the fast path did not pull:\n%s", log)
 	}
+	if _, err := testenv.Docker(context.Background(), "image", "inspect", stale); err == nil {
+		t.Fatalf("the stale loopback name %s is left", stale)
+	}
 	if partial, _, _ := px.served(); partial < 6 {
 		t.Fatalf("%d ranged answers for a 6 MiB and a 3 MiB layer in 1 MiB ranges", partial)
 	}
@@ -194,8 +208,16 @@ func TestFastPullIsDockersImage(t *testing.T) {
 	if !strings.Contains(fast, `["`+ref+`"]`) {
 		t.Fatalf("RepoTags after the fast pull: %s", fast)
 	}
-	// Docker pulled it from the shim's loopback registry, whose name is gone.
+	// Docker pulled it from the shim's loopback registry, whose name is
+	// gone, its digest reference with it (as after ImageLoad: the ledger
+	// of images the shim put in Docker tells image GC it may go).
 	noLoopbackName(t, ref)
+	if d := repoDigests(t, ref); d != "[]" {
+		t.Fatalf("RepoDigests after the fast pull: %s", d)
+	}
+	if ledger, err := os.ReadFile(filepath.Join(h.home, "images-loaded")); err != nil || !strings.Contains(string(ledger), strings.Fields(fast)[0]) {
+		t.Fatalf("the image GC ledger (%v): %q lacks %s", err, ledger, strings.Fields(fast)[0])
+	}
 	// Docker's own pull of the same image, from nothing.
 	ctx := context.Background()
 	cfg := t.TempDir()
@@ -253,6 +275,9 @@ func TestFastPullRangeRefusedAndCorruptBlob(t *testing.T) {
 	if !strings.Contains(imageID(t, ref), ref) {
 		t.Fatalf("after the fallback: %s", imageID(t, ref))
 	}
+	// The blob was broken off before Docker held it whole: Docker's pull
+	// from the loopback registry left no name behind.
+	noLoopbackName(t, ref)
 
 	// Corrupt for Docker too: the task fails as Docker's pull decides.
 	px.corrupt.Store(true)

@@ -7,10 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
+	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 )
 
@@ -111,4 +114,69 @@ func (p *Puller) dropLoopRef(ctx context.Context, loopRef string) {
 	if _, err := p.docker.ImageRemove(ctx, loopRef, image.RemoveOptions{PruneChildren: false}); err != nil && !cerrdefs.IsNotFound(err) {
 		p.log.Warn("remove the loopback registry's name of an image", "ref", loopRef, "err", err)
 	}
+}
+
+// sweepLoopRefs removes the loopback names a pull left when its shim died
+// mid-pull: every tag of a loopback registry's repository whose registry
+// no longer answers for it. A live one (another pull of this shim's, or
+// of another shim on this Docker) serves its own manifest, and is left.
+// An image known by such a name alone goes with it: no task was handed
+// it.
+func (p *Puller) sweepLoopRefs(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	list, err := p.docker.ImageList(ctx, image.ListOptions{Filters: filters.NewArgs(filters.Arg("reference", "*/"+loopRepoPrefix+"*"))})
+	if err != nil {
+		p.log.Debug("list loopback registry names", "err", err)
+		return
+	}
+	for _, img := range list {
+		for _, ref := range img.RepoTags {
+			host, repo, tag, ok := splitLoopRef(ref)
+			if !ok || liveLoopRef(ctx, host, repo, tag) {
+				continue
+			}
+			if _, err := p.docker.ImageRemove(ctx, ref, image.RemoveOptions{PruneChildren: false}); err != nil && !cerrdefs.IsNotFound(err) {
+				p.log.Warn("remove a loopback registry name a stopped pull left", "ref", ref, "err", err)
+				continue
+			}
+			p.log.Info("removed a loopback registry name a stopped pull left", "ref", ref)
+		}
+	}
+}
+
+// splitLoopRef reads 127.0.0.1:<port>/tandem-fastpull/<32 hex>:<tag>.
+func splitLoopRef(ref string) (host, repo, tag string, ok bool) {
+	host, rest, ok := strings.Cut(ref, "/")
+	if !ok {
+		return "", "", "", false
+	}
+	h, port, err := net.SplitHostPort(host)
+	if err != nil || h != "127.0.0.1" || port == "" {
+		return "", "", "", false
+	}
+	repo, tag, ok = strings.Cut(rest, ":")
+	name, isLoop := strings.CutPrefix(repo, loopRepoPrefix)
+	if !ok || !isLoop || len(name) != 32 || !isHex(name) || tag == "" || strings.Contains(tag, "/") {
+		return "", "", "", false
+	}
+	return host, repo, tag, true
+}
+
+// liveLoopRef says whether a loopback registry at host still serves
+// repo:tag.
+func liveLoopRef(ctx context.Context, host, repo, tag string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, "http://"+host+"/v2/"+repo+"/manifests/"+tag, nil)
+	if err != nil {
+		return false
+	}
+	c := &http.Client{Transport: &http.Transport{Proxy: nil, DisableKeepAlives: true}}
+	resp, err := c.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }

@@ -39,6 +39,7 @@ type Docker interface {
 	ImageTag(ctx context.Context, source, target string) error
 	ImagePull(ctx context.Context, ref string, opts image.PullOptions) (io.ReadCloser, error)
 	ImageRemove(ctx context.Context, ref string, opts image.RemoveOptions) ([]image.DeleteResponse, error)
+	ImageList(ctx context.Context, opts image.ListOptions) ([]image.Summary, error)
 }
 
 // maxLayers bounds the layers of an image the fast path takes (Docker's
@@ -204,6 +205,7 @@ func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.Registr
 	if err != nil {
 		return err
 	}
+	p.sweepLoopRefs(ctx)
 	dir, err := os.MkdirTemp(p.cfg.TempDir, "pull-")
 	if err != nil {
 		return fmt.Errorf("temporary dir: %w", err)

@@ -437,3 +437,26 @@ func FuzzAddSpan(f *testing.F) {
 		}
 	})
 }
+
+func TestSplitLoopRef(t *testing.T) {
+	hex32 := "0123456789abcdef0123456789abcdef"
+	for _, c := range []struct {
+		ref string
+		ok  bool
+	}{
+		{"127.0.0.1:4321/tandem-fastpull/" + hex32 + ":v1", true},
+		{"127.0.0.1:4321/tandem-fastpull/" + hex32 + ":latest", true},
+		{"127.0.0.1/tandem-fastpull/" + hex32 + ":v1", false},
+		{"10.0.0.1:4321/tandem-fastpull/" + hex32 + ":v1", false},
+		{"127.0.0.1:4321/tandem-fastpull/" + hex32[1:] + ":v1", false},
+		{"127.0.0.1:4321/tandem-fastpull/" + strings.ToUpper(hex32) + ":v1", false},
+		{"127.0.0.1:4321/tandem-fastpull/" + hex32, false},
+		{"127.0.0.1:4321/other/" + hex32 + ":v1", false},
+		{"127.0.0.1:4321/x/tandem-fastpull/" + hex32 + ":v1", false},
+	} {
+		host, repo, tag, ok := splitLoopRef(c.ref)
+		if ok != c.ok || (ok && host+"/"+repo+":"+tag != c.ref) {
+			t.Errorf("%s: %s %s %s %v", c.ref, host, repo, tag, ok)
+		}
+	}
+}
