@@ -134,38 +134,33 @@ func shimLog(t *testing.T, h *shimHarness) string {
 	return string(b)
 }
 
-// repoDigests is the RepoDigests of ref's image, as JSON.
-func repoDigests(t *testing.T, ref string) string {
+// inspect is ref's image's fields in format.
+func inspect(t *testing.T, ref, format string) string {
 	t.Helper()
-	out, err := testenv.Docker(context.Background(), "image", "inspect", "--format", "{{json .RepoDigests}}", ref)
+	out, err := testenv.Docker(context.Background(), "image", "inspect", "--format", format, ref)
 	if err != nil {
 		t.Fatalf("inspect %s: %v", ref, err)
 	}
 	return strings.TrimSpace(out)
 }
 
-// noLoopbackName checks that no image is named after a fast pull's
-// loopback registry, by tag or digest, in ref's repository: the shim
-// removes the name once the image is ref (tests in parallel may hold
-// loopback names of their own).
+// repoDigests is the RepoDigests of ref's image, as JSON.
+func repoDigests(t *testing.T, ref string) string {
+	return inspect(t, ref, "{{json .RepoDigests}}")
+}
+
+// noLoopbackName checks that ref's image has no name of a fast pull's
+// loopback registry, by tag or digest: the shim removes it once the image
+// is ref.
 func noLoopbackName(t *testing.T, ref string) {
 	t.Helper()
-	out, err := testenv.Docker(context.Background(), "image", "inspect", "--format", "{{json .RepoTags}} {{json .RepoDigests}}", ref)
-	if err != nil {
-		t.Fatalf("inspect %s: %v", ref, err)
-	}
-	if strings.Contains(out, "tandem-fastpull/") {
+	if out := inspect(t, ref, "{{json .RepoTags}} {{json .RepoDigests}}"); strings.Contains(out, "tandem-fastpull/") {
 		t.Fatalf("%s keeps a loopback registry's name: %s", ref, out)
 	}
 }
 
 func imageID(t *testing.T, ref string) string {
-	t.Helper()
-	out, err := testenv.Docker(context.Background(), "image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}", ref)
-	if err != nil {
-		t.Fatalf("inspect %s: %v", ref, err)
-	}
-	return strings.TrimSpace(out)
+	return inspect(t, ref, "{{.Id}} {{json .RepoTags}}")
 }
 
 // The fast path over ranged requests with basic auth gives the image
