@@ -32,12 +32,14 @@ import (
 // Config is the fast pull's configuration.
 type Config struct {
 	// Enabled turns the fast path on (--image-fast-pull); off, every pull
-	// is Docker's. On the cold bench (1.56 GB, 6 layers, 100 Mbit/s per
-	// connection, 1 Gbit/s in all) the earlier hand-off by ImageLoad took
-	// 218 s against Docker's 263 s (0.83x: Docker's load starts only once
-	// the whole archive is there, every byte was down at 19 s); Docker
-	// pulling from the loopback registry unpacks while bytes arrive
-	// (BenchmarkColdStart, BenchmarkFastPullColdVsDockerPull).
+	// is Docker's. On the cold bench (1.6 GB, 7 layers, 100 Mbit/s per
+	// connection, 1 Gbit/s in all; a busy 2-core VM) the shim's submit ->
+	// running took 68 s against docker pull's 112 s (0.61x), every byte
+	// down at 15 s; the rest is Docker unpacking one layer after another,
+	// whose own floor (docker load of the plain layers) is 54 s. The
+	// ImageLoad hand-off it replaced took 74 s against 107 s (0.69x)
+	// beside it (BenchmarkColdStart with TANDEM_BENCH_COLD_AUTH=basic;
+	// BenchmarkFastPullColdVsDockerPull: 0.70x against 0.74x).
 	Enabled bool
 	// TempDir holds a pull's blobs while it runs (the shim's home
 	// image-pull); each pull's own dir is removed when it ends.
@@ -47,10 +49,11 @@ type Config struct {
 	// its loopback name being gone, yet the shim may remove it).
 	Loaded func(imageID string) error `json:"-"`
 	// Admit, when set, decides each connection to a pull's loopback
-	// registry (server.Access.AdmitConn: root-equivalent accounts on the
-	// host, Docker's daemon among them); nil admits every one, and the
-	// registry's random 128-bit name, served only during its pull, is all
-	// that keeps another local account from reading the image.
+	// registry (server.Access.AdmitRegistryConn: root-equivalent accounts
+	// on the host, not a container, Docker's daemon among them); nil
+	// admits every one, and the registry's random 128-bit name, served
+	// only during its pull, is all that keeps another local account from
+	// reading the image.
 	Admit func(net.Conn) (bool, string) `json:"-"`
 	// Conns bounds one pull's open connections, all its blobs together.
 	Conns int

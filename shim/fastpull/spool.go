@@ -121,7 +121,8 @@ func (s *spool) fail(err error) {
 // the fetch failed (fail) or ctx ended.
 func (s *spool) verify(ctx context.Context) error {
 	h := sha256.New()
-	buf := make([]byte, 1<<20)
+	// Every layer of a pull hashes at once (256 at most): 128 KiB each.
+	buf := make([]byte, 128<<10)
 	var hashed int64
 	for hashed < s.size {
 		s.mu.Lock()
