@@ -17,7 +17,7 @@ import (
 // instead of one starving the other.
 type fetcher struct {
 	client *http.Client
-	conns  chan struct{}
+	conns  *gate
 	chunk  int64
 	idle   time.Duration // a request that moves no byte this long is retried
 	// budget is the temporary disk this pull may still write.
@@ -43,7 +43,10 @@ func (f *fetcher) take(n int64) error {
 // what its range still lacks (a registry that answers that with the whole
 // blob has the bytes already written skipped), so no byte a reader of dst
 // may have read is written again.
-func (f *fetcher) fetch(ctx context.Context, url string, size int64, dst io.WriterAt, moved func(int64)) error {
+//
+// layer is the blob's place in the image: its requests wait for a
+// connection behind those of earlier layers.
+func (f *fetcher) fetch(ctx context.Context, url string, layer int, size int64, dst io.WriterAt, moved func(int64)) error {
 	if size <= 0 || size > maxBlob {
 		return fmt.Errorf("blob size %d out of range", size)
 	}
@@ -54,10 +57,8 @@ func (f *fetcher) fetch(ctx context.Context, url string, size int64, dst io.Writ
 	var final string
 	var ranged, whole bool
 	var done int64
-	select {
-	case f.conns <- struct{}{}:
-	case <-ctx.Done():
-		return context.Cause(ctx)
+	if err := f.conns.acquire(ctx, rank(layer, 0)); err != nil {
+		return err
 	}
 	err := f.attempt(ctx, func(ctx context.Context) error {
 		want := first
@@ -85,7 +86,7 @@ func (f *fetcher) fetch(ctx context.Context, url string, size int64, dst io.Writ
 		done += k
 		return err
 	})
-	<-f.conns
+	f.conns.release()
 	if err != nil || !ranged || first == size {
 		return err
 	}
@@ -97,12 +98,10 @@ func (f *fetcher) fetch(ctx context.Context, url string, size int64, dst io.Writ
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			select {
-			case f.conns <- struct{}{}:
-			case <-ctx.Done():
+			if f.conns.acquire(ctx, rank(layer, off)) != nil {
 				return
 			}
-			defer func() { <-f.conns }()
+			defer f.conns.release()
 			var done int64
 			err := f.attempt(ctx, func(ctx context.Context) error {
 				resp, err := f.get(ctx, final, off+done, n-done, size)

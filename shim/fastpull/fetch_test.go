@@ -57,7 +57,7 @@ func (s *blobServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func testFetcher(chunk int64) *fetcher {
 	b := &atomic.Int64{}
 	b.Store(1 << 30)
-	return &fetcher{client: &http.Client{}, conns: make(chan struct{}, 4), chunk: chunk, idle: 300 * time.Millisecond, budget: b}
+	return &fetcher{client: &http.Client{}, conns: newGate(4), chunk: chunk, idle: 300 * time.Millisecond, budget: b}
 }
 
 func fetchTo(t *testing.T, f *fetcher, url string, size int64) ([]byte, int64, error) {
@@ -68,7 +68,7 @@ func fetchTo(t *testing.T, f *fetcher, url string, size int64) ([]byte, int64, e
 	}
 	defer dst.Close()
 	var moved atomic.Int64
-	err = f.fetch(context.Background(), url, size, dst, func(n int64) { moved.Add(n) })
+	err = f.fetch(context.Background(), url, 0, size, dst, func(n int64) { moved.Add(n) })
 	b, _ := os.ReadFile(dst.Name())
 	return b, moved.Load(), err
 }

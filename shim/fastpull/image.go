@@ -220,7 +220,7 @@ func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.Registr
 			}
 			return nil
 		}},
-		conns:  make(chan struct{}, p.cfg.Conns),
+		conns:  newGate(p.cfg.Conns),
 		chunk:  p.cfg.ChunkSize,
 		idle:   p.cfg.IdleTimeout,
 		budget: budget,
@@ -409,7 +409,7 @@ func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer
 	go func() { verified <- l.sp.verify(ctx) }()
 	var got atomic.Int64
 	prog.count(l.id, "Downloading", 0, l.size, true)
-	err := f.fetch(ctx, repoURL+l.digest, l.size, l.sp, func(n int64) {
+	err := f.fetch(ctx, repoURL+l.digest, l.i, l.size, l.sp, func(n int64) {
 		prog.count(l.id, "Downloading", got.Add(n), l.size, false)
 	})
 	if err != nil {
