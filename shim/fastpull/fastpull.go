@@ -33,13 +33,15 @@ import (
 type Config struct {
 	// Enabled turns the fast path on (--image-fast-pull); off, every pull
 	// is Docker's. On the cold bench (1.6 GB, 7 layers, 100 Mbit/s per
-	// connection, 1 Gbit/s in all; a busy 2-core VM) the shim's submit ->
-	// running took 68 s against docker pull's 112 s (0.61x), every byte
-	// down at 15 s; the rest is Docker unpacking one layer after another,
-	// whose own floor (docker load of the plain layers) is 54 s. The
-	// ImageLoad hand-off it replaced took 74 s against 107 s (0.69x)
-	// beside it (BenchmarkColdStart with TANDEM_BENCH_COLD_AUTH=basic;
-	// BenchmarkFastPullColdVsDockerPull: 0.70x against 0.74x).
+	// connection, 1 Gbit/s in all; a 2-core VM another job kept busy,
+	// BenchmarkColdStart with TANDEM_BENCH_COLD_AUTH=basic, one round
+	// each) the shim's submit -> running took 0.61x, 0.72x and, with the
+	// layer-ordered gate, 0.66x docker pull's time beside it (68, 103 and
+	// 104 s), every byte down at 15-16 s: the rest is Docker unpacking one
+	// layer after another, 1.26x, 1.30x and 1.21x its own floor there
+	// (docker load of the plain layers). The ImageLoad hand-off it
+	// replaced took 0.69x (74 s; 1.38x that floor), where Docker's load
+	// began only once the whole archive was there.
 	Enabled bool
 	// TempDir holds a pull's blobs while it runs (the shim's home
 	// image-pull); each pull's own dir is removed when it ends.
