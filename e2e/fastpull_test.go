@@ -9,6 +9,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -133,13 +134,33 @@ func shimLog(t *testing.T, h *shimHarness) string {
 	return string(b)
 }
 
-func imageID(t *testing.T, ref string) string {
+// inspect is ref's image's fields in format.
+func inspect(t *testing.T, ref, format string) string {
 	t.Helper()
-	out, err := testenv.Docker(context.Background(), "image", "inspect", "--format", "{{.Id}} {{json .RepoTags}}", ref)
+	out, err := testenv.Docker(context.Background(), "image", "inspect", "--format", format, ref)
 	if err != nil {
 		t.Fatalf("inspect %s: %v", ref, err)
 	}
 	return strings.TrimSpace(out)
+}
+
+// repoDigests is the RepoDigests of ref's image, as JSON.
+func repoDigests(t *testing.T, ref string) string {
+	return inspect(t, ref, "{{json .RepoDigests}}")
+}
+
+// noLoopbackName checks that ref's image has no name of a fast pull's
+// loopback registry, by tag or digest: the shim removes it once the image
+// is ref.
+func noLoopbackName(t *testing.T, ref string) {
+	t.Helper()
+	if out := inspect(t, ref, "{{json .RepoTags}} {{json .RepoDigests}}"); strings.Contains(out, "tandem-fastpull/") {
+		t.Fatalf("%s keeps a loopback registry's name: %s", ref, out)
+	}
+}
+
+func imageID(t *testing.T, ref string) string {
+	return inspect(t, ref, "{{.Id}} {{json .RepoTags}}")
 }
 
 // The fast path over ranged requests with basic auth gives the image
@@ -151,14 +172,26 @@ func TestFastPullIsDockersImage(t *testing.T) {
 	px := startRegProxy(t, reg.Addr)
 	ref := px.addr + "/tandem/fast:v1"
 	h := startShim(t, runnerScript(t, `test -f /a && test -f /b && exit 0; exit 9`), nil, "--image-fast-pull", "--image-fast-pull-loopback", "--image-fast-pull-chunk-size", "1048576")
+	// What a shim killed mid-pull leaves: a loopback name no registry
+	// serves any more. The next fast pull removes it.
+	stale := "127.0.0.1:1/tandem-fastpull/" + strings.Repeat("0f", 16) + ":stale"
+	if _, err := testenv.Docker(context.Background(), "tag", testenv.Busybox(t), stale); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = testenv.Docker(context.Background(), "rmi", stale) })
 
 	task := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	info := h.wait(task.ID, 2*time.Minute, terminated)
 	if info.TerminationReason != api.ReasonDoneByRunner {
 		t.Fatalf("task: %+v\n%s", info, shimLog(t, h))
 	}
-	if log := shimLog(t, h); !strings.Contains(log, "image pulled by the fast path") || strings.Contains(log, "Docker pulls instead") {
+	// docker_pulled_at: Docker's pull from the shim's loopback registry.
+	if log := shimLog(t, h); !strings.Contains(log, "image pulled by the fast path") || !strings.Contains(log, "docker_pulled_at") ||
+		strings.Contains(log, "Docker pulls instead") || strings.Contains(log, "loopback registry refused") {
 		t.Fatalf("the fast path did not pull:\n%s", log)
+	}
+	if _, err := testenv.Docker(context.Background(), "image", "inspect", stale); err == nil {
+		t.Fatalf("the stale loopback name %s is left", stale)
 	}
 	if partial, _, _ := px.served(); partial < 6 {
 		t.Fatalf("%d ranged answers for a 6 MiB and a 3 MiB layer in 1 MiB ranges", partial)
@@ -169,6 +202,16 @@ func TestFastPullIsDockersImage(t *testing.T) {
 	fast := imageID(t, ref)
 	if !strings.Contains(fast, `["`+ref+`"]`) {
 		t.Fatalf("RepoTags after the fast pull: %s", fast)
+	}
+	// Docker pulled it from the shim's loopback registry, whose name is
+	// gone, its digest reference with it (as after ImageLoad: the ledger
+	// of images the shim put in Docker tells image GC it may go).
+	noLoopbackName(t, ref)
+	if d := repoDigests(t, ref); d != "[]" {
+		t.Fatalf("RepoDigests after the fast pull: %s", d)
+	}
+	if ledger, err := os.ReadFile(filepath.Join(h.home, "images-loaded")); err != nil || !strings.Contains(string(ledger), strings.Fields(fast)[0]) {
+		t.Fatalf("the image GC ledger (%v): %q lacks %s", err, ledger, strings.Fields(fast)[0])
 	}
 	// Docker's own pull of the same image, from nothing.
 	ctx := context.Background()
@@ -227,6 +270,9 @@ func TestFastPullRangeRefusedAndCorruptBlob(t *testing.T) {
 	if !strings.Contains(imageID(t, ref), ref) {
 		t.Fatalf("after the fallback: %s", imageID(t, ref))
 	}
+	// The blob was broken off before Docker held it whole: Docker's pull
+	// from the loopback registry left no name behind.
+	noLoopbackName(t, ref)
 
 	// Corrupt for Docker too: the task fails as Docker's pull decides.
 	px.corrupt.Store(true)
@@ -239,15 +285,15 @@ func TestFastPullRangeRefusedAndCorruptBlob(t *testing.T) {
 	}
 }
 
-// Two tasks of one image at once: one pull, each task sees it complete;
-// the layers inflated by the shim make the image Docker's pull makes.
+// Two tasks of one image at once: one pull, each task sees it complete,
+// and the image is the one Docker's pull makes. The deprecated
+// --image-fast-pull-inflate is still accepted (and does nothing).
 func TestFastPullTwoTasksOnePull(t *testing.T) {
 	t.Parallel()
 	reg := testenv.StartRegistry(t)
 	reg.Push(t, bigImage(t, 8<<20, 1<<20), "tandem/twice:v1")
 	px := startRegProxy(t, reg.Addr)
 	ref := px.addr + "/tandem/twice:v1"
-	// Its layers inflated here, on every core (--image-fast-pull-inflate).
 	h := startShim(t, runnerScript(t, `exit 0`), nil, "--image-fast-pull", "--image-fast-pull-loopback", "--image-fast-pull-inflate")
 	a := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
 	b := h.submit(api.TaskConfig{ImageName: ref, RegistryUsername: reg.Username, RegistryPassword: reg.Password})
@@ -279,7 +325,7 @@ func TestFastPullTwoTasksOnePull(t *testing.T) {
 		t.Fatal(err)
 	}
 	if docker := imageID(t, ref); docker != fast {
-		t.Fatalf("fast path (inflated here) %s, docker pull %s", fast, docker)
+		t.Fatalf("fast path %s, docker pull %s", fast, docker)
 	}
 }
 

@@ -98,7 +98,8 @@ type Config struct {
 	// own copy. Zero fields take task.Defaults().
 	Task task.Config
 	// FastPull is the fast image pull (shim/fastpull): ranged parallel
-	// fetch, parallel inflate, Docker's load; Docker's pull behind it.
+	// fetch, served to Docker's pull by a loopback registry; Docker's pull
+	// from upstream behind it.
 	// Its zero value is off; Defaults has it on (fastpull.Config says why).
 	FastPull fastpull.Config
 	// ImageGC frees Docker's disk past its thresholds (nil: off), every
@@ -345,6 +346,7 @@ func (a *agent) pullRuntime() task.Runtime {
 		return a.rt
 	}
 	fc.Loaded = a.imageLedger().Add
+	fc.Admit = a.access().AdmitRegistryConn
 	a.log.Info("image pulls take the fast path first", "temp_dir", fc.TempDir, "conns", fc.WithDefaults().Conns)
 	return fastpull.Runtime{Runtime: a.rt, Puller: fastpull.New(fc, a.rt.Client(), a.log), Forget: a.rt.ForgetImage}
 }

@@ -156,7 +156,6 @@ func config(c *cli.Context) (agent.Config, error) {
 			Conns:     c.Int("image-fast-pull-conns"),
 			ChunkSize: c.Int64("image-fast-pull-chunk-size"),
 			Loopback:  c.Bool("image-fast-pull-loopback"),
-			Inflate:   c.Bool("image-fast-pull-inflate"),
 		},
 		Nice:            c.Int("shim-nice"),
 		IsolatedNetwork: c.String("task-network"),
@@ -245,10 +244,12 @@ func Flags() []cli.Flag {
 		&cli.StringFlag{Name: "host-root", Value: d.HostRoot, Hidden: true, EnvVars: []string{"TANDEM_SHIM_HOST_ROOT"}, Usage: "where the host's files are read (AMD GPUs' sysfs, accounts): a fixture tree in tests"},
 		&cli.StringFlag{Name: "gcp-disk-by-id", Value: d.GCPDiskByID, Hidden: true, Usage: "GCP disk links (tests point it at fixtures)"},
 		&cli.DurationFlag{Name: "pull-stall-timeout", Value: task.Defaults().PullStallTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_STALL_TIMEOUT"}, Usage: "fail an image pull when no byte moved for this long"},
-		&cli.BoolFlag{Name: "image-fast-pull", Value: fastpull.Defaults().Enabled, EnvVars: []string{"TANDEM_SHIM_FAST_PULL"}, Usage: "pull images over ranged parallel connections, inflate layers on every core and load them into Docker (Docker's pull when that cannot be done as Docker would)"},
+		&cli.BoolFlag{Name: "image-fast-pull", Value: fastpull.Defaults().Enabled, EnvVars: []string{"TANDEM_SHIM_FAST_PULL"}, Usage: "pull images over ranged parallel connections and serve their blobs, as they arrive, to Docker's own pull from a registry on loopback (Docker's pull from the registry when that cannot be done as Docker would)"},
 		&cli.IntFlag{Name: "image-fast-pull-conns", Value: fastpull.Defaults().Conns, EnvVars: []string{"TANDEM_SHIM_FAST_PULL_CONNS"}, Usage: "connections one fast image pull opens at most"},
 		&cli.Int64Flag{Name: "image-fast-pull-chunk-size", Value: fastpull.Defaults().ChunkSize, Hidden: true, EnvVars: []string{"TANDEM_SHIM_FAST_PULL_CHUNK_SIZE"}, Usage: "bytes one ranged request of a fast pull asks for (tests make it small)"},
-		&cli.BoolFlag{Name: "image-fast-pull-inflate", EnvVars: []string{"TANDEM_SHIM_FAST_PULL_INFLATE"}, Usage: "inflate a fast pull's layers on every core before Docker loads them (else Docker inflates them in its load)"},
+		// Accepted, and ignored, only so that configs written for the
+		// ImageLoad hand-off (which it switched) still start the shim.
+		&cli.BoolFlag{Name: "image-fast-pull-inflate", EnvVars: []string{"TANDEM_SHIM_FAST_PULL_INFLATE"}, Usage: "deprecated, does nothing: Docker's own pull inflates the layers the fast pull serves it"},
 		&cli.BoolFlag{Name: "image-fast-pull-loopback", Hidden: true, EnvVars: []string{"TANDEM_SHIM_FAST_PULL_LOOPBACK"}, Usage: "take the fast pull for registries on this machine too (tests; Docker's pull is faster there)"},
 		&cli.DurationFlag{Name: "pull-timeout", Value: task.Defaults().PullTimeout, EnvVars: []string{"DSTACK_SHIM_PULL_TIMEOUT"}, Usage: "overall cap on one image pull (0: none)"},
 		&cli.BoolFlag{Name: "image-gc", Value: true, EnvVars: []string{"TANDEM_SHIM_IMAGE_GC"}, Usage: "remove unused images, least recently used first, when Docker's disk fills past --image-gc-high-threshold (--image-gc=false: never)"},

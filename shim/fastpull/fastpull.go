@@ -1,8 +1,10 @@
 // Package fastpull owns the shim's fast image pull: the registry's blobs
-// fetched over several ranged connections, the layers inflated in parallel
-// on every core and checked against their digests, and the image handed to
-// Docker (ImageLoad) as the identical image (its ID is the config's
-// digest). It sits behind the task engine's Pull and speaks Docker's JSON
+// fetched over several ranged connections and checked against their
+// digests, and served as they arrive to Docker's own pull by a read-only
+// registry on loopback that lives for that one pull, so Docker unpacks a
+// layer while later ones still arrive and the image is the one its pull
+// from upstream gives (its ID is the config's digest, RepoTags the name
+// asked). It sits behind the task engine's Pull and speaks Docker's JSON
 // progress stream, so the pull tracker and its stall watchdog read it as
 // they read Docker's; whenever it cannot do a pull as Docker would (a
 // proxy, a mirror, a digest reference, a manifest or auth it does not
@@ -18,10 +20,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"sync"
 	"time"
 
@@ -31,42 +32,44 @@ import (
 // Config is the fast pull's configuration.
 type Config struct {
 	// Enabled turns the fast path on (--image-fast-pull); off, every pull
-	// is Docker's. On the cold bench (1.56 GB, 6 layers, 100 Mbit/s per
-	// connection, 1 Gbit/s in all) a fast pull took 218 s against Docker's
-	// 263 s (0.83x; every byte down at 19 s, the archive in Docker at
-	// 35 s, the rest Docker's load); with the layers inflated here first
-	// it took 311 s against 252 s (BenchmarkFastPullColdVsDockerPull).
+	// is Docker's. On the cold bench (1.6 GB, 7 layers, 100 Mbit/s per
+	// connection, 1 Gbit/s in all; a 2-core VM another job kept busy,
+	// BenchmarkColdStart with TANDEM_BENCH_COLD_AUTH=basic, one round
+	// each) the shim's submit -> running took 0.61x, 0.72x and, with the
+	// layer-ordered gate, 0.66x docker pull's time beside it (68, 103 and
+	// 104 s), every byte down at 15-16 s: the rest is Docker unpacking one
+	// layer after another, 1.26x, 1.30x and 1.21x its own floor there
+	// (docker load of the plain layers). The ImageLoad hand-off it
+	// replaced took 0.69x (74 s; 1.38x that floor), where Docker's load
+	// began only once the whole archive was there.
 	Enabled bool
 	// TempDir holds a pull's blobs while it runs (the shim's home
 	// image-pull); each pull's own dir is removed when it ends.
 	TempDir string
-	// Loaded, when set, is told the ID of every image this path loaded
-	// into Docker (the image GC's ledger: such an image has no
-	// RepoDigests, yet the shim may remove it).
+	// Loaded, when set, is told the ID of every image this path put into
+	// Docker (the image GC's ledger: such an image has no RepoDigests,
+	// its loopback name being gone, yet the shim may remove it).
 	Loaded func(imageID string) error `json:"-"`
+	// Admit, when set, decides each connection to a pull's loopback
+	// registry (server.Access.AdmitRegistryConn: root-equivalent accounts
+	// on the host, not a container, Docker's daemon among them); nil
+	// admits every one, and the registry's random 128-bit name, served
+	// only during its pull, is all that keeps another local account from
+	// reading the image.
+	Admit func(net.Conn) (bool, string) `json:"-"`
 	// Conns bounds one pull's open connections, all its blobs together.
 	Conns int
 	// ChunkSize is one ranged request's size.
 	ChunkSize int64
 	// IdleTimeout ends (and retries) a request that moves no byte.
 	IdleTimeout time.Duration
-	// Inflaters bounds the layers inflated at once (the cores).
-	Inflaters int
 	// CertsDir is Docker's per-registry TLS dir (/etc/docker/certs.d).
 	CertsDir string
-	// Inflate inflates layers here, on every core, and hands Docker the
-	// plain tars; off, Docker gets the checked blobs as they came and
-	// inflates them in its load (as in its own pull), which writes a
-	// third of the bytes into its tmp.
-	Inflate bool
 	// Loopback takes the fast path for registries on this machine too.
-	// Off, they are Docker's: with no link to beat, the load's extra
-	// write of every layer made the fast path slower there (1.68x Docker's
-	// pull, BenchmarkFastPullVsDockerPull/layers).
+	// Off, they are Docker's: with no link to beat, the ImageLoad hand-off
+	// was slower there (1.68x Docker's pull,
+	// BenchmarkFastPullVsDockerPull/layers).
 	Loopback bool
-	// Pigz is a pigz binary to inflate with; "" looks for one on PATH,
-	// "none" uses Go's compress/gzip.
-	Pigz string
 }
 
 // Defaults are the fast pull's defaults (the flags show them).
@@ -76,7 +79,6 @@ func Defaults() Config {
 		Conns:       16,
 		ChunkSize:   16 << 20,
 		IdleTimeout: 30 * time.Second,
-		Inflaters:   runtime.NumCPU(),
 		CertsDir:    "/etc/docker/certs.d",
 	}
 }
@@ -87,7 +89,6 @@ func (c Config) WithDefaults() Config {
 	c.Conns = cmp.Or(c.Conns, d.Conns)
 	c.ChunkSize = cmp.Or(c.ChunkSize, d.ChunkSize)
 	c.IdleTimeout = cmp.Or(c.IdleTimeout, d.IdleTimeout)
-	c.Inflaters = cmp.Or(c.Inflaters, d.Inflaters)
 	c.CertsDir = cmp.Or(c.CertsDir, d.CertsDir)
 	return c
 }
@@ -101,7 +102,6 @@ type Puller struct {
 	docker Docker
 	log    *slog.Logger
 	now    func() time.Time
-	pigz   string
 
 	mu      sync.Mutex // guards flights
 	flights map[string]*flight
@@ -119,17 +119,6 @@ type flight struct {
 func New(cfg Config, docker Docker, log *slog.Logger) *Puller {
 	cfg = cfg.WithDefaults()
 	p := &Puller{cfg: cfg, docker: docker, log: log, now: time.Now, flights: map[string]*flight{}}
-	switch cfg.Pigz {
-	case "none":
-	case "":
-		if path, err := exec.LookPath("unpigz"); err == nil {
-			p.pigz = path
-		} else if path, err := exec.LookPath("pigz"); err == nil {
-			p.pigz = path
-		}
-	default:
-		p.pigz = cfg.Pigz
-	}
 	if cfg.TempDir != "" {
 		if old, err := filepath.Glob(filepath.Join(cfg.TempDir, "pull-*")); err == nil {
 			for _, d := range old {

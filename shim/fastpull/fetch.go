@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -18,7 +17,7 @@ import (
 // instead of one starving the other.
 type fetcher struct {
 	client *http.Client
-	conns  chan struct{}
+	conns  *gate
 	chunk  int64
 	idle   time.Duration // a request that moves no byte this long is retried
 	// budget is the temporary disk this pull may still write.
@@ -35,13 +34,19 @@ func (f *fetcher) take(n int64) error {
 	return nil
 }
 
-// fetch writes blob url (size bytes) into dst, reporting each written
-// byte count to moved. The first request asks for the first chunk: a 206
-// with a Content-Range that matches means the rest goes in parallel, over
-// further ranges against the URL it ended at (a redirect is followed once,
-// by the first request); a 200 is a registry that does not range, read on
-// that one connection.
-func (f *fetcher) fetch(ctx context.Context, url string, size int64, dst *os.File, moved func(int64)) error {
+// fetch writes blob url (size bytes) into dst, each byte once, reporting
+// each written byte count to moved. The first request asks for the first
+// chunk: a 206 with a Content-Range that matches means the rest goes in
+// parallel, over further ranges against the URL it ended at (a redirect is
+// followed once, by the first request); a 200 is a registry that does not
+// range, read on that one connection. A request tried again asks only for
+// what its range still lacks (a registry that answers that with the whole
+// blob has the bytes already written skipped), so no byte a reader of dst
+// may have read is written again.
+//
+// layer is the blob's place in the image: its requests wait for a
+// connection behind those of earlier layers.
+func (f *fetcher) fetch(ctx context.Context, url string, layer int, size int64, dst io.WriterAt, moved func(int64)) error {
 	if size <= 0 || size > maxBlob {
 		return fmt.Errorf("blob size %d out of range", size)
 	}
@@ -50,14 +55,17 @@ func (f *fetcher) fetch(ctx context.Context, url string, size int64, dst *os.Fil
 	}
 	first := min(f.chunk, size)
 	var final string
-	var ranged bool
-	select {
-	case f.conns <- struct{}{}:
-	case <-ctx.Done():
-		return context.Cause(ctx)
+	var ranged, whole bool
+	var done int64
+	if err := f.conns.acquire(ctx, rank(layer, 0)); err != nil {
+		return err
 	}
 	err := f.attempt(ctx, func(ctx context.Context) error {
-		resp, err := f.get(ctx, url, 0, first, size)
+		want := first
+		if whole {
+			want = size
+		}
+		resp, err := f.get(ctx, url, done, want-done, size)
 		if err != nil {
 			return err
 		}
@@ -68,12 +76,17 @@ func (f *fetcher) fetch(ctx context.Context, url string, size int64, dst *os.Fil
 			if resp.ContentLength >= 0 && resp.ContentLength != size {
 				return permanent(fmt.Errorf("blob is %d bytes, the manifest says %d", resp.ContentLength, size))
 			}
-			return f.copyAt(ctx, dst, resp.Body, 0, size, moved)
+			whole, ranged = true, false
+			k, err := f.copyAt(ctx, dst, resp.Body, done, size-done, done, moved)
+			done += k
+			return err
 		}
-		ranged = true
-		return f.copyAt(ctx, dst, resp.Body, 0, first, moved)
+		ranged = !whole
+		k, err := f.copyAt(ctx, dst, resp.Body, done, want-done, 0, moved)
+		done += k
+		return err
 	})
-	<-f.conns
+	f.conns.release()
 	if err != nil || !ranged || first == size {
 		return err
 	}
@@ -85,22 +98,23 @@ func (f *fetcher) fetch(ctx context.Context, url string, size int64, dst *os.Fil
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			select {
-			case f.conns <- struct{}{}:
-			case <-ctx.Done():
+			if f.conns.acquire(ctx, rank(layer, off)) != nil {
 				return
 			}
-			defer func() { <-f.conns }()
+			defer f.conns.release()
+			var done int64
 			err := f.attempt(ctx, func(ctx context.Context) error {
-				resp, err := f.get(ctx, final, off, n, size)
+				resp, err := f.get(ctx, final, off+done, n-done, size)
 				if err != nil {
 					return err
 				}
 				defer resp.Body.Close()
 				if resp.StatusCode != http.StatusPartialContent {
-					return permanent(fmt.Errorf("range %d-%d: the final URL answered %s", off, off+n-1, resp.Status))
+					return permanent(fmt.Errorf("range %d-%d: the final URL answered %s", off+done, off+n-1, resp.Status))
 				}
-				return f.copyAt(ctx, dst, resp.Body, off, n, moved)
+				k, err := f.copyAt(ctx, dst, resp.Body, off+done, n-done, 0, moved)
+				done += k
+				return err
 			})
 			if err != nil {
 				cancel(err)
@@ -165,15 +179,11 @@ func (f *fetcher) get(ctx context.Context, url string, off, n, size int64) (*htt
 	return nil, permanent(fmt.Errorf("blob request: %s", resp.Status))
 }
 
-// copyAt writes exactly n bytes of r at off in dst; a read that brings no
-// byte for f.idle ends the request (the caller may try it again).
-func (f *fetcher) copyAt(ctx context.Context, dst *os.File, r io.Reader, off, n int64, moved func(int64)) (err error) {
-	var done int64
-	defer func() {
-		if err != nil {
-			moved(-done) // a retry counts these bytes again
-		}
-	}()
+// copyAt skips skip bytes of r (bytes of a whole-blob answer written
+// already), then writes exactly n bytes of it at off in dst, and returns
+// how many it wrote; a read that brings no byte for f.idle ends the
+// request (the caller may try it again for the rest).
+func (f *fetcher) copyAt(ctx context.Context, dst io.WriterAt, r io.Reader, off, n, skip int64, moved func(int64)) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	idle := time.AfterFunc(f.idle, cancel)
@@ -185,33 +195,42 @@ func (f *fetcher) copyAt(ctx context.Context, dst *os.File, r io.Reader, off, n 
 		}
 	}()
 	buf := make([]byte, 256<<10)
-	for done < n {
-		k, err := r.Read(buf[:min(int64(len(buf)), n-done)])
+	var done int64
+	for skip > 0 || done < n {
+		want := min(int64(len(buf)), n-done)
+		if skip > 0 {
+			want = min(int64(len(buf)), skip)
+		}
+		k, err := r.Read(buf[:want])
 		if k > 0 {
 			idle.Reset(f.idle)
-			if _, werr := dst.WriteAt(buf[:k], off+done); werr != nil {
-				return permanent(fmt.Errorf("write blob: %w", werr))
+			if skip > 0 {
+				skip -= int64(k)
+			} else {
+				if _, werr := dst.WriteAt(buf[:k], off+done); werr != nil {
+					return done, permanent(fmt.Errorf("write blob: %w", werr))
+				}
+				done += int64(k)
+				moved(int64(k))
 			}
-			done += int64(k)
-			moved(int64(k))
 		}
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			if ctx.Err() != nil && done < n {
-				return fmt.Errorf("blob read idle for %s: %w", f.idle, err)
+			if ctx.Err() != nil {
+				return done, fmt.Errorf("blob read idle for %s: %w", f.idle, err)
 			}
-			return fmt.Errorf("blob read: %w", err)
+			return done, fmt.Errorf("blob read: %w", err)
 		}
 	}
 	if done != n {
-		return fmt.Errorf("blob range at %d: %d bytes of %d", off, done, n)
+		return done, fmt.Errorf("blob range at %d: %d bytes of %d", off, done, n)
 	}
 	// A 200 that sends more than the manifest says is a wrong blob.
 	var one [1]byte
 	if k, _ := r.Read(one[:]); k > 0 {
-		return permanent(fmt.Errorf("blob longer than the %d bytes asked", n))
+		return done, permanent(fmt.Errorf("blob longer than the %d bytes asked", n))
 	}
-	return nil
+	return done, nil
 }

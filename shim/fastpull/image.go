@@ -1,8 +1,6 @@
 package fastpull
 
 import (
-	"archive/tar"
-	"bufio"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -38,8 +36,10 @@ import (
 type Docker interface {
 	Info(ctx context.Context) (system.Info, error)
 	ImageInspect(ctx context.Context, ref string, opts ...client.ImageInspectOption) (image.InspectResponse, error)
-	ImageLoad(ctx context.Context, input io.Reader, opts ...client.ImageLoadOption) (image.LoadResponse, error)
 	ImageTag(ctx context.Context, source, target string) error
+	ImagePull(ctx context.Context, ref string, opts image.PullOptions) (io.ReadCloser, error)
+	ImageRemove(ctx context.Context, ref string, opts image.RemoveOptions) ([]image.DeleteResponse, error)
+	ImageList(ctx context.Context, opts image.ListOptions) ([]image.Summary, error)
 }
 
 // maxLayers bounds the layers of an image the fast path takes (Docker's
@@ -48,28 +48,20 @@ const maxLayers = 256
 
 // layer is one layer of the image being pulled.
 type layer struct {
-	i       int
-	id      string // Docker's short id: 12 hex digits of the blob digest
-	digest  string
-	diffID  string
-	size    int64
-	gzipped bool
-	// pass: the blob goes to Docker as it came (Docker inflates it, and
-	// checks its diff_id, as in its own pull): one layer to fetch has no
-	// other layer to inflate beside it, and inflating it here would only
-	// write it once more.
-	pass     bool
-	blob     string // compressed file
-	tarPath  string // inflated file
-	inflated chan struct{}
+	i      int
+	id     string // Docker's short id: 12 hex digits of the blob digest
+	digest string
+	diffID string
+	size   int64
+	sp     *spool // its temporary file as it arrives
 }
 
 // phases is where a fast pull's time went, since its start: every blob
-// down, every layer inflated, the archive sent to Docker, Docker done.
+// down and checked, Docker's pull from the loopback registry done.
 type phases struct {
-	start                               time.Time
-	fetched, inflated, streamed, loaded atomic.Int64 // ns since start
-	bytes                               atomic.Int64
+	start           time.Time
+	fetched, pulled atomic.Int64 // ns since start
+	bytes           atomic.Int64
 }
 
 func (ph *phases) mark(at *atomic.Int64) {
@@ -84,7 +76,7 @@ func (ph *phases) mark(at *atomic.Int64) {
 
 func (ph *phases) logArgs() []any {
 	s := func(a *atomic.Int64) string { return time.Duration(a.Load()).Round(10 * time.Millisecond).String() }
-	return []any{"fetched_at", s(&ph.fetched), "inflated_at", s(&ph.inflated), "streamed_at", s(&ph.streamed), "loaded_at", s(&ph.loaded), "blob_bytes", ph.bytes.Load()}
+	return []any{"fetched_at", s(&ph.fetched), "docker_pulled_at", s(&ph.pulled), "blob_bytes", ph.bytes.Load()}
 }
 
 // fast pulls ref itself; any error means Docker's pull should be tried.
@@ -98,7 +90,8 @@ func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.Registr
 	}
 	tag, ok := parsed.(name.Tag)
 	if !ok {
-		// Docker names such an image by digest (RepoDigests), which a load cannot.
+		// Docker names such an image by digest (RepoDigests), which the
+		// Engine API cannot give an image another registry's pull made.
 		return unsupported("a digest reference")
 	}
 	info, err := p.docker.Info(ctx)
@@ -196,7 +189,23 @@ func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.Registr
 	for _, l := range layers[:have] {
 		prog.status(l.id, "Already exists")
 	}
-	todo := layers[have:]
+	rawManifest, err := img.RawManifest()
+	if err != nil {
+		return fmt.Errorf("manifest of %s: %w", ref, err)
+	}
+	mediaType, err := img.MediaType()
+	if err != nil {
+		return fmt.Errorf("manifest of %s: %w", ref, err)
+	}
+	manifestDigest, err := img.Digest()
+	if err != nil {
+		return fmt.Errorf("manifest of %s: %w", ref, err)
+	}
+	repo, err := newRepoName()
+	if err != nil {
+		return err
+	}
+	p.sweepLoopRefs(ctx)
 	dir, err := os.MkdirTemp(p.cfg.TempDir, "pull-")
 	if err != nil {
 		return fmt.Errorf("temporary dir: %w", err)
@@ -211,60 +220,97 @@ func (p *Puller) fast(ctx context.Context, h *hub, ref string, auth task.Registr
 			}
 			return nil
 		}},
-		conns:  make(chan struct{}, p.cfg.Conns),
+		conns:  newGate(p.cfg.Conns),
 		chunk:  p.cfg.ChunkSize,
 		idle:   p.cfg.IdleTimeout,
 		budget: budget,
 	}
-	for _, l := range todo {
-		prog.status(l.id, "Pulling fs layer")
-	}
-	for _, l := range todo {
-		l.pass = len(todo) == 1 || !p.cfg.Inflate
-	}
 	repoURL := fmt.Sprintf("%s://%s/v2/%s/blobs/", reg.Scheme(), reg.RegistryStr(), tag.Context().RepositoryStr())
-	slots := make(chan struct{}, p.cfg.Inflaters)
-	var wg sync.WaitGroup
-	for _, l := range todo {
-		l.blob = filepath.Join(dir, fmt.Sprintf("%d.blob", l.i))
-		l.tarPath = filepath.Join(dir, fmt.Sprintf("%d.tar", l.i))
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := p.layer(ctx, f, repoURL, l, slots, prog, ph); err != nil {
-				cancel(err)
-			}
-		}()
+
+	// Every layer has a spool the loopback registry serves; those Docker
+	// lacks are fetched now, any other once Docker asks for it.
+	var (
+		wg      sync.WaitGroup
+		startMu sync.Mutex // guards stopped and wg's Add
+		stopped bool
+	)
+	blobs := make(map[string]blobSource, len(layers))
+	ids := make(map[string]bool, len(layers))
+	for _, l := range layers {
+		if src, dup := blobs[l.digest]; dup { // one blob twice in the image
+			l.sp = src.sp
+			continue
+		}
+		file, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("%d.blob", l.i)), os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("temporary blob: %w", err)
+		}
+		defer file.Close()
+		l.sp = newSpool(file, l.size, l.digest)
+		var once sync.Once
+		start := func() {
+			once.Do(func() {
+				startMu.Lock()
+				defer startMu.Unlock()
+				if stopped {
+					return
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := p.layer(ctx, f, repoURL, l, prog, ph); err != nil {
+						cancel(err)
+					}
+				}()
+			})
+		}
+		blobs[l.digest] = blobSource{sp: l.sp, start: start}
+		ids[l.id] = true
 	}
-	defer wg.Wait()
-	if err := p.load(ctx, ref, rawCfg, imageID, layers, have, prog, ph); err != nil {
-		cancel(err)
+	lr, err := startLoopRegistry(ctx, loopImage{
+		repo: repo, tag: tag.TagStr(), manifest: rawManifest, mediaType: string(mediaType),
+		manifestDigest: manifestDigest.String(), config: rawCfg, configDigest: imageID, blobs: blobs,
+	}, p.cfg.Admit, p.log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cancel(errors.New("the fast pull is over"))
+		lr.close()
+		startMu.Lock()
+		stopped = true
+		startMu.Unlock()
 		wg.Wait()
+	}()
+	if !dockerInsecure(ctx, info, lr.Host()) {
+		return unsupported("Docker does not take %s as a plain-HTTP registry", lr.Host())
+	}
+	for _, l := range layers[have:] {
+		blobs[l.digest].start()
+	}
+	loopRef := lr.Ref()
+	// A loopback name Docker's pull left behind goes whatever happens next.
+	defer p.dropLoopRef(ctx, loopRef)
+	if err := p.dockerPull(ctx, loopRef, ids, prog); err != nil {
+		cancel(err)
 		return cmpErr(context.Cause(ctx), err)
 	}
-	// The identity check: the image Docker now names ref is the one asked.
-	got, err := p.docker.ImageInspect(ctx, ref)
-	if err != nil {
-		return fmt.Errorf("inspect %s after the load: %w", ref, err)
-	}
-	if got.ID != imageID {
-		return fmt.Errorf("after the load %s is %s, not %s", ref, got.ID, imageID)
+	ph.mark(&ph.pulled)
+	if err := p.adopt(ctx, loopRef, ref, imageID); err != nil {
+		return err
 	}
 	if p.cfg.Loaded != nil {
 		if err := p.cfg.Loaded(imageID); err != nil {
-			p.log.Warn("image loaded but not recorded as the shim's: image GC leaves it", "image", imageID, "err", err)
+			p.log.Warn("image pulled but not recorded as the shim's: image GC leaves it", "image", imageID, "err", err)
 		}
 	}
-	for _, l := range todo {
-		prog.status(l.id, "Pull complete")
-	}
-	prog.status("", "Digest: "+m.Config.Digest.String())
+	prog.status("", "Digest: "+manifestDigest.String())
 	prog.status("", "Status: Downloaded newer image for "+ref)
 	return nil
 }
 
 // cmpErr prefers the pull's first cause (a layer's failure) over the
-// load's error it caused.
+// error of Docker's pull it caused.
 func cmpErr(cause, err error) error {
 	if cause != nil && !errors.Is(cause, context.Canceled) {
 		return cause
@@ -283,11 +329,8 @@ func planLayers(m *v1.Manifest, diffIDs []string) ([]*layer, error) {
 	}
 	var out []*layer
 	for i, d := range m.Layers {
-		var gz bool
 		switch d.MediaType {
-		case types.DockerLayer, types.OCILayer:
-			gz = true
-		case types.OCIUncompressedLayer, "application/vnd.docker.image.rootfs.diff.tar":
+		case types.DockerLayer, types.OCILayer, types.OCIUncompressedLayer, "application/vnd.docker.image.rootfs.diff.tar":
 		default:
 			return nil, unsupported("layer media type %s", d.MediaType)
 		}
@@ -306,7 +349,6 @@ func planLayers(m *v1.Manifest, diffIDs []string) ([]*layer, error) {
 		}
 		out = append(out, &layer{
 			i: i, id: d.Digest.Hex[:12], digest: d.Digest.String(), diffID: diff, size: d.Size,
-			gzipped: gz, inflated: make(chan struct{}),
 		})
 	}
 	return out, nil
@@ -334,8 +376,10 @@ func (p *Puller) alreadyHere(ctx context.Context, ref, imageID string, prog *pro
 }
 
 // presentLayers is how many of the image's first layers Docker holds
-// already, by chain ID in its layer store (a load skips those; had one
-// gone in between, the load fails and Docker's pull is tried).
+// already, by chain ID in its layer store: those are fetched only if
+// Docker's pull asks the loopback registry for them (Docker skips a layer
+// it has when it knows the blob's digest, which a layer that came by a
+// load lacks).
 func (p *Puller) presentLayers(info system.Info, layers []*layer) int {
 	if info.DockerRootDir == "" || info.Driver == "" {
 		return 0
@@ -358,221 +402,28 @@ func (p *Puller) presentLayers(info system.Info, layers []*layer) int {
 	return n
 }
 
-// layer fetches one layer and inflates it, the inflate in one of slots.
-func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer, slots chan struct{}, prog *progress, ph *phases) error {
-	blob, err := os.OpenFile(l.blob, os.O_CREATE|os.O_RDWR|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("temporary blob: %w", err)
-	}
-	defer blob.Close()
+// layer fetches one layer blob into its spool and checks it against its
+// digest as it arrives; the loopback registry serves the spool meanwhile.
+func (p *Puller) layer(ctx context.Context, f *fetcher, repoURL string, l *layer, prog *progress, ph *phases) error {
+	verified := make(chan error, 1)
+	go func() { verified <- l.sp.verify(ctx) }()
 	var got atomic.Int64
 	prog.count(l.id, "Downloading", 0, l.size, true)
-	err = f.fetch(ctx, repoURL+l.digest, l.size, blob, func(n int64) {
+	err := f.fetch(ctx, repoURL+l.digest, l.i, l.size, l.sp, func(n int64) {
 		prog.count(l.id, "Downloading", got.Add(n), l.size, false)
 	})
 	if err != nil {
+		err = fmt.Errorf("layer %s: %w", l.digest, err)
+		l.sp.fail(err)
+		<-verified
+		return err
+	}
+	if err := <-verified; err != nil {
 		return fmt.Errorf("layer %s: %w", l.digest, err)
 	}
 	prog.count(l.id, "Downloading", l.size, l.size, true)
 	prog.status(l.id, "Download complete")
 	ph.mark(&ph.fetched)
 	ph.bytes.Add(l.size)
-	select {
-	case slots <- struct{}{}:
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-	defer func() { <-slots }()
-	if _, err := blob.Seek(0, io.SeekStart); err != nil {
-		return fmt.Errorf("temporary blob: %w", err)
-	}
-	var read atomic.Int64
-	if l.pass {
-		cr := &countingReader{r: blob, h: sha256.New(), moved: func(n int64) {
-			prog.count(l.id, "Extracting", read.Add(n), l.size, false)
-		}}
-		if _, err := io.Copy(io.Discard, cr); err != nil {
-			return fmt.Errorf("temporary blob: %w", err)
-		}
-		if got := "sha256:" + hex.EncodeToString(cr.h.Sum(nil)); got != l.digest {
-			return fmt.Errorf("layer %s: %w: got %s", l.digest, errDigest, got)
-		}
-		prog.count(l.id, "Extracting", l.size, l.size, true)
-		l.tarPath = l.blob
-		ph.mark(&ph.inflated)
-		close(l.inflated)
-		return nil
-	}
-	out, err := os.OpenFile(l.tarPath, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("temporary layer: %w", err)
-	}
-	err = inflate(ctx, blob, out, l.digest, l.diffID, l.gzipped, p.pigz, f.take, func(n int64) {
-		prog.count(l.id, "Extracting", read.Add(n), l.size, false)
-	})
-	if cerr := out.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("temporary layer: %w", cerr)
-	}
-	if err != nil {
-		return err
-	}
-	prog.count(l.id, "Extracting", l.size, l.size, true)
-	// The compressed copy is done with: give its room back now.
-	blob.Close()
-	if err := os.Remove(l.blob); err == nil {
-		f.budget.Add(l.size)
-	}
-	ph.mark(&ph.inflated)
-	close(l.inflated)
-	return nil
-}
-
-// load streams the image to Docker as a docker-save archive: the config,
-// each new layer's tar as soon as it is inflated and checked (in order),
-// then manifest.json last, so that a pull that fails midway leaves Docker
-// an archive without a manifest, which it refuses, and nothing loaded.
-func (p *Puller) load(ctx context.Context, ref string, rawCfg []byte, imageID string, layers []*layer, have int, prog *progress, ph *phases) error {
-	pr, pw := io.Pipe()
-	type result struct {
-		err error
-	}
-	res := make(chan result, 1)
-	go func() {
-		resp, err := p.docker.ImageLoad(ctx, pr, client.ImageLoadWithQuiet(false))
-		if err != nil {
-			pr.CloseWithError(err)
-			res <- result{fmt.Errorf("docker load: %w", err)}
-			return
-		}
-		defer resp.Body.Close()
-		res <- result{readLoad(resp.Body, func() { prog.alive(layers[len(layers)-1].id) })}
-	}()
-	err := p.writeArchive(ctx, pw, ref, rawCfg, imageID, layers, have, prog)
-	if err != nil {
-		pw.CloseWithError(err)
-		<-res
-		return err
-	}
-	pw.Close()
-	ph.mark(&ph.streamed)
-	select {
-	case r := <-res:
-		ph.mark(&ph.loaded)
-		return r.err
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
-
-func (p *Puller) writeArchive(ctx context.Context, w io.Writer, ref string, rawCfg []byte, imageID string, layers []*layer, have int, prog *progress) error {
-	bw := bufio.NewWriterSize(w, 1<<20)
-	tw := tar.NewWriter(bw)
-	cfgFile := imageID[7:] + ".json"
-	if err := writeEntry(tw, cfgFile, rawCfg); err != nil {
-		return err
-	}
-	manifest := []struct {
-		Config   string
-		RepoTags []string
-		Layers   []string
-	}{{Config: cfgFile, RepoTags: []string{ref}}}
-	for _, l := range layers {
-		manifest[0].Layers = append(manifest[0].Layers, fmt.Sprintf("%d/layer.tar", l.i))
-	}
-	buf := make([]byte, 1<<20)
-	for _, l := range layers[have:] {
-		select {
-		case <-l.inflated:
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
-		if err := copyLayer(tw, l, buf, func() { prog.alive(l.id) }); err != nil {
-			return err
-		}
-		os.Remove(l.tarPath)
-	}
-	mb, err := json.Marshal(manifest)
-	if err != nil {
-		return fmt.Errorf("manifest.json: %w", err)
-	}
-	if err := writeEntry(tw, "manifest.json", mb); err != nil {
-		return err
-	}
-	if err := tw.Close(); err != nil {
-		return fmt.Errorf("archive: %w", err)
-	}
-	if err := bw.Flush(); err != nil {
-		return fmt.Errorf("archive: %w", err)
-	}
-	return nil
-}
-
-func writeEntry(tw *tar.Writer, name string, b []byte) error {
-	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(b)), Typeflag: tar.TypeReg, Format: tar.FormatPAX}); err != nil {
-		return fmt.Errorf("archive %s: %w", name, err)
-	}
-	if _, err := tw.Write(b); err != nil {
-		return fmt.Errorf("archive %s: %w", name, err)
-	}
-	return nil
-}
-
-func copyLayer(tw *tar.Writer, l *layer, buf []byte, alive func()) error {
-	f, err := os.Open(l.tarPath)
-	if err != nil {
-		return fmt.Errorf("temporary layer: %w", err)
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("temporary layer: %w", err)
-	}
-	name := fmt.Sprintf("%d/layer.tar", l.i)
-	if err := tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: st.Size(), Typeflag: tar.TypeReg, Format: tar.FormatPAX}); err != nil {
-		return fmt.Errorf("archive %s: %w", name, err)
-	}
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			if _, werr := tw.Write(buf[:n]); werr != nil {
-				return fmt.Errorf("archive %s: %w", name, werr)
-			}
-			alive()
-		}
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("temporary layer: %w", err)
-		}
-	}
-}
-
-// readLoad reads Docker's load answer: an error line is the load's error;
-// every other line is Docker at work (alive).
-func readLoad(r io.Reader, alive func()) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var ev struct {
-			Error       string `json:"error"`
-			ErrorDetail *struct {
-				Message string `json:"message"`
-			} `json:"errorDetail"`
-		}
-		if json.Unmarshal(sc.Bytes(), &ev) != nil {
-			continue
-		}
-		if ev.ErrorDetail != nil && ev.ErrorDetail.Message != "" {
-			return fmt.Errorf("docker load: %s", ev.ErrorDetail.Message)
-		}
-		if ev.Error != "" {
-			return fmt.Errorf("docker load: %s", ev.Error)
-		}
-		alive()
-	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("docker load answer: %w", err)
-	}
 	return nil
 }

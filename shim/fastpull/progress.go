@@ -173,20 +173,3 @@ func (p *progress) count(id, status string, current, total int64, force bool) {
 	b, _ := json.Marshal(ev)
 	p.h.add(append(b, '\n'), true)
 }
-
-// alive says bytes still move for layer id once its counts are full (the
-// hand-over to Docker): shim/pull counts a "Verifying Checksum" line as
-// progress, so the stall watchdog sees it; at most one a second.
-func (p *progress) alive(id string) {
-	key := id + "alive"
-	p.mu.Lock()
-	t := p.now()
-	if t.Sub(p.last[key]) < time.Second {
-		p.mu.Unlock()
-		return
-	}
-	p.last[key] = t
-	p.mu.Unlock()
-	b, _ := json.Marshal(event{ID: id, Status: "Verifying Checksum"})
-	p.h.add(append(b, '\n'), true)
-}

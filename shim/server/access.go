@@ -65,8 +65,9 @@ func (a Access) decide(v origin.Verdict, what string) (admit bool, msg string) {
 }
 
 const (
-	theAPI   = "the shim API"
-	taskPort = "this task port"
+	theAPI      = "the shim API"
+	taskPort    = "this task port"
+	loopbackReg = "the fast pull's loopback registry"
 )
 
 func loopbackHost(h string) bool {
@@ -173,10 +174,21 @@ func (a Access) Admit() httpapi.Admit {
 // forwarded task ports use it, and log its refusals. The Host header and
 // token do not apply: what passes is the runner's own protocol.
 func (a Access) AdmitConn(c net.Conn) (bool, string) {
+	return a.admitConn(c, taskPort)
+}
+
+// AdmitRegistryConn decides a connection to a fast pull's loopback
+// registry (shim/fastpull) by the same rule: Docker's daemon passes, and
+// another local account may not read a task's image there.
+func (a Access) AdmitRegistryConn(c net.Conn) (bool, string) {
+	return a.admitConn(c, loopbackReg)
+}
+
+func (a Access) admitConn(c net.Conn, what string) (bool, string) {
 	if a.Check == nil {
 		return true, ""
 	}
-	return a.decide(a.Check([]origin.Pair{{Local: c.LocalAddr(), Remote: c.RemoteAddr()}})[0], taskPort)
+	return a.decide(a.Check([]origin.Pair{{Local: c.LocalAddr(), Remote: c.RemoteAddr()}})[0], what)
 }
 
 // verdict is the origin the gate decided for the request's connection (a

@@ -1,0 +1,54 @@
+package fastpull
+
+import (
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/tandem-run/tandem/shim/origin"
+	"github.com/tandem-run/tandem/shim/principal"
+	"github.com/tandem-run/tandem/shim/server"
+)
+
+// rootOnly admits uid 0 alone.
+type rootOnly struct{}
+
+func (rootOnly) Decide(uid uint32) principal.Decision {
+	return principal.Decision{Allowed: uid == 0, Who: "uid " + strconv.Itoa(int(uid)), Why: "not root"}
+}
+
+// With the shim's own rule (server.Access: the socket's owner, by the
+// kernel's tables), another local account cannot read the image a
+// loopback registry serves; root (Docker's daemon) can.
+func TestLoopRegistryRefusesOrdinaryAccounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as nobody")
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox missing")
+	}
+	blob := randomBytes(10)
+	sp := testSpool(t, blob, "")
+	access := server.Access{Check: origin.Checker{}.CheckBatch, Principals: rootOnly{}}
+	r, img, _ := testRegistry(t, sp, access.AdmitRegistryConn)
+	url := "http://" + r.Host() + "/v2/" + img.repo + "/manifests/v1"
+	cmd := exec.Command(bb, "wget", "-q", "-O", "-", url)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err == nil || strings.Contains(string(out), "schemaVersion") {
+		t.Fatalf("nobody read the manifest: %q", out)
+	}
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("root refused: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("root: %s", resp.Status)
+	}
+}
