@@ -48,7 +48,7 @@ func BenchmarkTandemRunOutput(b *testing.B) {
 	var shown, raws, ratios []float64
 	for i := 0; i < min(b.N, 3); i++ {
 		r := rawPtyRead(b, raw, reader, mb)
-		cmd := exec.Command(bins.Tandem, "run", "--shim", shim, "--runner-port", runnerPort, "--image", h.image, "--no-ssh-config",
+		cmd := exec.Command(bins.Tandem, "run", "--rm", "--shim", shim, "--runner-port", runnerPort, "--image", h.image, "--no-ssh-config",
 			"--", "/bin/sh", "-c", writeCmd(mb)+" > /tmp/big && echo START && cat /tmp/big")
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -132,7 +132,7 @@ func BenchmarkTandemRunShortJob(b *testing.B) {
 	}
 	var runs, dockers, ratios []float64
 	for i := 0; i < min(b.N, 10); i++ {
-		t := timed(bins.Tandem, "run", "--shim", shim, "--runner-port", runnerPort, "--no-ssh-config", "--image", h.image, "--", "/bin/true")
+		t := timed(bins.Tandem, "run", "--rm", "--shim", shim, "--runner-port", runnerPort, "--no-ssh-config", "--image", h.image, "--", "/bin/true")
 		d := timed("docker", "run", "--rm", "--network", "host", h.image, "/bin/true")
 		runs, dockers, ratios = append(runs, t), append(dockers, d), append(ratios, t/d)
 	}
