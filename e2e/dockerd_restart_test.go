@@ -54,7 +54,7 @@ func TestShimSurvivesDockerdRestart(t *testing.T) {
 		case d := <-done:
 			t.Logf("dockerd was restarted in %s", d)
 			waiting = false
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(20 * time.Millisecond):
 			if _, err := p.client.Healthcheck(ctx); err != nil {
 				t.Fatalf("shim stopped serving while dockerd restarted: %v", err)
 			}

@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -88,14 +90,23 @@ func psCmd() *cli.Command {
 			if c.String("output") == "json" {
 				return writeJSON(c, rows)
 			}
-			w := tabwriter.NewWriter(c.App.Writer, 2, 4, 2, ' ', 0)
+			var table bytes.Buffer
+			w := tabwriter.NewWriter(&table, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "NAME\tID\tIMAGE\tSTATUS\tAGE\tGPUS\tEXIT\tPORTS")
 			for _, r := range rows {
 				// Every string is the shim's or a runner's: escaped.
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", dash(api.Printable(r.Name)), api.Printable(ctl.ShortID(r.ID)), dash(api.Printable(r.Image)),
 					statusText(r), age(r.Submitted), len(r.GPUs), exitText(r), portsText(r.Ports))
 			}
-			return w.Flush()
+			if err := w.Flush(); err != nil {
+				return err
+			}
+			// The last column (PORTS) is often empty: no row ends in the
+			// padding of the one before it.
+			for line := range strings.Lines(table.String()) {
+				fmt.Fprintln(c.App.Writer, strings.TrimRight(line, " \n"))
+			}
+			return nil
 		}}
 }
 
