@@ -139,6 +139,14 @@ type PublishedPort struct {
 	Protocol string `json:"protocol,omitempty"`
 }
 
+// Proto is the port's protocol, "tcp" where the field is empty.
+func (p PublishedPort) Proto() string {
+	if p.Protocol == "" {
+		return "tcp"
+	}
+	return p.Protocol
+}
+
 // VolumeInfo describes a network volume to attach-mount on the host.
 type VolumeInfo struct {
 	Backend    string `json:"backend"`

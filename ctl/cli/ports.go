@@ -18,16 +18,9 @@ import (
 func portsText(ports []api.PublishedPort) string {
 	parts := make([]string, 0, len(ports))
 	for _, p := range ports {
-		parts = append(parts, fmt.Sprintf("%s:%d->%d/%s", api.Printable(p.HostIP), p.HostPort, p.ContainerPort, api.Printable(protoOf(p))))
+		parts = append(parts, fmt.Sprintf("%s:%d->%d/%s", api.Printable(p.HostIP), p.HostPort, p.ContainerPort, api.Printable(p.Proto())))
 	}
 	return strings.Join(parts, ", ")
-}
-
-func protoOf(p api.PublishedPort) string {
-	if p.Protocol == "" {
-		return "tcp"
-	}
-	return p.Protocol
 }
 
 // portLines is what tandem port prints, as docker port: every binding as
@@ -37,7 +30,7 @@ func portLines(name string, ports []api.PublishedPort, want string) ([]string, e
 	if want == "" {
 		out := make([]string, 0, len(ports))
 		for _, p := range ports {
-			out = append(out, fmt.Sprintf("%d/%s -> %s", p.ContainerPort, api.Printable(protoOf(p)), hostPort(p)))
+			out = append(out, fmt.Sprintf("%d/%s -> %s", p.ContainerPort, api.Printable(p.Proto()), hostPort(p)))
 		}
 		return out, nil
 	}
@@ -51,7 +44,7 @@ func portLines(name string, ports []api.PublishedPort, want string) ([]string, e
 	}
 	var out []string
 	for _, p := range ports {
-		if p.ContainerPort == n && protoOf(p) == proto {
+		if p.ContainerPort == n && p.Proto() == proto {
 			out = append(out, hostPort(p))
 		}
 	}

@@ -171,7 +171,7 @@ func Build(s task.ContainerSpec) (*container.Config, *container.HostConfig) {
 	}
 	if s.NetworkMode != "host" {
 		for _, p := range s.Published {
-			port := nat.Port(strconv.Itoa(p.ContainerPort) + "/" + cmp.Or(p.Protocol, "tcp"))
+			port := nat.Port(strconv.Itoa(p.ContainerPort) + "/" + p.Proto())
 			hostPort := ""
 			if p.HostPort > 0 {
 				hostPort = strconv.Itoa(p.HostPort)

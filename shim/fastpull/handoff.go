@@ -39,17 +39,7 @@ func relayPull(r io.Reader, ids map[string]bool, h *hub) error {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		var ev struct {
-			ID          string `json:"id"`
-			Status      string `json:"status"`
-			Error       string `json:"error"`
-			ErrorDetail *struct {
-				Message string `json:"message"`
-			} `json:"errorDetail"`
-			ProgressDetail *struct {
-				Total int64 `json:"total"`
-			} `json:"progressDetail"`
-		}
+		var ev event
 		if json.Unmarshal(sc.Bytes(), &ev) != nil {
 			continue
 		}

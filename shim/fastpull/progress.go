@@ -133,6 +133,12 @@ type event struct {
 		Current int64 `json:"current"`
 		Total   int64 `json:"total"`
 	} `json:"progressDetail,omitempty"`
+	// Error and ErrorDetail are read from Docker's stream (relayPull);
+	// this package never writes them.
+	Error       string `json:"error,omitempty"`
+	ErrorDetail *struct {
+		Message string `json:"message"`
+	} `json:"errorDetail,omitempty"`
 }
 
 // progress writes a pull's events, byte counts at most every 200 ms per

@@ -137,10 +137,9 @@ func (r containerResource) reattach(_ context.Context, t *task, c ContainerState
 func (e *Engine) jobPorts(bound []api.PublishedPort) []api.PublishedPort {
 	out := []api.PublishedPort{}
 	for _, p := range bound {
-		if (p.Protocol == "" || p.Protocol == "tcp") && slices.Contains(e.runnerPorts(), p.ContainerPort) {
-			continue
+		if !isRunnerPort(p, e.runnerPorts()) {
+			out = append(out, p)
 		}
-		out = append(out, p)
 	}
 	return out
 }

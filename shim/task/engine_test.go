@@ -517,9 +517,6 @@ func (r *stepRuntime) Inspect(_ context.Context, id string) (ContainerState, err
 	return r.state(id), nil
 }
 
-// TestSubmitPublish: tandem_publish is taken on the bridge network only,
-// with ports in range, tcp or udp, an IP address, never the runner's
-// ports; a refusal leaves no task.
 // TestPublishedPortsReported: a running task's answer has its job's
 // published ports as Docker bound them (the host port Docker picked for
 // a 0), never the runner's, and none once it ended.
@@ -544,6 +541,9 @@ func TestPublishedPortsReported(t *testing.T) {
 	}
 }
 
+// TestSubmitPublish: tandem_publish is taken on the bridge network only,
+// with ports in range, tcp or udp, an IP address, never the runner's
+// ports; a refusal leaves no task.
 func TestSubmitPublish(t *testing.T) {
 	e, _ := newEngine(t, newStepRuntime())
 	runnerHTTP := e.runnerPorts()[0]

@@ -133,7 +133,7 @@ func validatePublish(c api.TaskConfig, runnerPorts []int) error {
 			return fmt.Errorf("%w: tandem_publish[%d]: container_port %d is not a port (1-65535)", ErrInvalid, i, p.ContainerPort)
 		case p.HostPort < 0 || p.HostPort > 65535:
 			return fmt.Errorf("%w: tandem_publish[%d]: host_port %d is not a port (1-65535, 0: any)", ErrInvalid, i, p.HostPort)
-		case p.Protocol != "" && p.Protocol != "tcp" && p.Protocol != "udp":
+		case p.Proto() != "tcp" && p.Proto() != "udp":
 			return fmt.Errorf("%w: tandem_publish[%d]: protocol %s: want tcp or udp", ErrInvalid, i, strconv.Quote(api.Printable(p.Protocol)))
 		}
 		if p.HostIP != "" {
@@ -141,9 +141,14 @@ func validatePublish(c api.TaskConfig, runnerPorts []int) error {
 				return fmt.Errorf("%w: tandem_publish[%d]: host_ip %s is not an IP address", ErrInvalid, i, strconv.Quote(api.Printable(p.HostIP)))
 			}
 		}
-		if (p.Protocol == "" || p.Protocol == "tcp") && slices.Contains(runnerPorts, p.ContainerPort) {
+		if isRunnerPort(p, runnerPorts) {
 			return fmt.Errorf("%w: tandem_publish[%d]: container port %d is the runner's (its API and SSH server), never published", ErrInvalid, i, p.ContainerPort)
 		}
 	}
 	return nil
+}
+
+// isRunnerPort says whether p is one of the runner's (TCP) ports.
+func isRunnerPort(p api.PublishedPort, runnerPorts []int) bool {
+	return p.Proto() == "tcp" && slices.Contains(runnerPorts, p.ContainerPort)
 }
