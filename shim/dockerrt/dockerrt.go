@@ -275,18 +275,6 @@ func (r *Runtime) Address(ctx context.Context, id, network string) (string, erro
 	return "", fmt.Errorf("container %s has no IPv4 address", short(id))
 }
 
-// Ports returns IPv4 TCP bindings.
-func (r *Runtime) Ports(ctx context.Context, id string) ([]api.PortMapping, error) {
-	ins, err := r.c.ContainerInspect(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("inspect container %s: %w", short(id), err)
-	}
-	if ins.NetworkSettings == nil {
-		return []api.PortMapping{}, nil
-	}
-	return portsOf(ins.NetworkSettings.Ports), nil
-}
-
 func portsOf(ports nat.PortMap) []api.PortMapping {
 	out := []api.PortMapping{}
 	for port, binds := range ports {

@@ -52,3 +52,29 @@ func TestLoopRegistryRefusesOrdinaryAccounts(t *testing.T) {
 		t.Fatalf("root: %s", resp.Status)
 	}
 }
+
+// A host-network job shares the host's loopback and may run as root: its
+// own mount namespace is what tells it from Docker's daemon. Such a
+// client (here unshare's, as a container's process) cannot read the
+// image either; the same uid in the host's namespace can.
+func TestLoopRegistryRefusesOtherMountNamespaces(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("unshare needs root")
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox missing")
+	}
+	sp := testSpool(t, randomBytes(10), "")
+	access := server.Access{Check: origin.Checker{}.CheckBatch, Principals: rootOnly{}}
+	r, img, _ := testRegistry(t, sp, access.AdmitRegistryConn)
+	url := "http://" + r.Host() + "/v2/" + img.repo + "/manifests/v1"
+	out, err := exec.Command("unshare", "--mount", bb, "wget", "-q", "-O", "-", url).CombinedOutput()
+	if err == nil || strings.Contains(string(out), "schemaVersion") {
+		t.Fatalf("a root client in its own mount namespace read the manifest: %q", out)
+	}
+	out, err = exec.Command(bb, "wget", "-q", "-O", "-", url).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "schemaVersion") {
+		t.Fatalf("root on the host: %v %q", err, out)
+	}
+}

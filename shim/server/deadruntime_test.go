@@ -21,7 +21,6 @@ func (deadRuntime) Pull(context.Context, string, task.RegistryAuth) (io.ReadClos
 }
 func (deadRuntime) Create(context.Context, task.ContainerSpec) (string, error) { return "", errDown }
 func (deadRuntime) Start(context.Context, string) error                        { return errDown }
-func (deadRuntime) Ports(context.Context, string) ([]api.PortMapping, error)   { return nil, errDown }
 func (deadRuntime) Address(context.Context, string, string) (string, error)    { return "", errDown }
 func (deadRuntime) Wait(context.Context, string) (int, error)                  { return -1, errDown }
 func (deadRuntime) Stop(context.Context, string, time.Duration) error          { return errDown }

@@ -211,13 +211,18 @@ func (r forwardResource) acquire(s *starting) *failure {
 		}
 		s.ports = ports
 		s.mark("forward")
-	default:
-		ports, err := e.rt.Ports(ctx, s.id)
+	default: // Docker's ports: one inspect says the runner's and the job's
+		st, err := e.rt.Inspect(ctx, s.id)
 		if err != nil {
 			s.log.Error("discover ports", "err", err)
-			ports = []api.PortMapping{}
 		}
-		s.ports = ports
+		if st.Ports != nil {
+			s.ports = st.Ports
+		}
+		if len(s.t.cfg.Publish) > 0 {
+			s.published = e.jobPorts(st.Published)
+		}
+		return nil
 	}
 	if len(s.t.cfg.Publish) > 0 {
 		st, err := e.rt.Inspect(ctx, s.id)

@@ -99,9 +99,6 @@ func (r *stepRuntime) Create(ctx context.Context, s ContainerSpec) (string, erro
 	return id, nil
 }
 func (r *stepRuntime) Start(ctx context.Context, id string) error { return r.step(ctx, "start") }
-func (r *stepRuntime) Ports(ctx context.Context, id string) ([]api.PortMapping, error) {
-	return []api.PortMapping{}, nil
-}
 func (r *stepRuntime) Address(ctx context.Context, id, network string) (string, error) {
 	return "127.0.0.1", nil
 }

@@ -21,8 +21,6 @@ type Runtime interface {
 	Create(ctx context.Context, spec ContainerSpec) (string, error)
 	// Start starts a created container.
 	Start(ctx context.Context, id string) error
-	// Ports returns the IPv4 TCP port mappings of a started container.
-	Ports(ctx context.Context, id string) ([]api.PortMapping, error)
 	// Address returns a started container's IPv4 address on network
 	// (any of its networks when "").
 	Address(ctx context.Context, id, network string) (string, error)
