@@ -285,13 +285,19 @@ type TaskSubmitResponse struct {
 	ContainerName      string             `json:"ContainerName"`
 	ContainerID        string             `json:"ContainerID"`
 	GPUIDs             []string           `json:"GpuIDs"`
+	// Tandem is the task's Tandem details, as GET /api/tasks/{id} has
+	// them (the server ignores the body): a client whose submit was
+	// answered once the task runs knows its runner's ports from the
+	// answer, without a first look.
+	Tandem *TaskDetails `json:"tandem,omitempty"`
 }
 
-// SubmitResponse converts a task info into the submit response shape.
-func (t TaskInfoResponse) SubmitResponse() TaskSubmitResponse {
-	return TaskSubmitResponse{ID: t.ID, Status: t.Status, TerminationReason: t.TerminationReason, TerminationMessage: t.TerminationMessage,
-		Ports: t.Ports, ImagePullProgress: t.ImagePullProgress, ContainerName: t.ContainerName, ContainerID: t.ContainerID, GPUIDs: t.GPUIDs}
-}
+// SubmitResponse converts a task info into the submit response shape
+// (the same fields under dstack's shim's keys).
+func (t TaskInfoResponse) SubmitResponse() TaskSubmitResponse { return TaskSubmitResponse(t) }
+
+// Info is the submit's answer as a task info.
+func (t TaskSubmitResponse) Info() TaskInfoResponse { return TaskInfoResponse(t) }
 
 // TaskListItem is one entry of GET /api/tasks.
 type TaskListItem struct {

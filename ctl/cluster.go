@@ -171,10 +171,11 @@ func (c *Cluster) plan(ctx context.Context) error {
 // bringUp submits every node's task and waits until its runner answers.
 func (c *Cluster) bringUp(ctx context.Context) error {
 	return onEach(c.cs, func(n *clusterNode) error {
-		if err := n.c.submitTask(ctx, taskConfig(c.o, n.id, n.name)); err != nil {
+		first, err := n.c.submitTask(ctx, taskConfig(c.o, n.id, n.name))
+		if err != nil {
 			return err
 		}
-		info, err := n.c.waitTask(ctx, n.id, c.o.Image, nil)
+		info, err := n.c.waitTask(ctx, n.id, c.o.Image, first, nil)
 		if err != nil {
 			return err
 		}

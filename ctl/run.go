@@ -36,7 +36,7 @@ type Run struct {
 	c      *Client
 	id     string
 	name   string
-	info   api.TaskInfoResponse // as WaitTask last saw it
+	info   api.TaskInfoResponse // as the submit's answer, then WaitTask, last saw it
 	runner *runnerclient.Client // set by StartJob
 	probe  *runnerProbe         // set by WaitTask on the host network
 	// tandemShim: the shim said it is Tandem's (its hello), which takes a
@@ -148,7 +148,11 @@ func (r *Run) Submit(ctx context.Context) error {
 			}
 		}
 	}
-	return r.c.submitTask(ctx, taskConfig(r.o, r.id, r.name))
+	info, err := r.c.submitTask(ctx, taskConfig(r.o, r.id, r.name))
+	if err == nil && info.ID == r.id {
+		r.info = info
+	}
+	return err
 }
 
 // WaitTask waits until the task runs with its ports known; a task that
@@ -172,7 +176,7 @@ func (r *Run) WaitTask(ctx context.Context) error {
 			p.r, p.err = r.c.readyRunner(pctx, info, r.o.Network)
 		}()
 	}
-	info, err := r.c.waitTask(ctx, r.id, r.o.Image, seen)
+	info, err := r.c.waitTask(ctx, r.id, r.o.Image, r.info, seen)
 	if err == nil {
 		r.info = info
 		if info.Status == api.TaskTerminated {

@@ -590,3 +590,63 @@ func TestRemoteCommand(t *testing.T) {
 		}
 	}
 }
+
+// A run takes the submit's answer as its first look at the task: a
+// Tandem shim answers once the task runs, its ports known, and the run
+// asks no more (over a long link a look is a round trip). dstack's shim
+// answers at once with the task pending, in its own field names: the run
+// then looks until it runs. An answer that is no task is no look.
+func TestWaitTaskTakesTheSubmitsAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name, answer string
+		wantGets     int
+	}{
+		{"tandem, running", `{"ID":"%s","Status":"running","Ports":[],"tandem":{"name":"n","network_mode":"host","runner_http_port":10999}}`, 0},
+		{"dstack, pending", `{"ID":"%s","Status":"pending","Ports":null}`, 1},
+		{"no task", `{}`, 1},
+		{"not json", `ok`, 1},
+	} {
+		var mu sync.Mutex
+		gets := 0
+		shim := testShim(t, func(w http.ResponseWriter, r *http.Request) {
+			id := strings.TrimPrefix(r.URL.Path, "/api/tasks/")
+			w.Header().Set("Content-Type", "application/json")
+			switch {
+			case r.Method == http.MethodPost && r.URL.Path == "/api/tasks":
+				var cfg api.TaskConfig
+				_ = json.NewDecoder(r.Body).Decode(&cfg)
+				answer := tc.answer
+				if strings.Contains(answer, "%s") {
+					answer = fmt.Sprintf(answer, cfg.ID)
+				}
+				_, _ = w.Write([]byte(answer))
+			case r.Method == http.MethodGet && id != r.URL.Path:
+				mu.Lock()
+				gets++
+				mu.Unlock()
+				_, _ = fmt.Fprintf(w, `{"id":%q,"status":"running","ports":[]}`, id)
+			default:
+				http.NotFound(w, r)
+			}
+		})
+		r, err := NewRun(onShim(shim, &fakeClock{now: time.Unix(1000, 0)}), RunOptions{Commands: []string{"true"}, Network: "bridge"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		info, err := r.c.submitTask(ctx, taskConfig(r.o, r.id, r.name))
+		if err != nil {
+			t.Fatalf("%s: submit: %v", tc.name, err)
+		}
+		got, err := r.c.waitTask(ctx, r.id, "i", info, nil)
+		if err != nil || got.Status != api.TaskRunning || got.ID != r.id {
+			t.Fatalf("%s: %+v, %v", tc.name, got, err)
+		}
+		mu.Lock()
+		n := gets
+		mu.Unlock()
+		if n != tc.wantGets {
+			t.Errorf("%s: %d looks after the submit, want %d", tc.name, n, tc.wantGets)
+		}
+	}
+}

@@ -36,11 +36,14 @@ func (c *Client) checkGPUs(ctx context.Context, gpus int) error {
 
 // submitTask submits cfg, again while the shim is slow or restarting (a
 // repeated submit of the same config is a no-op there).
-func (c *Client) submitTask(ctx context.Context, cfg api.TaskConfig) error {
-	if _, err := retry(ctx, c.clk, waitPatience, func(ctx context.Context) (struct{}, error) { return struct{}{}, c.shim.SubmitTask(ctx, cfg) }); err != nil {
-		return fmt.Errorf("the shim rejected the task: %w", err)
+// The answer is the task as the shim saw it then (ID "" when it says
+// nothing of it).
+func (c *Client) submitTask(ctx context.Context, cfg api.TaskConfig) (api.TaskInfoResponse, error) {
+	info, err := retry(ctx, c.clk, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return c.shim.Submit(ctx, cfg) })
+	if err != nil {
+		return info, fmt.Errorf("the shim rejected the task: %w", err)
 	}
-	return nil
+	return info, nil
 }
 
 // hello checks that the shim's address answers as a dstack-shim.
@@ -174,15 +177,22 @@ func failEarly(ctx context.Context, s say, keep bool, res *Result, err error, re
 
 // waitTask polls the task until it runs with its ports known, or ended;
 // seen, when not nil, gets each answer on the way; image names the image
-// in the pull's progress.
-func (c *Client) waitTask(ctx context.Context, id, image string, seen func(api.TaskInfoResponse)) (api.TaskInfoResponse, error) {
+// in the pull's progress. first, when it is the task's (the submit's
+// answer), is the first answer: a task already running there needs no
+// look, which over a long link is a round trip.
+func (c *Client) waitTask(ctx context.Context, id, image string, first api.TaskInfoResponse, seen func(api.TaskInfoResponse)) (api.TaskInfoResponse, error) {
 	var last api.TaskStatus
 	clk := c.clk
 	start, phase := clk.Now(), clk.Now()
 	for {
-		info, err := retry(ctx, clk, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return c.shim.GetTask(ctx, id) })
-		if err != nil {
-			return info, fmt.Errorf("task %s: %w", id, err)
+		info := first
+		first = api.TaskInfoResponse{}
+		if info.ID != id {
+			var err error
+			info, err = retry(ctx, clk, waitPatience, func(ctx context.Context) (api.TaskInfoResponse, error) { return c.shim.GetTask(ctx, id) })
+			if err != nil {
+				return info, fmt.Errorf("task %s: %w", id, err)
+			}
 		}
 		if seen != nil {
 			seen(info)

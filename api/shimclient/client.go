@@ -4,6 +4,7 @@ package shimclient
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -121,7 +122,27 @@ func (c *Client) ListTasks(ctx context.Context) ([]api.TaskListItem, error) {
 
 // SubmitTask submits and starts a task. A task with the same id → ErrConflict.
 func (c *Client) SubmitTask(ctx context.Context, cfg api.TaskConfig) error {
-	return c.t.JSON(ctx, transport.Request{Method: http.MethodPost, Path: "/api/tasks", JSON: cfg}, nil)
+	_, err := c.Submit(ctx, cfg)
+	return err
+}
+
+// Submit is SubmitTask with the shim's answer: the task as it was when
+// the shim answered (a Tandem shim answers once the task runs, its runner
+// ports in Tandem; dstack's at once, pending). The task was accepted
+// whatever the answer's body: one that is not a task (an older shim's)
+// is the zero info, its ID "", never an error.
+func (c *Client) Submit(ctx context.Context, cfg api.TaskConfig) (api.TaskInfoResponse, error) {
+	resp, cancel, err := c.t.Do(ctx, transport.Request{Method: http.MethodPost, Path: "/api/tasks", JSON: cfg})
+	if err != nil {
+		return api.TaskInfoResponse{}, err
+	}
+	defer cancel()
+	defer resp.Body.Close()
+	var out api.TaskSubmitResponse
+	if b, err := io.ReadAll(io.LimitReader(resp.Body, transport.MaxAnswer)); err != nil || json.Unmarshal(b, &out) != nil || out.ID != cfg.ID {
+		return api.TaskInfoResponse{}, nil
+	}
+	return out.Info(), nil
 }
 
 // GetTask returns one task; unknown → ErrNotFound.

@@ -1,6 +1,7 @@
 package shimclient
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"reflect"
 	"testing"
 
 	"github.com/tandem-run/tandem/api"
@@ -138,6 +140,37 @@ func TestNewRejectsBadAddresses(t *testing.T) {
 	for _, addr := range []string{"", "localhost", "https://x:1", "unix://", "ftp://x:1"} {
 		if _, err := New(addr); err == nil {
 			t.Errorf("New(%q) should fail", addr)
+		}
+	}
+}
+
+// Submit returns the shim's answer as a task info, Tandem's details
+// included; an answer that is not the task (an older shim's, or none) is
+// the zero info and no error: the task was accepted all the same.
+func TestSubmitReturnsTheAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		answer, ctype string
+		want          api.TaskInfoResponse
+	}{
+		{`{"ID":"t1","Status":"running","Ports":[{"Host":1,"Container":2}],"ContainerID":"c","GpuIDs":[],"tandem":{"name":"n","image_name":"i","network_mode":"bridge","gpu":0,"runner_http_port":1}}`, "application/json",
+			api.TaskInfoResponse{ID: "t1", Status: api.TaskRunning, Ports: []api.PortMapping{{Host: 1, Container: 2}}, ContainerID: "c", GPUIDs: []string{},
+				Tandem: &api.TaskDetails{Name: "n", ImageName: "i", NetworkMode: "bridge", RunnerHTTPPort: 1}}},
+		{`{"ID":"other","Status":"running"}`, "application/json", api.TaskInfoResponse{}},
+		{``, "text/plain", api.TaskInfoResponse{}},
+		{`not json`, "application/json", api.TaskInfoResponse{}},
+	} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", tc.ctype)
+			_, _ = w.Write([]byte(tc.answer))
+		}))
+		c, err := New(srv.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := c.Submit(context.Background(), api.TaskConfig{ID: "t1", Name: "n", ImageName: "i"})
+		srv.Close()
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("answer %q: %+v, %v; want %+v", tc.answer, got, err, tc.want)
 		}
 	}
 }
