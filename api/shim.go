@@ -18,6 +18,11 @@ type HealthcheckResponse struct {
 	// a client that reaches a port a previous task's runner is still
 	// leaving can tell it is not its own.
 	TaskID string `json:"tandem_task_id,omitempty"`
+	// RunnerHTTPPort is where a Tandem shim's host-network tasks' runners
+	// serve their API (its --runner-http-port): a client that runs on the
+	// host network waits for its runner there beside its submit, which a
+	// Tandem shim answers only once the task runs. 0 from a runner.
+	RunnerHTTPPort int `json:"tandem_runner_http_port,omitempty"`
 }
 
 // ShutdownRequest is the body of POST /api/shutdown.

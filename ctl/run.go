@@ -148,33 +148,68 @@ func (r *Run) Submit(ctx context.Context) error {
 			}
 		}
 	}
+	// On the host network the runner's port is the shim's own: a Tandem
+	// shim says it in its hello and answers the submit only once the
+	// task runs, so the runner is waited for beside the submit.
+	if port := cmp.Or(r.c.cfg.Ports.HTTP, hc.RunnerHTTPPort); r.tandemShim && r.o.Network == "host" && port != 0 {
+		r.startProbe(ctx, api.TaskInfoResponse{ID: r.id, Tandem: &api.TaskDetails{RunnerHTTPPort: port}})
+	}
 	info, err := r.c.submitTask(ctx, taskConfig(r.o, r.id, r.name))
-	if err == nil && info.ID == r.id {
+	if err != nil {
+		r.stopProbe(ctx)
+		return err
+	}
+	if info.ID == r.id {
 		r.info = info
 	}
-	return err
+	return nil
+}
+
+// startProbe waits for the task's runner, found where info says, in the
+// background; StartJob takes what it found.
+func (r *Run) startProbe(ctx context.Context, info api.TaskInfoResponse) {
+	pctx, cancel := context.WithCancel(ctx)
+	p := &runnerProbe{done: make(chan struct{}), cancel: cancel}
+	r.probe = p
+	go func() {
+		defer close(p.done)
+		p.r, p.err = r.c.readyRunner(pctx, info, r.o.Network)
+	}()
+}
+
+// stopProbe ends a probe that is no longer wanted.
+func (r *Run) stopProbe(ctx context.Context) {
+	if r.probe != nil {
+		r.probe.cancel()
+		_, _ = r.probe.result(ctx)
+		r.probe = nil
+	}
 }
 
 // WaitTask waits until the task runs with its ports known; a task that
 // ended first is a *TaskEndedError.
 //
-// On the host network the runner's port is known from the task's first
-// answer, so once the task is being created (its image is here) its
-// runner is waited for beside it: over a long link the runner's first
+// On the host network the runner's port is known before the task runs
+// (a Tandem shim's hello says it; else the task's first answer), so its
+// runner is waited for beside the submit, or once the task is being
+// created (its image is here): over a long link the runner's first
 // answer (a new connection, then the healthcheck) no longer follows the
-// task's last poll but overlaps it. StartJob takes what it found.
+// task's last look but overlaps it. StartJob takes what it found.
 func (r *Run) WaitTask(ctx context.Context) error {
 	seen := func(info api.TaskInfoResponse) {
-		if r.probe != nil || r.o.Network != "host" || (info.Status != api.TaskCreating && info.Status != api.TaskRunning) {
+		if r.o.Network != "host" {
 			return
 		}
-		pctx, cancel := context.WithCancel(ctx)
-		p := &runnerProbe{done: make(chan struct{}), cancel: cancel}
-		r.probe = p
-		go func() {
-			defer close(p.done)
-			p.r, p.err = r.c.readyRunner(pctx, info, r.o.Network)
-		}()
+		switch info.Status {
+		case api.TaskPending, api.TaskPulling:
+			// A pull may outlast the runner's wait (a minute): the probe
+			// Submit began starts again once the task is being created.
+			r.stopProbe(ctx)
+		case api.TaskCreating, api.TaskRunning:
+			if r.probe == nil {
+				r.startProbe(ctx, info)
+			}
+		}
 	}
 	info, err := r.c.waitTask(ctx, r.id, r.o.Image, r.info, seen)
 	if err == nil {
@@ -183,10 +218,8 @@ func (r *Run) WaitTask(ctx context.Context) error {
 			err = r.c.taskEnded(ctx, info, r.o.Network)
 		}
 	}
-	if err != nil && r.probe != nil {
-		r.probe.cancel()
-		_, _ = r.probe.result(ctx)
-		r.probe = nil
+	if err != nil {
+		r.stopProbe(ctx)
 	}
 	return err
 }

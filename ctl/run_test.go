@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -648,5 +649,68 @@ func TestWaitTaskTakesTheSubmitsAnswer(t *testing.T) {
 		if n != tc.wantGets {
 			t.Errorf("%s: %d looks after the submit, want %d", tc.name, n, tc.wantGets)
 		}
+	}
+}
+
+// On the host network a Tandem shim's hello says where runners answer,
+// and its submit is answered once the task runs: the run waits for its
+// runner beside the submit (over a long link that is the runner's
+// connection and first healthcheck off the critical path), and StartJob
+// takes the runner it found.
+func TestHostRunWaitsForItsRunnerBesideTheSubmit(t *testing.T) {
+	probed := make(chan struct{})
+	var once sync.Once
+	runner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/api/healthcheck" {
+			http.NotFound(w, r)
+			return
+		}
+		once.Do(func() { close(probed) })
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = fmt.Fprintf(w, `{"service":"dstack-runner","version":"0.21.3","tandem_task_id":%q}`, r.URL.Query().Get("tandem_task"))
+	}))
+	t.Cleanup(runner.Close)
+	_, port, _ := net.SplitHostPort(runner.Listener.Addr().String())
+	var beforeAnswer atomic.Bool
+	shim := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.URL.Path == "/api/healthcheck":
+			_, _ = fmt.Fprintf(w, `{"service":"dstack-shim","version":"0.21.3","tandem_version":"0.1.0","tandem_runner_http_port":%s}`, port)
+		case r.Method == http.MethodGet && r.URL.Path == "/api/tasks":
+			_, _ = w.Write([]byte(`{"tasks":[]}`))
+		case r.Method == http.MethodPost && r.URL.Path == "/api/tasks":
+			var cfg api.TaskConfig
+			_ = json.NewDecoder(r.Body).Decode(&cfg)
+			select {
+			case <-probed:
+				beforeAnswer.Store(true)
+			case <-time.After(5 * time.Second):
+			}
+			_, _ = fmt.Fprintf(w, `{"ID":%q,"Status":"running","Ports":[],"tandem":{"network_mode":"host","runner_http_port":%s}}`, cfg.ID, port)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(shim.Close)
+	run, err := NewRun(testClient(t, Config{Shim: strings.TrimPrefix(shim.URL, "http://")}), RunOptions{Commands: []string{"true"}, Network: "host"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := run.Submit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !beforeAnswer.Load() {
+		t.Fatal("the runner was first asked only after the submit was answered")
+	}
+	if err := run.WaitTask(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if run.probe == nil {
+		t.Fatal("WaitTask dropped the runner the submit's probe found")
+	}
+	if r, err := run.probe.result(ctx); err != nil || r == nil {
+		t.Fatalf("probe: %v, %v", r, err)
 	}
 }

@@ -44,6 +44,7 @@ func (a *agent) startAPI(ctx context.Context) error {
 	e := server.New(server.Deps{
 		Version:           version.String(),
 		TandemVersion:     version.Tandem(),
+		RunnerHTTPPort:    a.tcfg.RunnerHTTPPort,
 		Tasks:             a.engine,
 		Runner:            a.runnerComp,
 		Shim:              a.shimComp,

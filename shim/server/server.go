@@ -79,6 +79,9 @@ type Components interface {
 type Deps struct {
 	Version       string
 	TandemVersion string // Tandem's own release, beside the dstack version
+	// RunnerHTTPPort is the host-network runners' API port, told in the
+	// healthcheck (0: not told).
+	RunnerHTTPPort int
 	Tasks         Tasks
 	Runner, Shim  Components
 	// InstallCtx is cancelled on shutdown, ending background installs.
@@ -224,7 +227,7 @@ func (s *srv) imageConfig(c echo.Context) error {
 }
 
 func (s *srv) healthcheck(c echo.Context) error {
-	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceShim, Version: s.d.Version, TandemVersion: s.d.TandemVersion})
+	return httpapi.JSON(c, api.HealthcheckResponse{Service: api.ServiceShim, Version: s.d.Version, TandemVersion: s.d.TandemVersion, RunnerHTTPPort: s.d.RunnerHTTPPort})
 }
 
 func (s *srv) shutdown(c echo.Context) error {

@@ -45,12 +45,14 @@ func newTestServer(t testing.TB, shutdown func(bool)) http.Handler {
 		deadRuntime{}, gpu.NewLocks(nil), nil, logging.Discard())
 	t.Cleanup(func() { engine.Wait(); engine.Sync() }) // pipelines, then record writes, end before the temp dir goes
 	return New(Deps{
-		Version: "0.21.2+tandem.test",
-		Tasks:   engine,
-		Runner:  staticComponent{info: api.ComponentInfo{Name: api.ComponentRunner, Status: api.ComponentInstalled, Version: "1"}},
-		Shim:    staticComponent{info: api.ComponentInfo{Name: api.ComponentShim, Status: api.ComponentInstalling}, err: component.ErrInstalling},
-		Stopper: stopFunc(shutdown),
-		Log:     logging.Discard(),
+		Version:        "0.21.2+tandem.test",
+		TandemVersion:  "0.1.0",
+		RunnerHTTPPort: 10999,
+		Tasks:          engine,
+		Runner:         staticComponent{info: api.ComponentInfo{Name: api.ComponentRunner, Status: api.ComponentInstalled, Version: "1"}},
+		Shim:           staticComponent{info: api.ComponentInfo{Name: api.ComponentShim, Status: api.ComponentInstalling}, err: component.ErrInstalling},
+		Stopper:        stopFunc(shutdown),
+		Log:            logging.Discard(),
 	})
 }
 
@@ -73,6 +75,8 @@ func TestComponentsAndShutdown(t *testing.T) {
 		code               int
 		want               string
 	}{
+		// A Tandem shim's hello says where host-network runners answer.
+		{"GET", "/api/healthcheck", "", 200, `{"service":"dstack-shim","version":"0.21.2+tandem.test","tandem_version":"0.1.0","tandem_runner_http_port":10999}` + "\n"},
 		{"GET", "/api/components", "", 200, `{"components":[{"name":"dstack-runner","version":"1","status":"installed"},{"name":"dstack-shim","version":"","status":"installing"}]}` + "\n"},
 		{"POST", "/api/components/install", `{"url":"http://x"}`, 400, "empty name\n"},
 		{"POST", "/api/components/install", `{"name":"dstack-gateway","url":"http://x"}`, 400, "unknown component\n"},
