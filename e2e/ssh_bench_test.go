@@ -407,7 +407,7 @@ func BenchmarkTandemRunOverLongLink(b *testing.B) {
 		b.Fatal(err)
 	}
 	run := func(addr string) time.Duration {
-		cmd := exec.Command(bins.Tandem, "run", "--rm", "--ssh", sshd.User+"@"+addr, "-i", sshd.ClientKey, "--known-hosts", known,
+		cmd := exec.Command(bins.Tandem, "run", "--rm", "--ssh", sshd.User+"@"+addr, "--identity", sshd.ClientKey, "--known-hosts", known,
 			"--shim", shim, "--image", h.image, "--no-ssh-config", "--", "/bin/sh", "-c", "echo over-the-link")
 		began := time.Now()
 		out, err := cmd.CombinedOutput()
