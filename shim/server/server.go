@@ -82,8 +82,8 @@ type Deps struct {
 	// RunnerHTTPPort is the host-network runners' API port, told in the
 	// healthcheck (0: not told).
 	RunnerHTTPPort int
-	Tasks         Tasks
-	Runner, Shim  Components
+	Tasks          Tasks
+	Runner, Shim   Components
 	// InstallCtx is cancelled on shutdown, ending background installs.
 	InstallCtx context.Context
 	// Instance answers /api/instance/* (nil: empty info and health, no
