@@ -110,6 +110,10 @@ func TestSudoDecides(t *testing.T) {
 	}
 	write("passwd", sudoPasswd, 0o644, 0)
 	write("group", sudoGroup, 0o644, 0)
+	// sudo looks up the host's name on every run: the fixture's name is in
+	// hosts, or each run asks DNS, and a lost query is a 5 s wait that
+	// turns a grant into a timeout (one run in ten here).
+	write("hosts", "127.0.0.1 localhost\n127.0.1.1 tandem-sudo-fixture\n", 0o644, 0)
 	write("sudoers", sudoSudoers, 0o440, 0)
 	write("sudoers.d/90-cloud-init-users", "# Created by cloud-init\ncloud ALL=(ALL) NOPASSWD:ALL\n", 0o440, 0)
 	// sudo ignores a world-writable file and one its account owns: any
@@ -135,7 +139,7 @@ func TestSudoDecides(t *testing.T) {
 
 // sudoTable is TestSudoDecides inside its mount namespace.
 func sudoTable(t *testing.T, dir string) {
-	for _, f := range []string{"passwd", "group", "sudoers", "sudoers.d"} {
+	for _, f := range []string{"passwd", "group", "hosts", "sudoers", "sudoers.d"} {
 		if err := syscall.Mount(filepath.Join(dir, f), "/etc/"+f, "", syscall.MS_BIND, ""); err != nil {
 			t.Fatalf("bind %s: %v", f, err)
 		}
