@@ -25,18 +25,7 @@ func (rootOnly) Decide(uid uint32) principal.Decision {
 // kernel's tables), another local account cannot read the image a
 // loopback registry serves; root (Docker's daemon) can.
 func TestLoopRegistryRefusesOrdinaryAccounts(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run a client as nobody")
-	}
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox missing")
-	}
-	blob := randomBytes(10)
-	sp := testSpool(t, blob, "")
-	access := server.Access{Check: origin.Checker{}.CheckBatch, Principals: rootOnly{}}
-	r, img, _ := testRegistry(t, sp, access.AdmitRegistryConn)
-	url := "http://" + r.Host() + "/v2/" + img.repo + "/manifests/v1"
+	bb, url := rootOnlyRegistry(t)
 	cmd := exec.Command(bb, "wget", "-q", "-O", "-", url)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
@@ -58,17 +47,7 @@ func TestLoopRegistryRefusesOrdinaryAccounts(t *testing.T) {
 // client (here unshare's, as a container's process) cannot read the
 // image either; the same uid in the host's namespace can.
 func TestLoopRegistryRefusesOtherMountNamespaces(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("unshare needs root")
-	}
-	bb, err := exec.LookPath("busybox")
-	if err != nil {
-		t.Skip("busybox missing")
-	}
-	sp := testSpool(t, randomBytes(10), "")
-	access := server.Access{Check: origin.Checker{}.CheckBatch, Principals: rootOnly{}}
-	r, img, _ := testRegistry(t, sp, access.AdmitRegistryConn)
-	url := "http://" + r.Host() + "/v2/" + img.repo + "/manifests/v1"
+	bb, url := rootOnlyRegistry(t)
 	out, err := exec.Command("unshare", "--mount", bb, "wget", "-q", "-O", "-", url).CombinedOutput()
 	if err == nil || strings.Contains(string(out), "schemaVersion") {
 		t.Fatalf("a root client in its own mount namespace read the manifest: %q", out)
@@ -77,4 +56,21 @@ func TestLoopRegistryRefusesOtherMountNamespaces(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "schemaVersion") {
 		t.Fatalf("root on the host: %v %q", err, out)
 	}
+}
+
+// rootOnlyRegistry serves a loopback registry under the shim's rule with
+// root alone root-equivalent; it returns busybox's path and the URL of
+// the image's manifest. The clients the tests run need root and busybox.
+func rootOnlyRegistry(t *testing.T) (busybox, manifestURL string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run clients as another account or in another namespace")
+	}
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox missing")
+	}
+	access := server.Access{Check: origin.Checker{}.CheckBatch, Principals: rootOnly{}}
+	r, img, _ := testRegistry(t, testSpool(t, randomBytes(10), ""), access.AdmitRegistryConn)
+	return bb, "http://" + r.Host() + "/v2/" + img.repo + "/manifests/v1"
 }
