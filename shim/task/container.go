@@ -195,11 +195,15 @@ func (r forwardResource) reattach(ctx context.Context, t *task, c ContainerState
 }
 
 // acquire learns the ports the server is told: forwarded here, or Docker's.
+// One inspect says Docker's bindings: the runner's ports where the shim
+// forwards none, and the job's published ones (never on the host network:
+// validatePublish refuses them there).
 func (r forwardResource) acquire(s *starting) *failure {
 	e, ctx := r.e, context.WithoutCancel(s.ctx)
 	s.ports = []api.PortMapping{}
 	switch {
 	case s.t.cfg.NetworkMode == "host":
+		return nil
 	case e.cfg.Forwarder != nil:
 		ports, err := e.forward(ctx, s.t, s.id, nil)
 		if err != nil {
@@ -211,24 +215,18 @@ func (r forwardResource) acquire(s *starting) *failure {
 		}
 		s.ports = ports
 		s.mark("forward")
-	default: // Docker's ports: one inspect says the runner's and the job's
-		st, err := e.rt.Inspect(ctx, s.id)
-		if err != nil {
-			s.log.Error("discover ports", "err", err)
+		if len(s.t.cfg.Publish) == 0 {
+			return nil
 		}
-		if st.Ports != nil {
-			s.ports = st.Ports
-		}
-		if len(s.t.cfg.Publish) > 0 {
-			s.published = e.jobPorts(st.Published)
-		}
-		return nil
+	}
+	st, err := e.rt.Inspect(ctx, s.id)
+	if err != nil {
+		s.log.Error("discover ports", "err", err)
+	}
+	if e.cfg.Forwarder == nil && st.Ports != nil {
+		s.ports = st.Ports
 	}
 	if len(s.t.cfg.Publish) > 0 {
-		st, err := e.rt.Inspect(ctx, s.id)
-		if err != nil {
-			s.log.Error("discover the job's published ports", "err", err)
-		}
 		s.published = e.jobPorts(st.Published)
 	}
 	return nil
